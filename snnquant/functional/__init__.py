@@ -91,3 +91,19 @@ __all__ = [
     "state_quant",
     "StateQuantizer",
 ]
+
+from .neuron import (  # noqa: E402
+    QuantNeuronFunction,
+    membrane_reset_values,
+    quant_neuron_multi_step,
+    quant_neuron_step_reference,
+    surrogate_derivative,
+)
+
+__all__ += [
+    "QuantNeuronFunction",
+    "membrane_reset_values",
+    "quant_neuron_multi_step",
+    "quant_neuron_step_reference",
+    "surrogate_derivative",
+]
