@@ -115,8 +115,9 @@ def make_digits_nmnist(
 
     Every digit image :math:`D \in \{0..16\}^{8 \times 8}` from scikit-learn becomes
     :math:`D / 16` shown to :func:`~snnquant.datasets.saccade_events` with
-    :data:`~snnquant.datasets.digits.DIGITS_NMNIST_EMULATION` (34 x 34 sensor, three saccades of 100 ms, log-intensity DVS
-    pixels with threshold :math:`\theta = 0.3`) and is written as N-MNIST does::
+    :data:`~snnquant.datasets.digits.DIGITS_NMNIST_EMULATION` (34 x 34 sensor, three saccades of
+    100 ms, log-intensity DVS pixels with threshold :math:`\theta = 0.3`) and is written as N-MNIST
+    does::
 
         <root>/extract/Train/<label>/<index>.bin     # 5 bytes per event, write_nmnist_bin
         <root>/extract/Test/<label>/<index>.bin
