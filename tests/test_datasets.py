@@ -16,8 +16,6 @@ from hypothesis import strategies as st
 from snnquant import datasets as D
 from snnquant.datasets import digits as digits_module
 
-pytest.importorskip("sklearn")
-
 SENSOR = 34
 SACCADE_US = 100_000
 
