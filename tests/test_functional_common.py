@@ -278,3 +278,27 @@ def test_exports_are_documented():
     for name in Q.__all__:
         obj = getattr(Q, name)
         assert obj.__doc__ and obj.__doc__.strip(), name
+
+
+# --- true gradients: torch.autograd.gradcheck in float64 ------------------------------------------
+
+
+def test_gradcheck_clamp_by_linear():
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(Q.clamp_by_linear, (x,))
+    assert torch.autograd.gradcheck(lambda t: Q.clamp_by_linear(t, eps=0.3), (x,))
+
+
+def test_gradcheck_clamp_away_from_the_bounds():
+    # Away from the bounds the masked gradient is clamp's true gradient (0 outside, 1 inside).
+    x = torch.tensor([-3.0, -1.2, -0.4, 0.0, 0.7, 1.9, 4.0], dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda t: Q.clamp(t, -1.0, 1.5), (x,))
+
+
+def test_gradcheck_affine_and_quantized_scales():
+    gen = torch.Generator().manual_seed(1)
+    x = torch.rand(5, generator=gen, dtype=torch.float64)
+    w = torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True)
+    b = torch.randn(1, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda w_, b_: Q.affine_k_bit_quantize(x, 4, w_, b_), (w, b))

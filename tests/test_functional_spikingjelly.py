@@ -41,6 +41,10 @@ CASES = {
     "step_quantize": (lambda m, x: m.step_quantize(x, 0.25), _input),
     "step_quantize_default": (lambda m, x: m.step_quantize(x), _input),
     "multi_level_spike_count": (lambda m, x: m.multi_level_spike_count(x, 3), _input),
+    "multi_level_spike_count_tensor_count": (
+        lambda m, x: m.multi_level_spike_count(x, torch.tensor(2)),
+        _input,
+    ),
     "multi_level_spike_count_window": (
         lambda m, x: m.multi_level_spike_count(x, 4, grad_window=(-1.0, 2.5)),
         _input,

@@ -143,3 +143,10 @@ def test_affine_k_bit_quantize_gradients():
     y.sum().backward()
     assert torch.equal(x.grad, torch.full((3,), 2.0, dtype=torch.float64))
     assert w.grad == q.sum() and b.grad == 3.0
+
+
+def test_quantized_bits_alpha_requiring_grad_with_constant_x():
+    alpha = torch.tensor([0.5, 2.0], requires_grad=True)
+    y = Q.quantized_bits(torch.tensor([0.3, -0.9]), 4, alpha=alpha, masked_grad=True)
+    y.sum().backward()
+    assert alpha.grad is None

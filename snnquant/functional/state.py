@@ -189,7 +189,6 @@ class StateQuantizer:
                 f"lower_limit={lower_limit!r}, upper_limit={upper_limit!r} is empty"
             )
         num_levels = 2**self.num_bits
-        self._float32_levels = None
         if self.uniform:
             self.multiplier = None
             self.levels = torch.linspace(min_val, max_val, num_levels, dtype=torch.float64)
@@ -205,11 +204,12 @@ class StateQuantizer:
             centre = threshold if self.thr_centered else 0
             values = _exponential_levels(num_levels, multiplier, min_val, max_val, centre)
             self.levels = torch.tensor(values, dtype=torch.float64)
-            # snntorch's running sums can overshoot the centre by a rounding error (for example at
-            # 12 bits with thr_centered=False), leaving its list slightly out of order; its argmin
-            # does not care, our binary search needs the levels sorted.
-            self.levels = torch.sort(self.levels, stable=True).values
             self._float32_levels = self.levels.to(torch.float32)
+        # snntorch's running sums can overshoot the centre by a rounding error (for example at 12
+        # bits with thr_centered=False), leaving its list slightly out of order; its argmin does
+        # not care, the search here needs sorted levels.
+        self.levels = torch.sort(self.levels, stable=True).values
+        self._float32_levels = torch.sort(self._float32_levels, stable=True).values
         self._tables = {}
 
     def levels_for(self, dtype: torch.dtype, device=None) -> torch.Tensor:
