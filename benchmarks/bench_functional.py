@@ -73,7 +73,10 @@ def _implementations(case):
         from snntorch.functional import quant
 
         bits = int(case.rsplit("_", 1)[1].rstrip("bit"))
-        return [("snnquant", Q.state_quant(num_bits=bits)), ("snntorch", quant.state_quant(num_bits=bits))]
+        return [
+            ("snnquant", Q.state_quant(num_bits=bits)),
+            ("snntorch", quant.state_quant(num_bits=bits)),
+        ]
     import spikingjelly.activation_based.quantize as sj
 
     call, _ = _drop_in_cases()[case]
@@ -292,7 +295,8 @@ def main(argv=None):
         "memory": "peak RSS (VmHWM after /proc/self/clear_refs) minus RSS before one forward + "
         "backward, in a fresh subprocess per case",
     }
-    _write_atomic(os.path.join(RESULTS, "bench_functional.json"), json.dumps({"meta": meta, "results": rows}, indent=2) + "\n")
+    report = json.dumps({"meta": meta, "results": rows}, indent=2) + "\n"
+    _write_atomic(os.path.join(RESULTS, "bench_functional.json"), report)
     _write_atomic(os.path.join(RESULTS, "bench_functional.md"), _markdown(meta, rows))
     print(f"\nwrote {os.path.join(RESULTS, 'bench_functional.json')} and bench_functional.md")
     return 0

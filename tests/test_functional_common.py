@@ -16,7 +16,8 @@ DEVICES = [
         marks=[
             pytest.mark.cuda,
             pytest.mark.skipif(
-                not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False"
+                not torch.cuda.is_available(),
+                reason="needs a CUDA GPU: torch.cuda.is_available() is False",
             ),
         ],
     ),
@@ -57,7 +58,9 @@ FUNCTIONS = {
     "round_through_stochastic": lambda x: Q.round_through(x, True, 0.5, _generator(x)),
     "quantized_bits": lambda x: Q.quantized_bits(x, 4, 1),
     "quantized_bits_1bit": lambda x: Q.quantized_bits(x, 1, alpha=0.5),
-    "quantized_bits_stochastic": lambda x: Q.quantized_bits(x, 6, stochastic=True, generator=_generator(x)),
+    "quantized_bits_stochastic": lambda x: Q.quantized_bits(
+        x, 6, stochastic=True, generator=_generator(x)
+    ),
     "lsq_quantize": lambda x: Q.lsq_quantize(x, 0.25, -8, 7),
     "lsq_quantize_tensor_step": lambda x: Q.lsq_quantize(
         x, torch.tensor(0.25, dtype=x.dtype, device=x.device, requires_grad=True), -8, 7
@@ -302,3 +305,33 @@ def test_gradcheck_affine_and_quantized_scales():
     w = torch.randn(5, generator=gen, dtype=torch.float64, requires_grad=True)
     b = torch.randn(1, generator=gen, dtype=torch.float64, requires_grad=True)
     assert torch.autograd.gradcheck(lambda w_, b_: Q.affine_k_bit_quantize(x, 4, w_, b_), (w, b))
+
+
+# --- masked gradients at their boundaries ---------------------------------------------------------
+
+
+def test_clamp_gradient_is_one_on_both_bounds_and_zero_just_outside():
+    low, high = -1.0, 1.5
+    x = torch.tensor(
+        [math.nextafter(low, -9), low, 0.2, high, math.nextafter(high, 9)],
+        dtype=torch.float64,
+        requires_grad=True,
+    )
+    upstream = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0], dtype=torch.float64)
+    Q.clamp(x, low, high).backward(upstream)
+    assert torch.equal(x.grad, torch.tensor([0.0, 2.0, 3.0, 4.0, 0.0], dtype=torch.float64))
+
+
+def test_multi_level_spike_count_gradient_window_boundaries():
+    x = torch.tensor(
+        [math.nextafter(0.0, -1), 0.0, 1.4, 3.0, math.nextafter(3.0, 9)],
+        dtype=torch.float64,
+        requires_grad=True,
+    )
+    y = Q.multi_level_spike_count(x, 3)
+    assert torch.equal(y.detach(), torch.tensor([0.0, 0.0, 1.0, 3.0, 3.0], dtype=torch.float64))
+    y.sum().backward()
+    assert torch.equal(x.grad, torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0], dtype=torch.float64))
+    x.grad = None
+    Q.multi_level_spike_count(x, 3, grad_window=(1.4, 3.0)).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([0.0, 0.0, 1.0, 1.0, 0.0], dtype=torch.float64))

@@ -52,7 +52,9 @@ CASES = {
     "k_bit_quantize": (lambda m, x: m.k_bit_quantize(x, 3), _unit_input),
     "k_bit_quantize_8": (lambda m, x: m.k_bit_quantize(x, 8), _unit_input),
     "affine_k_bit_quantize": (
-        lambda m, x: m.affine_k_bit_quantize(x, 2, torch.tensor(1.5, dtype=x.dtype), torch.tensor(-0.25, dtype=x.dtype)),
+        lambda m, x: m.affine_k_bit_quantize(
+            x, 2, torch.tensor(1.5, dtype=x.dtype), torch.tensor(-0.25, dtype=x.dtype)
+        ),
         _unit_input,
     ),
     "clamp_by_linear": (lambda m, x: m.clamp_by_linear(x), _input),

@@ -74,13 +74,18 @@ def test_quantized_bits_default_grid_and_range():
     assert Q.quantized_bits(x, symmetric=True).min() == -127 / 128
 
 
-@pytest.mark.parametrize("bits,keep_negative,symmetric", [(4, True, False), (4, True, True), (3, False, False)])
+@pytest.mark.parametrize(
+    "bits,keep_negative,symmetric", [(4, True, False), (4, True, True), (3, False, False)]
+)
 def test_quantized_bits_gradient_is_one_or_masked(bits, keep_negative, symmetric):
     m = 2.0 ** (bits - int(keep_negative))
     m_i = 2.0  # integer=1
     low = int(keep_negative) * (-m + int(symmetric))
     high = m - 1
-    p = torch.tensor([low - 1.0, low - 1e-6, low, low + 0.3, 0.0, high - 0.5, high, high + 1e-6, high + 3.0], dtype=torch.float64)
+    p = torch.tensor(
+        [low - 1.0, low - 1e-6, low, low + 0.3, 0.0, high - 0.5, high, high + 1e-6, high + 3.0],
+        dtype=torch.float64,
+    )
     x = (p * m_i / m).requires_grad_(True)
     upstream = torch.arange(1.0, 10.0, dtype=torch.float64)
     Q.quantized_bits(x, bits, 1, symmetric, keep_negative, alpha=0.7).backward(upstream)

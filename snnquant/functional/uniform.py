@@ -195,9 +195,10 @@ def quantized_bits(
         \text{otherwise} \end{cases}
 
     For the 1-bit sign case the mask is :math:`-1 \le x \le 1` (the BinaryNet estimator): there
-    :math:`m = 1` and the formula's :math:`[q_{lo}, q_{hi}]` would not describe the sign function. ``alpha`` gets no gradient (QKeras stops it too).
-    With ``stochastic=True`` the rounding of :math:`p` is :func:`stochastic_round` to integers (QKeras
-    ``use_stochastic_rounding`` with ``precision=1``).
+    :math:`m = 1` and the formula's :math:`[q_{lo}, q_{hi}]` would not describe the sign function.
+    ``alpha`` gets no gradient (QKeras stops it too). With ``stochastic=True`` the rounding of
+    :math:`p` is :func:`stochastic_round` to integers (QKeras ``use_stochastic_rounding`` with
+    ``precision=1``).
 
     float16 and bfloat16 inputs are computed in float32 and cast back. NaN stays NaN (the sign case
     too); :math:`\pm\infty` clamps to the extreme levels.
