@@ -140,6 +140,8 @@ def multi_level_spike_count(x: torch.Tensor, max_spike_count, grad_window=None) 
         ValueError: ``max_spike_count`` is negative or not integral, or ``grad_window`` is not an
             ordered pair.
     """
+    if isinstance(max_spike_count, torch.Tensor) and max_spike_count.numel() == 1:
+        max_spike_count = max_spike_count.item()  # SpikingJelly takes int(max_spike_count) too
     max_spike_count = check_int("multi_level_spike_count", "max_spike_count", max_spike_count, low=0)
     if grad_window is None:
         grad_min, grad_max = 0.0, float(max_spike_count)
@@ -165,7 +167,7 @@ def clamp_by_linear(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
         y = \frac{x - \min(x)}{\max(x) + \varepsilon - \min(x)}
 
     The gradient is the true gradient of this formula (autograd), including the terms through
-    :math:`\min(x)` and :math:`\max(x)` (shared evenly between tied extrema, as :func:`torch.amax`
+    :math:`\min(x)` and :math:`\max(x)` (shared evenly between tied extrema, as :func:`torch.max`
     does). Any NaN in ``x`` makes the whole output NaN; an infinite entry makes the output follow the
     formula (NaN or 0).
 
@@ -184,7 +186,8 @@ def clamp_by_linear(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     eps = check_finite_real("clamp_by_linear", "eps", eps)
     if eps < 0:
         raise ValueError(f"clamp_by_linear: eps must be >= 0, got {eps!r}")
-    # One pass for both extrema; the values and gradients equal torch.min/torch.max's.
-    x_min, x_max = torch.aminmax(x)
-    x_max = x_max + eps
+    # The same operations in the same order as SpikingJelly, so that values and gradients are
+    # bitwise equal (torch.aminmax saves a pass forward but not backward, where the time goes).
+    x_max = torch.max(x) + eps
+    x_min = torch.min(x)
     return (x - x_min) / (x_max - x_min)

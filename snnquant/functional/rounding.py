@@ -3,7 +3,8 @@ r"""Rounding with redefined gradients.
 Straight-through rounding (``round``, ``ceil``, ``floor``) as in
 ``spikingjelly.activation_based.quantize``; the rounding functions of the shok library
 (``PassRound``, ``SoftRound``, ``ScaleGrad``); the differentiable soft rounding of Agustsson & Theis
-(``smooth_round``); and rounding to decimal places (``round_decimals``).
+(``smooth_round``); rounding to a multiple of a step (``step_quantize``) and to decimal places
+(``round_decimals``).
 """
 
 from __future__ import annotations

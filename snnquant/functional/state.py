@@ -59,22 +59,90 @@ def _exponential_levels(num_levels, multiplier, min_val, max_val, centre):
     return values
 
 
+class LevelTable:
+    """A sorted level table in one dtype on one device, ready for :func:`nearest_level`.
+
+    ``grid`` is ``(origin, 1 / spacing)`` when the levels are evenly spaced closely enough that an
+    arithmetic estimate of the bracketing pair is always right (checked here, once), else ``None``.
+    """
+
+    def __init__(self, levels: torch.Tensor):
+        n = levels.numel()
+        self.values = levels
+        self.next_values = levels[1:].contiguous()
+        self.first = float(levels[0])
+        self.last = float(levels[-1])
+        self.grid = None
+        spacing = (self.last - self.first) / (n - 1)
+        if spacing > 0:
+            position = (levels.detach().cpu().double() - self.first) / spacing
+            deviation = float((position - torch.arange(n, dtype=torch.float64)).abs().max())
+            # Bound on the error of (x - first) / spacing in this dtype, in units of spacing.
+            rounding = 4 * n * torch.finfo(levels.dtype).eps
+            if deviation + rounding < 0.25:
+                self.grid = (self.first, 1.0 / spacing)
+
+
+def nearest_level(x: torch.Tensor, table: LevelTable, use_grid: bool = True) -> torch.Tensor:
+    """Nearest level of ``table`` to each element of ``x``, in the table's dtype.
+
+    Inner helper (no checks, no autograd). Exact ties go to the lower level; NaN stays NaN; values
+    beyond the ends (infinities included) map to the end levels. Memory: a handful of buffers the
+    size of ``x``, whatever the number of levels.
+
+    The pair of levels around each value is found arithmetically for evenly spaced levels (where
+    ``table.grid`` says it is safe) and by a branchless binary search otherwise (``use_grid=False``
+    forces the search). ``torch.bucketize`` would do the search too, several times slower on CPU.
+    """
+    levels = table.values
+    n = levels.numel()
+    shape = x.shape
+    # Clamping first makes every later value finite (NaN aside) and sends values beyond the ends
+    # to the end levels.
+    work = torch.clamp(x.reshape(-1).to(levels.dtype), table.first, table.last)
+    index_dtype = torch.int32 if n <= 2**30 else torch.int64
+    index = torch.empty(work.shape, dtype=index_dtype, device=work.device)
+    lower = torch.empty_like(work)
+    upper = torch.empty_like(work)
+    flag = torch.empty(work.shape, dtype=torch.bool, device=work.device)
+    if use_grid and table.grid is not None:
+        # index = floor((x - first) / spacing): the bracketing pair, or a pair that holds a level
+        # within a quarter spacing of x, which is then the nearest (see LevelTable).
+        origin, inverse_spacing = table.grid
+        torch.sub(work, origin, out=lower).mul_(inverse_spacing).floor_()
+        lower.nan_to_num_(0.0).clamp_(0, n - 2)
+        index.copy_(lower)
+    else:
+        # Afterwards index = #{levels < x} (at most n - 1, x being clamped to the last level);
+        # each step is one gather and one comparison into the buffers above.
+        probe = torch.empty_like(index)
+        index.zero_()
+        step = n // 2
+        while step >= 1:
+            torch.add(index, step - 1, out=probe)
+            torch.index_select(levels, 0, probe, out=lower)
+            torch.lt(lower, work, out=flag)
+            index.add_(flag.view(torch.uint8), alpha=step)
+            step //= 2
+        index.sub_(1).clamp_(min=0)
+    # The nearest level is levels[index] or levels[index + 1]. Compare the two distances as
+    # snntorch does (|level - x| in the compute dtype); an exact tie keeps the lower level.
+    torch.index_select(levels, 0, index, out=lower)
+    torch.index_select(table.next_values, 0, index, out=upper)
+    lower.sub_(work).abs_()
+    upper.sub_(work).abs_()
+    torch.lt(upper, lower, out=flag)
+    index.add_(flag.view(torch.uint8))  # adding the uint8 view avoids a converted copy
+    out = levels.index_select(0, index)
+    # x - x is 0, or NaN where x is NaN.
+    out.add_(torch.sub(work, work, out=lower))
+    return out.reshape(shape)
+
+
 class _NearestLevelSTE(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, table):
-        work = x.to(table.dtype)
-        last = table.numel() - 1
-        # bucketize gives i with table[i-1] < x <= table[i]; the nearest level is table[i-1] or
-        # table[i]. Ties go to the lower level, which is what snntorch's argmin (first index) does.
-        upper_index = torch.bucketize(work, table, out_int32=True)
-        lower_index = (upper_index - 1).clamp_(min=0)
-        upper_index.clamp_(max=last)
-        lower = table[lower_index]
-        upper = table[upper_index]
-        take_lower = (lower - work).abs_() <= (upper - work).abs_()
-        # NaN compares False both ways: the last where puts it back.
-        out = torch.where(take_lower, lower, torch.where(torch.isnan(work), work, upper))
-        return out.to(x.dtype)
+        return nearest_level(x, table).to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
@@ -121,7 +189,6 @@ class StateQuantizer:
                 f"lower_limit={lower_limit!r}, upper_limit={upper_limit!r} is empty"
             )
         num_levels = 2**self.num_bits
-        self._float32_levels = None
         if self.uniform:
             self.multiplier = None
             self.levels = torch.linspace(min_val, max_val, num_levels, dtype=torch.float64)
@@ -137,10 +204,12 @@ class StateQuantizer:
             centre = threshold if self.thr_centered else 0
             values = _exponential_levels(num_levels, multiplier, min_val, max_val, centre)
             self.levels = torch.tensor(values, dtype=torch.float64)
-        if not bool(torch.all(self.levels[1:] >= self.levels[:-1])):
-            raise ValueError(f"{fn}: these arguments give unsorted levels; check them: {self!r}")
-        if self._float32_levels is None:
             self._float32_levels = self.levels.to(torch.float32)
+        # snntorch's running sums can overshoot the centre by a rounding error (for example at 12
+        # bits with thr_centered=False), leaving its list slightly out of order; its argmin does
+        # not care, the search here needs sorted levels.
+        self.levels = torch.sort(self.levels, stable=True).values
+        self._float32_levels = torch.sort(self._float32_levels, stable=True).values
         self._tables = {}
 
     def levels_for(self, dtype: torch.dtype, device=None) -> torch.Tensor:
@@ -151,20 +220,23 @@ class StateQuantizer:
         may differ from ``levels.float()`` by one ulp), and the chosen level is cast to the input's
         dtype.
         """
+        return self._table(dtype, device).values
+
+    def _table(self, dtype, device) -> LevelTable:
         device = torch.device("cpu") if device is None else torch.device(device)
         table_dtype = torch.float64 if dtype == torch.float64 else torch.float32
         key = (table_dtype, device)
         table = self._tables.get(key)
         if table is None:
             source = self.levels if table_dtype == torch.float64 else self._float32_levels
-            table = source.to(device)
+            table = LevelTable(source.to(device))
             self._tables[key] = table
         return table
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Quantize ``x`` to the nearest level (straight-through gradient)."""
         check_float_tensor("state_quant", x)
-        return _NearestLevelSTE.apply(x, self.levels_for(x.dtype, x.device))
+        return _NearestLevelSTE.apply(x, self._table(x.dtype, x.device))
 
     def __repr__(self) -> str:
         args = (
@@ -202,9 +274,8 @@ def state_quant(num_bits=8, uniform=True, thr_centered=True, threshold=1.0, lowe
 
     Differences from snntorch, on purpose:
 
-    * Memory is O(n) in the input size (a binary search on the sorted levels, ``torch.bucketize``)
-      instead of snntorch's ``[n, levels]`` broadcast (1 GiB for :math:`2^{20}` float32 values at
-      8 bits).
+    * Memory is O(n) in the input size (a binary search on the sorted levels) instead of
+      snntorch's ``[n, levels]`` broadcast (1 GiB for :math:`2^{20}` float32 values at 8 bits).
     * :math:`+\infty`, and finite values so large that snntorch's float distances all round to the
       same number, map to the highest level; snntorch maps them to the lowest. NaN stays NaN
       (snntorch returns the lowest level).

@@ -146,6 +146,8 @@ class _QuantizedBitsSTE(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_output):
+        if not ctx.needs_input_grad[0]:  # only alpha required a gradient, and gets none
+            return (None,) * 9
         grad = grad_output
         if ctx.masked_grad:
             (inside,) = ctx.saved_tensors
@@ -192,10 +194,11 @@ def quantized_bits(
         \frac{\partial y}{\partial x} = \begin{cases} 1 & q_{lo} \le p \le q_{hi} \\ 0 &
         \text{otherwise} \end{cases}
 
-    For the 1-bit sign case the mask is :math:`-1 \le x \le 1` (the BinaryNet estimator), since
-    the formula's range is empty of meaning there. ``alpha`` gets no gradient (QKeras stops it too).
-    With ``stochastic=True`` the rounding of :math:`p` is :func:`stochastic_round` to integers (QKeras
-    ``use_stochastic_rounding`` with ``precision=1``).
+    For the 1-bit sign case the mask is :math:`-1 \le x \le 1` (the BinaryNet estimator): there
+    :math:`m = 1` and the formula's :math:`[q_{lo}, q_{hi}]` would not describe the sign function.
+    ``alpha`` gets no gradient (QKeras stops it too). With ``stochastic=True`` the rounding of
+    :math:`p` is :func:`stochastic_round` to integers (QKeras ``use_stochastic_rounding`` with
+    ``precision=1``).
 
     float16 and bfloat16 inputs are computed in float32 and cast back. NaN stays NaN (the sign case
     too); :math:`\pm\infty` clamps to the extreme levels.
