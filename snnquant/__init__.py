@@ -6,5 +6,8 @@
 
 from ._version import __version__
 from . import functional
+from . import nn
+from .convert import QuantConfig, QuantReport, quantize_model, summary
 
-__all__ = ["__version__", "functional"]
+__all__ = ["__version__", "functional", "nn", "QuantConfig", "QuantReport", "quantize_model",
+           "summary"]

@@ -1,0 +1,357 @@
+r"""One call to quantize a SpikingJelly network: :func:`quantize_model`, :class:`QuantConfig`,
+:func:`summary`.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import fnmatch
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence
+
+import torch
+import torch.nn as nn
+from spikingjelly.activation_based import functional as sjf
+from spikingjelly.activation_based import neuron
+
+from .nn.layers import QuantConv1d, QuantConv2d, QuantLinear
+from .nn.neurons import BACKENDS, QuantIFNode, QuantLIFNode, QuantParametricLIFNode
+from .nn.quantizers import (LSQQuantizer, MinMaxQuantizer, QuantizedBits, StateQuant,
+                            UniformQuantizer, check_bits)
+
+__all__ = ["QuantConfig", "QuantReport", "ReplacedModule", "SkippedModule", "quantize_model",
+           "summary", "Summary", "WEIGHT_QUANTIZERS", "MEMBRANE_QUANTIZERS"]
+
+WEIGHT_QUANTIZERS = ("lsq", "lsq_pow2", "minmax", "quantized_bits")
+MEMBRANE_QUANTIZERS = ("uniform", "threshold_centered", "lsq")
+
+
+@dataclass
+class QuantConfig:
+    r"""What :func:`quantize_model` does to each layer and neuron.
+
+    Args:
+        weight_bits: bit width of synaptic weights (2..32), or ``None`` to leave layers as they are.
+        weight_quantizer: ``'lsq'`` (learned step, Esser et al. 2020), ``'lsq_pow2'`` (learned step
+            restricted to powers of two, exact integer export without rescaling), ``'minmax'``
+            (EMA min/max range) or ``'quantized_bits'`` (QKeras, fixed range
+            :math:`[-1, 1)`).
+        per_channel: one step/range per output channel (``'lsq'``, ``'lsq_pow2'``, ``'minmax'``).
+        bias_bits: bit width of biases, or ``None`` to keep float biases.
+        v_bits: bit width of membrane potentials (2..32), or ``None`` to leave neurons as they are.
+        membrane_quantizer: ``'uniform'`` (:math:`2^b` levels on :math:`[-2V_{th}, 2V_{th})`),
+            ``'threshold_centered'`` (snnTorch/SQUAT exponential levels centred on the
+            threshold) or ``'lsq'`` (learned step).
+        backend: neuron backend, ``'torch'``, ``'cupy'`` or ``'auto'``.
+        skip: glob patterns on qualified module names (``'fc.*'``, ``'0'``) left unquantized.
+        overrides: ``{pattern: {field: value}}``: per-module changes of the fields above; the first
+            matching pattern wins.
+    """
+
+    weight_bits: Optional[int] = 8
+    weight_quantizer: str = "lsq"
+    per_channel: bool = False
+    bias_bits: Optional[int] = None
+    v_bits: Optional[int] = None
+    membrane_quantizer: str = "uniform"
+    backend: str = "torch"
+    skip: Sequence[str] = ()
+    overrides: Dict[str, dict] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ``ValueError`` (listing the valid choices) for any invalid field."""
+        for name in ("weight_bits", "bias_bits", "v_bits"):
+            value = getattr(self, name)
+            if value is not None:
+                if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= 32:
+                    raise ValueError(f"{name} must be None or an int in [2, 32], got {value!r}")
+        if self.weight_quantizer not in WEIGHT_QUANTIZERS:
+            raise ValueError(f"weight_quantizer must be one of {WEIGHT_QUANTIZERS}, got "
+                             f"{self.weight_quantizer!r}")
+        if self.membrane_quantizer not in MEMBRANE_QUANTIZERS:
+            raise ValueError(f"membrane_quantizer must be one of {MEMBRANE_QUANTIZERS}, got "
+                             f"{self.membrane_quantizer!r}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if isinstance(self.skip, str):
+            raise ValueError(f"skip must be a list of glob patterns, got the string {self.skip!r}")
+        valid = {f.name for f in dataclasses.fields(self)} - {"skip", "overrides"}
+        for pattern, change in dict(self.overrides).items():
+            if not isinstance(change, dict):
+                raise ValueError(f"overrides[{pattern!r}] must be a dict, got {change!r}")
+            unknown = set(change) - valid
+            if unknown:
+                raise ValueError(f"overrides[{pattern!r}] has unknown fields {sorted(unknown)}; "
+                                 f"valid fields: {sorted(valid)}")
+            dataclasses.replace(self, overrides={}, skip=(), **change)  # validates the values
+
+    def for_module(self, name: str) -> "QuantConfig":
+        """The configuration that applies to module ``name`` (after ``overrides``)."""
+        for pattern, change in self.overrides.items():
+            if fnmatch.fnmatchcase(name, pattern):
+                return dataclasses.replace(self, overrides={}, **change)
+        return self
+
+
+@dataclass
+class ReplacedModule:
+    """A module that :func:`quantize_model` replaced."""
+    name: str
+    old_type: str
+    new_type: str
+
+
+@dataclass
+class SkippedModule:
+    """A module that :func:`quantize_model` left alone, with the reason."""
+    name: str
+    old_type: str
+    reason: str
+
+
+@dataclass
+class QuantReport:
+    """What :func:`quantize_model` did: ``replaced`` and ``skipped`` modules."""
+    replaced: List[ReplacedModule] = field(default_factory=list)
+    skipped: List[SkippedModule] = field(default_factory=list)
+
+    def __str__(self):
+        lines = [f"replaced {len(self.replaced)} modules, skipped {len(self.skipped)}"]
+        lines += [f"  {r.name}: {r.old_type} -> {r.new_type}" for r in self.replaced]
+        lines += [f"  {s.name}: {s.old_type} skipped ({s.reason})" for s in self.skipped]
+        return "\n".join(lines)
+
+
+def _weight_quantizer(cfg: QuantConfig, bits: int, num_channels: int):
+    kind = cfg.weight_quantizer
+    if kind in ("lsq", "lsq_pow2"):
+        return LSQQuantizer(bits, signed=True, per_channel=cfg.per_channel, channel_dim=0,
+                            power_of_two=kind == "lsq_pow2", num_channels=num_channels)
+    if kind == "minmax":
+        return MinMaxQuantizer(bits, symmetric=True, per_channel=cfg.per_channel, channel_dim=0)
+    return QuantizedBits(bits, integer=0, symmetric=True, keep_negative=True)
+
+
+def _membrane_quantizer(cfg: QuantConfig, v_threshold: float):
+    bits = cfg.v_bits
+    if cfg.membrane_quantizer == "uniform":
+        return UniformQuantizer(bits, step=(abs(v_threshold) or 1.0) * 2.0 ** (2 - bits))
+    if cfg.membrane_quantizer == "threshold_centered":
+        return StateQuant(num_bits=bits, uniform=False, thr_centered=True, threshold=v_threshold)
+    return LSQQuantizer(bits, signed=True)
+
+
+_LAYER_MAP = {
+    nn.Linear: QuantLinear,
+    nn.Conv1d: QuantConv1d,
+    nn.Conv2d: QuantConv2d,
+}
+_NEURON_MAP = {
+    neuron.IFNode: QuantIFNode,
+    neuron.LIFNode: QuantLIFNode,
+    neuron.ParametricLIFNode: QuantParametricLIFNode,
+}
+_QUANT_TYPES = (QuantLinear, QuantConv1d, QuantConv2d, QuantIFNode, QuantLIFNode,
+                QuantParametricLIFNode)
+
+
+def _layer_target(module):
+    if isinstance(module, _QUANT_TYPES):
+        return None
+    for base_cls, q_cls in _LAYER_MAP.items():
+        if type(module) is base_cls or (isinstance(module, base_cls) and type(module).__module__
+                                        .startswith("spikingjelly.activation_based.layer")):
+            return q_cls
+    return None
+
+
+def _neuron_target(module):
+    if isinstance(module, _QUANT_TYPES):
+        return None
+    return _NEURON_MAP.get(type(module))
+
+
+def _convert_layer(module, q_cls, cfg: QuantConfig):
+    w = module.weight
+    step_mode = getattr(module, "step_mode", "s")
+    if q_cls is QuantLinear:
+        new = QuantLinear(module.in_features, module.out_features, bias=module.bias is not None,
+                          step_mode=step_mode, weight_quant=None)
+    else:
+        new = q_cls(module.in_channels, module.out_channels, module.kernel_size,
+                    stride=module.stride, padding=module.padding, dilation=module.dilation,
+                    groups=module.groups, bias=module.bias is not None,
+                    padding_mode=module.padding_mode, step_mode=step_mode, weight_quant=None)
+    new.weight = module.weight
+    new.bias = module.bias
+    new.weight_quant = _weight_quantizer(cfg, cfg.weight_bits, w.shape[0])
+    if cfg.bias_bits is not None and module.bias is not None:
+        new.bias_quant = LSQQuantizer(cfg.bias_bits, signed=True)
+    new.to(device=w.device)
+    new.train(module.training)
+    return new
+
+
+def _convert_neuron(module, q_cls, cfg: QuantConfig):
+    kw = dict(v_threshold=module.v_threshold, v_reset=module.v_reset,
+              surrogate_function=module.surrogate_function, detach_reset=module.detach_reset,
+              step_mode=module.step_mode, store_v_seq=module.store_v_seq,
+              v_quant=_membrane_quantizer(cfg, module.v_threshold), backend=cfg.backend)
+    if q_cls is QuantLIFNode:
+        new = QuantLIFNode(tau=module.tau, decay_input=module.decay_input, **kw)
+    elif q_cls is QuantParametricLIFNode:
+        new = QuantParametricLIFNode(decay_input=module.decay_input, **kw)
+        new.w = module.w
+    else:
+        new = QuantIFNode(**kw)
+    new._neuron_precision = getattr(module, "_neuron_precision", None)
+    params = list(module.parameters())
+    if params:
+        new.to(device=params[0].device)
+    new.train(module.training)
+    return new
+
+
+def _is_unsupported_neuron(module) -> bool:
+    from spikingjelly.activation_based.neuron import BaseNode, SimpleBaseNode
+    return isinstance(module, (BaseNode, SimpleBaseNode)) and not isinstance(module, _QUANT_TYPES) \
+        and type(module) not in _NEURON_MAP
+
+
+def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inplace: bool = False):
+    r"""Replace the supported layers and neurons of ``model`` by quantized ones.
+
+    ``nn.Linear/Conv1d/Conv2d`` (and SpikingJelly's ``layer.*`` versions) become
+    :class:`~snnquant.nn.QuantLinear`/``QuantConv1d``/``QuantConv2d`` with a weight quantizer of
+    ``config.weight_bits``; ``IFNode``/``LIFNode``/``ParametricLIFNode`` become the quantized neurons
+    with a membrane quantizer of ``config.v_bits``. Weights, biases, neuron hyper-parameters,
+    surrogate functions, ``step_mode``, device, dtype and ``requires_grad`` are kept (the very same
+    parameter tensors are reused). Any ``nn.Module`` tree works, including SpikingJelly containers.
+
+    Args:
+        model: the network.
+        config: a :class:`QuantConfig` (default: ``QuantConfig()``, 8-bit LSQ weights).
+        inplace: modify ``model`` itself instead of a deep copy.
+
+    Returns:
+        ``(quantized_model, report)`` with ``report.replaced`` and ``report.skipped``. Neurons of an
+        unsupported type are listed in ``report.skipped`` with the reason. A model with nothing to
+        quantize gives a warning and an empty report.
+    """
+    if config is None:
+        config = QuantConfig()
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    config.validate()
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not inplace:
+        model = copy.deepcopy(model)
+    report = QuantReport()
+
+    def visit(parent: nn.Module, prefix: str):
+        for child_name, child in list(parent.named_children()):
+            name = f"{prefix}.{child_name}" if prefix else child_name
+            old_type = type(child).__name__
+            layer_cls = _layer_target(child)
+            neuron_cls = _neuron_target(child)
+            target = layer_cls or neuron_cls
+            if target is not None:
+                if any(fnmatch.fnmatchcase(name, p) for p in config.skip):
+                    report.skipped.append(SkippedModule(name, old_type, "matches a skip pattern"))
+                    continue
+                cfg = config.for_module(name)
+                if layer_cls is not None and cfg.weight_bits is None:
+                    report.skipped.append(SkippedModule(name, old_type, "weight_bits is None"))
+                    continue
+                if neuron_cls is not None and cfg.v_bits is None:
+                    report.skipped.append(SkippedModule(name, old_type, "v_bits is None"))
+                    continue
+                new = (_convert_layer(child, layer_cls, cfg) if layer_cls is not None
+                       else _convert_neuron(child, neuron_cls, cfg))
+                setattr(parent, child_name, new)
+                report.replaced.append(ReplacedModule(name, old_type, type(new).__name__))
+                continue
+            if _is_unsupported_neuron(child):
+                report.skipped.append(SkippedModule(
+                    name, old_type, f"unsupported neuron type {old_type}; supported: "
+                    f"{[c.__name__ for c in _NEURON_MAP]}"))
+                continue
+            visit(child, name)
+
+    visit(model, "")
+    if not report.replaced:
+        warnings.warn("quantize_model found nothing to quantize in "
+                      f"{type(model).__name__}; returning it unchanged", stacklevel=2)
+    sjf.invalidate_reset_cache(model)
+    return model, report
+
+
+# --------------------------------------------------------------------------------------------------
+# summary
+
+
+@dataclass
+class Summary:
+    """Per-layer storage table; ``str()`` is the printed table."""
+    rows: List[dict]
+    total_params: int
+    total_fp32_bytes: float
+    total_quant_bytes: float
+
+    @property
+    def compression_ratio(self) -> float:
+        """fp32 bytes / quantized bytes of all weights and biases."""
+        return self.total_fp32_bytes / self.total_quant_bytes if self.total_quant_bytes else 1.0
+
+    def __str__(self):
+        head = ["layer", "type", "w_bits", "v_bits", "params", "fp32 B", "quant B", "v bits/neuron"]
+        body = [[r["name"], r["type"], str(r["weight_bits"] or "-"), str(r["v_bits"] or "-"),
+                 str(r["params"]), f"{r['fp32_bytes']:.0f}", f"{r['quant_bytes']:.0f}",
+                 str(r["membrane_bits_per_neuron"] or "-")] for r in self.rows]
+        body.append(["total", "", "", "", str(self.total_params), f"{self.total_fp32_bytes:.0f}",
+                     f"{self.total_quant_bytes:.0f}", ""])
+        widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(head)]
+        fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+        lines = [fmt(head), fmt(["-" * w for w in widths])] + [fmt(b) for b in body]
+        lines.append(f"compression ratio (fp32 / quantized): {self.compression_ratio:.2f}x")
+        return "\n".join(lines)
+
+
+def _bits_of(q) -> Optional[int]:
+    return None if q is None else getattr(q, "num_bits", None)
+
+
+def summary(model: nn.Module) -> Summary:
+    r"""Storage of each synaptic layer and neuron layer of ``model``.
+
+    Per layer: weight bits, membrane bits, parameter count, bytes at fp32 (:math:`4n`) and quantized
+    (:math:`n_w b_w / 8 + n_b b_b / 8`, unquantized tensors counted at 32 bits), membrane state bits
+    per neuron. Totals and ``compression_ratio`` = fp32 bytes / quantized bytes.
+    """
+    rows = []
+    for name, m in model.named_modules():
+        if isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d, nn.Conv3d)):
+            wq = getattr(m, "weight_quant", None)
+            bq = getattr(m, "bias_quant", None)
+            wb, bb = _bits_of(wq), _bits_of(bq)
+            nw = m.weight.numel()
+            nb = m.bias.numel() if m.bias is not None else 0
+            qbytes = nw * (wb or 32) / 8 + nb * (bb or 32) / 8
+            rows.append(dict(name=name, type=type(m).__name__, weight_bits=wb, v_bits=None,
+                             params=nw + nb, fp32_bytes=4.0 * (nw + nb), quant_bytes=qbytes,
+                             membrane_bits_per_neuron=None))
+        elif isinstance(m, (neuron.BaseNode,)):
+            vb = _bits_of(getattr(m, "v_quant", None))
+            np_ = sum(p.numel() for p in m.parameters(recurse=False))
+            rows.append(dict(name=name, type=type(m).__name__, weight_bits=None, v_bits=vb,
+                             params=np_, fp32_bytes=4.0 * np_, quant_bytes=4.0 * np_,
+                             membrane_bits_per_neuron=vb or 32))
+    total_params = sum(r["params"] for r in rows)
+    return Summary(rows, total_params, sum(r["fp32_bytes"] for r in rows),
+                   sum(r["quant_bytes"] for r in rows))

@@ -1,0 +1,351 @@
+r"""Reference dynamics of spiking neurons with a quantized membrane potential.
+
+This module is the single written definition of the quantized neuron. The torch backend of
+:class:`snnquant.nn.QuantLIFNode` and friends runs :func:`quant_neuron_multi_step`; the fused CUDA
+kernels and the integer simulator are tested against it.
+
+Notation: :math:`s` is the membrane step, :math:`q_{min} < q_{max}` the integer range,
+:math:`Q(h) = s \cdot \mathrm{clamp}(\mathrm{round}(h / s), q_{min}, q_{max})` with ``torch.round``
+(round half to even). Per time step :math:`t`, with :math:`V[-1] = V_{init}`:
+
+.. math::
+
+    H[t] &= f(V[t-1], X[t]) \quad\text{(charge)}\\
+    H_q[t] &= Q(H[t])\\
+    S[t] &= \Theta(H_q[t] - V_{th})\\
+    V[t] &= \begin{cases} H_q[t] (1 - S[t]) + V_{r,q} S[t] & \text{hard reset}\\
+                          H_q[t] - \theta_q S[t] & \text{soft reset (} V_{reset} = \text{None)}
+            \end{cases}
+
+with the charge :math:`f` of the neuron kind
+
+.. math::
+
+    \text{IF:}\quad & H = V + X\\
+    \text{LIF, decay\_input:}\quad & H = V + (X - (V - V_r)) / \tau\\
+    \text{LIF, not decay\_input:}\quad & H = V - (V - V_r) / \tau + X\\
+    \text{PLIF:}\quad & \text{as LIF with } 1/\tau = k = \mathrm{sigmoid}(w)
+
+and the reset values on the grid: :math:`V_{r,q} = Q(V_{reset})` (also used as :math:`V_r` in the
+charge; :math:`V_r = 0` for soft reset) and :math:`\theta_q = s \lceil V_{th} / s \rceil`, the
+smallest grid value :math:`\ge V_{th}`, so that the membrane stays on the grid after a soft reset.
+
+Gradients: the quantizer is straight-through inside its range and zero outside
+(:math:`\partial H_q / \partial H = 1` iff :math:`q_{min} \le H/s \le q_{max}`), with the LSQ step
+gradient :math:`\partial H_q / \partial s = \mathrm{round}(H/s) - H/s` inside, :math:`q_{min}` below,
+:math:`q_{max}` above, times ``step_grad_scale``; the spike uses the derivative of the neuron's
+surrogate function at :math:`H_q - V_{th}`; ``detach_reset`` cuts the gradient through :math:`S` in
+the reset. :math:`V_{r,q}` and :math:`\theta_q` are constants for autograd.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "NEURON_KINDS",
+    "membrane_reset_values",
+    "surrogate_derivative",
+    "quant_neuron_step_reference",
+    "quant_neuron_multi_step",
+    "QuantNeuronFunction",
+]
+
+NEURON_KINDS = ("if", "lif", "plif")
+
+
+def membrane_reset_values(step: torch.Tensor, qmin: int, qmax: int, v_threshold: float,
+                          v_reset: Optional[float]):
+    r"""Reset values of a quantized membrane, on the grid of ``step``.
+
+    .. math::
+
+        V_{r,q} = s \cdot \mathrm{clamp}(\mathrm{round}(V_{reset} / s), q_{min}, q_{max}),\qquad
+        \theta_q = s \lceil V_{th} / s \rceil
+
+    Args:
+        step: positive scalar tensor (its dtype is the dtype of the results).
+        qmin, qmax: integer range of the membrane grid.
+        v_threshold: firing threshold :math:`V_{th}`.
+        v_reset: hard-reset value, or ``None`` for soft reset (then :math:`V_{r,q} = 0`).
+
+    Returns:
+        ``(v_reset_q, theta_q)`` as detached scalar tensors.
+    """
+    step = step.detach()
+    if v_reset is None:
+        vr = torch.zeros((), dtype=step.dtype, device=step.device)
+    else:
+        vr = torch.clamp(torch.round(v_reset / step), qmin, qmax) * step
+    theta = torch.ceil(v_threshold / step) * step
+    return vr, theta
+
+
+_closed_form_cache: dict = {}
+
+
+def surrogate_derivative(surrogate_function, x: torch.Tensor) -> torch.Tensor:
+    r"""Derivative :math:`g'(x)` of a SpikingJelly surrogate function at ``x``.
+
+    ``Sigmoid`` and ``ATan`` use their closed forms
+    (:math:`\alpha\,\sigma(\alpha x)(1-\sigma(\alpha x))` and
+    :math:`\frac{\alpha}{2(1 + (\frac{\pi}{2}\alpha x)^2)}`); any other surrogate module is
+    differentiated through its own autograd backward, so every surrogate works.
+    """
+    from spikingjelly.activation_based import surrogate
+
+    if type(surrogate_function) is surrogate.Sigmoid:
+        sg = torch.sigmoid(x * surrogate_function.alpha)
+        return (1.0 - sg) * sg * surrogate_function.alpha
+    if type(surrogate_function) is surrogate.ATan:
+        alpha = surrogate_function.alpha
+        return alpha / 2 / (1 + (math.pi / 2 * alpha * x).square())
+    with torch.enable_grad():
+        xd = x.detach().requires_grad_(True)
+        y = surrogate_function(xd)
+        (g,) = torch.autograd.grad(y, xd, torch.ones_like(y))
+    return g
+
+
+def _charge(neuron: str, v, x, tau, k, decay_input: bool, vr):
+    # The operation order follows SpikingJelly's torch neurons, so that spikes agree bit for bit.
+    if neuron == "if":
+        return v + x
+    if neuron == "lif":
+        if decay_input:
+            return v + (x - (v - vr)) / tau
+        return v - (v - vr) / tau + x
+    if decay_input:
+        return v + (x - (v - vr)) * k
+    return v - (v - vr) * k + x
+
+
+def _check_args(x_seq, neuron, tau, w, step, qmin, qmax):
+    if neuron not in NEURON_KINDS:
+        raise ValueError(f"neuron must be one of {NEURON_KINDS}, got {neuron!r}")
+    if not isinstance(x_seq, torch.Tensor) or not x_seq.is_floating_point():
+        raise TypeError(f"x_seq must be a floating-point tensor, got "
+                        f"{getattr(x_seq, 'dtype', type(x_seq))}")
+    if x_seq.dim() < 1:
+        raise ValueError(f"x_seq must have shape [T, ...], got shape {tuple(x_seq.shape)}")
+    if neuron == "lif" and not (isinstance(tau, (int, float)) and tau > 0):
+        raise ValueError(f"tau must be a positive number for 'lif', got {tau!r}")
+    if neuron == "plif" and not isinstance(w, torch.Tensor):
+        raise ValueError(f"w must be a tensor for 'plif', got {type(w).__name__}")
+    if not (isinstance(qmin, int) and isinstance(qmax, int)) or qmin >= qmax:
+        raise ValueError(f"qmin and qmax must be ints with qmin < qmax, got qmin={qmin!r}, "
+                         f"qmax={qmax!r}")
+    if not isinstance(step, torch.Tensor):
+        if not step > 0:
+            raise ValueError(f"step must be > 0, got {step!r}")
+
+
+def quant_neuron_step_reference(x: torch.Tensor, v: torch.Tensor, *, neuron: str, tau: float = 2.0,
+                                w: Optional[torch.Tensor] = None, decay_input: bool = True,
+                                v_threshold: float = 1.0, v_reset: Optional[float] = 0.0,
+                                surrogate_function=None, detach_reset: bool = False,
+                                step, qmin: int, qmax: int, step_grad_scale: float = 1.0):
+    r"""One time step of the quantized neuron, written with plain differentiable torch operations.
+
+    The dynamics and gradients are those of the module docstring; autograd builds the graph. It is
+    the slow, obviously-correct definition that :class:`QuantNeuronFunction` is tested against.
+
+    Returns:
+        ``(spike, v_next)``.
+    """
+    if surrogate_function is None:
+        from spikingjelly.activation_based import surrogate
+        surrogate_function = surrogate.Sigmoid()
+    step = torch.as_tensor(step, dtype=x.dtype, device=x.device)
+    vr_q, theta_q = membrane_reset_values(step, qmin, qmax, v_threshold, v_reset)
+    vr_q, theta_q = vr_q.to(x.dtype), theta_q.to(x.dtype)
+    k = torch.sigmoid(w).to(x.dtype) if neuron == "plif" else None
+    h = _charge(neuron, v, x, tau, k, decay_input, vr_q)
+    hs = h / step
+    q = torch.clamp(torch.round(hs), qmin, qmax)
+    inside = ((hs >= qmin) & (hs <= qmax)).to(x.dtype)
+    dstep = torch.where(hs < qmin, float(qmin), torch.where(hs > qmax, float(qmax), q - hs)).detach()
+    # value = q * s; d/dh = inside; d/ds = dstep * step_grad_scale
+    hq = (q * step).detach() + (h - h.detach()) * inside + (step - step.detach()) * dstep * step_grad_scale
+    spike = surrogate_function(hq - v_threshold)
+    spike_r = spike.detach() if detach_reset else spike
+    if v_reset is None:
+        v_next = hq - spike_r * theta_q
+    else:
+        v_next = (1.0 - spike_r) * hq + spike_r * vr_q
+    return spike, v_next
+
+
+class QuantNeuronFunction(torch.autograd.Function):
+    r"""Whole-sequence quantized neuron as one autograd node with a reverse-time backward.
+
+    Saves only the pre-quantisation charge :math:`H` (and, for PLIF or ``store_v_seq``, the membrane
+    sequence); everything else is recomputed in backward. See the module docstring for the math.
+    """
+
+    @staticmethod
+    def forward(ctx, x_seq, v_init, step, w, cfg):
+        (neuron, tau, decay_input, v_threshold, v_reset, surrogate_function, detach_reset,
+         qmin, qmax, step_grad_scale, store_v_seq) = cfg
+        dtype = x_seq.dtype
+        s = step.detach().to(dtype)
+        vr_q, theta_q = membrane_reset_values(s, qmin, qmax, v_threshold, v_reset)
+        k = torch.sigmoid(w.detach()).to(dtype) if neuron == "plif" else None
+        T = x_seq.shape[0]
+        v = v_init.detach().to(dtype).expand_as(x_seq[0])
+        h_seq = torch.empty_like(x_seq)
+        spike_seq = torch.empty_like(x_seq)
+        keep_v = store_v_seq or neuron == "plif"
+        v_seq = torch.empty_like(x_seq) if keep_v else None
+        for t in range(T):
+            h = _charge(neuron, v, x_seq[t], tau, k, decay_input, vr_q)
+            h_seq[t] = h
+            hq = torch.clamp(torch.round(h / s), qmin, qmax) * s
+            spike = ((hq - v_threshold) >= 0).to(dtype)
+            spike_seq[t] = spike
+            if v_reset is None:
+                v = hq - spike * theta_q
+            else:
+                v = (1.0 - spike) * hq + spike * vr_q
+            if keep_v:
+                v_seq[t] = v
+        v_last = v.clone() if T > 0 else v.contiguous()
+        ctx.cfg = cfg
+        ctx.v_init_shape = v_init.shape
+        ctx.step_shape = step.shape
+        ctx.step_dtype = step.dtype
+        ctx.w_dtype = w.dtype if w is not None else None
+        ctx.save_for_backward(h_seq, v_seq if keep_v else None, v_init, step, w,
+                              x_seq if neuron == "plif" else None)
+        out_v_seq = v_seq if store_v_seq else torch.empty(0, dtype=dtype, device=x_seq.device)
+        return spike_seq, v_last, out_v_seq
+
+    @staticmethod
+    def backward(ctx, g_spike, g_v_last, g_v_seq):
+        (neuron, tau, decay_input, v_threshold, v_reset, surrogate_function, detach_reset,
+         qmin, qmax, step_grad_scale, store_v_seq) = ctx.cfg
+        h_seq, v_seq, v_init, step, w, x_seq = ctx.saved_tensors
+        dtype = h_seq.dtype
+        T = h_seq.shape[0]
+        s = step.detach().to(dtype)
+        vr_q, theta_q = membrane_reset_values(s, qmin, qmax, v_threshold, v_reset)
+        k = torch.sigmoid(w.detach()).to(dtype) if neuron == "plif" else None
+        if g_spike is None:
+            g_spike = torch.zeros_like(h_seq)
+        g_v = torch.zeros_like(h_seq[0]) if g_v_last is None else g_v_last.to(dtype)
+        if not store_v_seq or g_v_seq is None or g_v_seq.numel() == 0:
+            g_v_seq = None
+        g_x = torch.empty_like(h_seq)
+        g_step = torch.zeros((), dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+                             device=h_seq.device)
+        g_k = torch.zeros_like(g_step)
+        if neuron == "if":
+            dh_dx, dh_dv = 1.0, 1.0
+        elif neuron == "lif":
+            dh_dx = 1.0 / tau if decay_input else 1.0
+            dh_dv = 1.0 - 1.0 / tau
+        else:
+            dh_dx = k if decay_input else 1.0
+            dh_dv = 1.0 - k
+        need_step = ctx.needs_input_grad[2]
+        for t in range(T - 1, -1, -1):
+            h = h_seq[t]
+            hs = h / s
+            q = torch.clamp(torch.round(hs), qmin, qmax)
+            hq = q * s
+            spike = ((hq - v_threshold) >= 0).to(dtype)
+            if g_v_seq is not None:
+                g_v = g_v + g_v_seq[t]
+            sg = surrogate_derivative(surrogate_function, hq - v_threshold)
+            if v_reset is None:
+                g_hq = g_v
+                if not detach_reset:
+                    g_s_total = g_spike[t] - g_v * theta_q
+                else:
+                    g_s_total = g_spike[t]
+            else:
+                g_hq = g_v * (1.0 - spike)
+                if not detach_reset:
+                    g_s_total = g_spike[t] + g_v * (vr_q - hq)
+                else:
+                    g_s_total = g_spike[t]
+            g_hq = g_hq + g_s_total * sg
+            inside = (hs >= qmin) & (hs <= qmax)
+            g_h = g_hq * inside
+            if need_step:
+                dstep = torch.where(hs < qmin, float(qmin), torch.where(hs > qmax, float(qmax), q - hs))
+                g_step = g_step + (g_hq * dstep).sum(dtype=g_step.dtype)
+            g_x[t] = g_h * dh_dx
+            if neuron == "plif":
+                v_prev = v_seq[t - 1] if t > 0 else v_init.to(dtype).expand_as(h)
+                if decay_input:
+                    dh_dk = x_seq[t] - (v_prev - vr_q)
+                else:
+                    dh_dk = -(v_prev - vr_q)
+                g_k = g_k + (g_h * dh_dk).sum(dtype=g_k.dtype)
+            g_v = g_h * dh_dv
+        g_v_init = None
+        if ctx.needs_input_grad[1]:
+            g_v_init = g_v
+            if tuple(g_v_init.shape) != tuple(ctx.v_init_shape):
+                g_v_init = g_v_init.sum_to_size(ctx.v_init_shape) if len(ctx.v_init_shape) else g_v_init.sum()
+            g_v_init = g_v_init.to(v_init.dtype)
+        g_step_out = None
+        if need_step:
+            g_step_out = (g_step * step_grad_scale).to(ctx.step_dtype).reshape(ctx.step_shape)
+        g_w = None
+        if neuron == "plif" and ctx.needs_input_grad[3]:
+            kk = torch.sigmoid(w.detach().to(g_k.dtype))
+            g_w = (g_k * kk * (1 - kk)).to(ctx.w_dtype).reshape(w.shape)
+        return g_x, g_v_init, g_step_out, g_w, None
+
+
+def quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau: float = 2.0,
+                            w: Optional[torch.Tensor] = None, decay_input: bool = True,
+                            v_threshold: float = 1.0, v_reset: Optional[float] = 0.0,
+                            surrogate_function=None, detach_reset: bool = False, step,
+                            qmin: int, qmax: int, step_grad_scale: float = 1.0,
+                            store_v_seq: bool = False):
+    r"""Run a quantized-membrane neuron over a whole sequence (torch backend, one autograd node).
+
+    Dynamics and gradients: see :mod:`snnquant.functional.neuron`.
+
+    Args:
+        x_seq: input current, shape ``[T, N, ...]``, floating point.
+        v_init: membrane potential before step 0 (tensor or float, broadcastable to ``x_seq[0]``).
+        neuron: ``'if'``, ``'lif'`` or ``'plif'``.
+        tau: membrane time constant of ``'lif'``.
+        w: PLIF parameter, :math:`1/\tau = \mathrm{sigmoid}(w)` (scalar tensor).
+        decay_input: whether the input decays with the membrane (LIF/PLIF).
+        v_threshold: firing threshold.
+        v_reset: hard-reset value, or ``None`` for soft reset.
+        surrogate_function: SpikingJelly surrogate module (default ``surrogate.Sigmoid()``).
+        detach_reset: cut the gradient through the spike in the reset.
+        step: membrane step :math:`s` (positive float or scalar tensor; a tensor that requires grad
+            receives the LSQ step gradient).
+        qmin, qmax: integer range of the membrane grid.
+        step_grad_scale: factor on the step gradient (LSQ's :math:`1/\sqrt{N q_{max}}`).
+        store_v_seq: also return the membrane after reset at every step.
+
+    Returns:
+        ``(spike_seq, v_last, v_seq)`` with ``v_seq`` ``None`` unless ``store_v_seq``.
+    """
+    _check_args(x_seq, neuron, tau, w, step, qmin, qmax)
+    if surrogate_function is None:
+        from spikingjelly.activation_based import surrogate
+        surrogate_function = surrogate.Sigmoid()
+    dev = x_seq.device
+    if not isinstance(step, torch.Tensor):
+        step = torch.tensor(float(step), dtype=x_seq.dtype, device=dev)
+    if not isinstance(v_init, torch.Tensor):
+        v_init = torch.tensor(float(v_init), dtype=x_seq.dtype, device=dev)
+    if w is None:
+        w = torch.zeros((), device=dev)
+    cfg = (neuron, float(tau) if neuron == "lif" else None, bool(decay_input), float(v_threshold),
+           None if v_reset is None else float(v_reset), surrogate_function, bool(detach_reset),
+           int(qmin), int(qmax), float(step_grad_scale), bool(store_v_seq))
+    spike_seq, v_last, v_seq = QuantNeuronFunction.apply(x_seq, v_init, step, w, cfg)
+    return spike_seq, v_last, (v_seq if store_v_seq else None)

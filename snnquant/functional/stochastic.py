@@ -1,0 +1,113 @@
+r"""Stochastic rounding, and QKeras's straight-through ``_round_through``."""
+
+from __future__ import annotations
+
+import torch
+
+from ._validation import check_flag, check_float_tensor, check_positive, compute_dtype
+from .rounding import StepQuantizeSTE
+
+__all__ = ["stochastic_round", "round_through"]
+
+
+def stochastic_round_integers(v: torch.Tensor, generator) -> torch.Tensor:
+    r"""Round ``v`` down or up to an integer, up with probability :math:`v - \lfloor v \rfloor`.
+
+    Inner helper (no checks, no autograd): ``v`` is in its compute dtype (float32 or float64), so
+    the uniform samples have enough resolution for the expectation to be ``v``. NaN stays NaN and
+    :math:`\pm\infty` stays :math:`\pm\infty`.
+    """
+    low = torch.floor(v)
+    fraction = v - low
+    uniform = torch.rand(v.shape, generator=generator, dtype=v.dtype, device=v.device)
+    # P(uniform < fraction) = fraction; an integer (fraction 0) never moves, an infinity gives a NaN
+    # fraction, which compares False and keeps the infinity.
+    return low + (uniform < fraction).to(v.dtype)
+
+
+def _sum_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
+    return grad if grad.shape == shape else grad.sum_to_size(shape)
+
+
+class _StochasticRoundSTE(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, step, generator):
+        ctx.x_shape = x.shape
+        ctx.x_dtype = x.dtype
+        work = x.to(compute_dtype(x.dtype))
+        if isinstance(step, torch.Tensor):
+            step = step.to(work.dtype)
+        out = stochastic_round_integers(work / step, generator) * step
+        return out.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return _sum_to(grad_output, ctx.x_shape).to(ctx.x_dtype), None, None
+
+
+def stochastic_round(x: torch.Tensor, step=1.0, generator=None) -> torch.Tensor:
+    r"""Round down or up to a multiple of ``step`` at random, unbiased; straight-through gradient.
+
+    .. math::
+
+        v = x / s, \qquad
+        y = s \cdot \begin{cases} \lfloor v \rfloor + 1 & \text{with probability } v - \lfloor v \rfloor
+            \\ \lfloor v \rfloor & \text{otherwise} \end{cases}, \qquad
+        \mathbb{E}[y] = x, \qquad \frac{\partial y}{\partial x} = 1
+
+    with :math:`s` = ``step``. Multiples of ``step`` are returned unchanged. The uniform samples
+    come from :func:`torch.rand` with ``generator``, so a seeded :class:`torch.Generator` (on the
+    device of ``x``) makes the result reproducible. float16 and bfloat16 inputs are computed in
+    float32 and cast back. NaN stays NaN, :math:`\pm\infty` stays :math:`\pm\infty`.
+
+    Args:
+        x: Floating-point input tensor.
+        step: Grid spacing, a number or a floating-point tensor broadcastable to ``x``, finite and
+            ``> 0``. A tensor ``step`` gets no gradient.
+        generator: Optional :class:`torch.Generator` for the random draws.
+
+    Returns:
+        A new tensor with the dtype of ``x``.
+
+    Raises:
+        TypeError: ``x`` is not a floating-point tensor.
+        ValueError: ``step`` is not finite and positive.
+    """
+    check_float_tensor("stochastic_round", x)
+    step = check_positive("stochastic_round", "step", step)
+    return _StochasticRoundSTE.apply(x, step, generator)
+
+
+def round_through(x: torch.Tensor, stochastic=False, step=1.0, generator=None) -> torch.Tensor:
+    r"""QKeras's ``_round_through``: round to a multiple of ``step`` with a straight-through gradient.
+
+    .. math::
+
+        y = s \cdot \operatorname{round}(x / s) \ \text{(deterministic, half to even)}, \qquad
+        y = \texttt{stochastic\_round}(x, s) \ \text{(stochastic)}, \qquad
+        \frac{\partial y}{\partial x} = 1
+
+    Differences from QKeras, on purpose: QKeras's deterministic path always rounds to integers and
+    its stochastic path rounds to multiples of ``precision`` (default 0.5); here one ``step``
+    (default 1.0) serves both, so the defaults round to integers either way. QKeras switches to the
+    deterministic path outside its training phase; here ``stochastic`` decides.
+
+    Args:
+        x: Floating-point input tensor.
+        stochastic: Round at random (see :func:`stochastic_round`) instead of to the nearest.
+        step: Grid spacing, a number or a floating-point tensor, finite and ``> 0``.
+        generator: Optional :class:`torch.Generator`, used only when ``stochastic`` is true.
+
+    Returns:
+        A new tensor with the dtype of ``x``.
+
+    Raises:
+        TypeError: ``x`` is not a floating-point tensor or ``stochastic`` is not a bool.
+        ValueError: ``step`` is not finite and positive.
+    """
+    check_float_tensor("round_through", x)
+    stochastic = check_flag("round_through", "stochastic", stochastic)
+    step = check_positive("round_through", "step", step)
+    if stochastic:
+        return _StochasticRoundSTE.apply(x, step, generator)
+    return StepQuantizeSTE.apply(x, step)

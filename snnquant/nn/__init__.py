@@ -1,0 +1,15 @@
+"""Step-compatible modules: quantizers, quantized layers and quantized neurons."""
+
+from .quantizers import (QuantizerBase, Round, Clamp, StepQuantize, KBitQuantize, AffineKBitQuantize,
+                         ClampByLinear, StochasticRound, QuantizedBits, StateQuant, Quantize,
+                         UniformQuantizer, LSQQuantizer, MinMaxQuantizer)
+from .layers import QuantLinear, QuantConv1d, QuantConv2d
+from .neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode
+
+__all__ = [
+    "QuantizerBase", "Round", "Clamp", "StepQuantize", "KBitQuantize", "AffineKBitQuantize",
+    "ClampByLinear", "StochasticRound", "QuantizedBits", "StateQuant", "Quantize",
+    "UniformQuantizer", "LSQQuantizer", "MinMaxQuantizer",
+    "QuantLinear", "QuantConv1d", "QuantConv2d",
+    "QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode",
+]

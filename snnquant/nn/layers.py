@@ -1,0 +1,180 @@
+r"""Quantized synaptic layers: drop-in replacements for SpikingJelly's ``layer.Linear/Conv1d/Conv2d``.
+
+The forward pass uses the quantized weight :math:`\hat W = Q_w(W)` and bias :math:`\hat b = Q_b(b)`:
+
+.. math::
+
+    Y = X \hat W^{\top} + \hat b \quad\text{(linear)},\qquad Y = \hat W * X + \hat b\quad\text{(conv)}
+
+In ``step_mode='m'`` the time dimension is folded into the batch (``[T, N, ...] -> [T*N, ...]``),
+exactly as SpikingJelly's layers do.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from spikingjelly.activation_based import layer
+
+from .quantizers import LSQQuantizer, QuantizerBase, check_bits
+
+__all__ = ["QuantLinear", "QuantConv1d", "QuantConv2d", "make_weight_quantizer"]
+
+QuantArg = Union[QuantizerBase, int, None]
+
+
+def make_weight_quantizer(spec: QuantArg, name: str, num_channels: Optional[int] = None,
+                          per_channel: bool = False) -> Optional[QuantizerBase]:
+    """Turn a ``weight_quant``/``bias_quant`` argument into a quantizer module.
+
+    A module is used as is; an int ``b`` means ``LSQQuantizer(b)`` (signed, per tensor unless
+    ``per_channel``); ``None`` means no quantization.
+    """
+    if spec is None or isinstance(spec, QuantizerBase):
+        return spec
+    if isinstance(spec, nn.Module):
+        raise TypeError(f"{name} must be a snnquant quantizer module, a bit width or None, got "
+                        f"{type(spec).__name__}")
+    bits = check_bits(spec, name, 2, 32)
+    return LSQQuantizer(bits, signed=True, per_channel=per_channel, channel_dim=0,
+                        num_channels=num_channels)
+
+
+class _QuantLayerMixin:
+    """Shared quantized-weight machinery of the layers."""
+
+    def _init_quant(self, weight_quant: QuantArg, bias_quant: QuantArg):
+        if self.bias is None and bias_quant is not None:
+            raise ValueError(f"bias_quant={bias_quant!r} was given but the layer has bias=False")
+        out_channels = self.weight.shape[0]
+        self.weight_quant = make_weight_quantizer(weight_quant, "weight_quant", out_channels)
+        self.bias_quant = make_weight_quantizer(bias_quant, "bias_quant")
+        # quantizers must follow the layer's device/dtype
+        for q in (self.weight_quant, self.bias_quant):
+            if q is not None:
+                q.to(self.weight.device)
+
+    def quantized_weight(self) -> torch.Tensor:
+        """The weight used in forward: :math:`Q_w(W)` (or :math:`W` without a weight quantizer)."""
+        if self.weight_quant is None:
+            return self.weight
+        return self.weight_quant.quantize(self.weight)
+
+    def quantized_bias(self) -> Optional[torch.Tensor]:
+        """The bias used in forward: :math:`Q_b(b)`, :math:`b`, or ``None``."""
+        if self.bias is None or self.bias_quant is None:
+            return self.bias
+        return self.bias_quant.quantize(self.bias)
+
+    def _quant_extra_repr(self) -> str:
+        wb = getattr(self.weight_quant, "num_bits", None)
+        bb = getattr(self.bias_quant, "num_bits", None)
+        return f", weight_bits={wb}, bias_bits={bb}"
+
+
+class QuantLinear(_QuantLayerMixin, layer.Linear):
+    r"""Linear layer with quantized weight and bias; drop-in for ``layer.Linear``/``nn.Linear``.
+
+    .. math::
+
+        Y = X\, Q_w(W)^{\top} + Q_b(b)
+
+    Gradients flow to :math:`W` and :math:`b` through the quantizers' straight-through estimators.
+
+    Args:
+        in_features, out_features, bias, step_mode: as ``layer.Linear``.
+        weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
+        bias_quant: same for the bias.
+    """
+
+    def __init__(self, in_features: int, out_features: int, bias: bool = True, step_mode="s",
+                 weight_quant: QuantArg = 8, bias_quant: QuantArg = None, device=None, dtype=None):
+        super().__init__(in_features, out_features, bias, step_mode=step_mode)
+        if device is not None or dtype is not None:
+            self.to(device=device, dtype=dtype)
+        self._init_quant(weight_quant, bias_quant)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.step_mode == "m" and x.dim() < 2:
+            raise ValueError(f"QuantLinear in step_mode='m' expects x with shape [T, N, *, "
+                             f"in_features], got shape {tuple(x.shape)}")
+        return F.linear(x, self.quantized_weight(), self.quantized_bias())
+
+    def extra_repr(self):
+        return super().extra_repr() + self._quant_extra_repr()
+
+
+class _QuantConvNd(_QuantLayerMixin):
+    _expected_dim = 0
+    _shape_text = ""
+
+    def _conv(self, x):
+        return self._conv_forward(x, self.quantized_weight(), self.quantized_bias())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.step_mode == "s":
+            return self._conv(x)
+        if x.dim() != self._expected_dim:
+            raise ValueError(f"{type(self).__name__} in step_mode='m' expects x with shape "
+                             f"{self._shape_text}, got shape {tuple(x.shape)}")
+        T, N = x.shape[0], x.shape[1]
+        y = self._conv(x.flatten(0, 1))
+        return y.view(T, N, *y.shape[1:])
+
+    def extra_repr(self):
+        return super().extra_repr() + self._quant_extra_repr()
+
+
+class QuantConv1d(_QuantConvNd, layer.Conv1d):
+    r"""1-d convolution with quantized weight and bias; drop-in for ``layer.Conv1d``/``nn.Conv1d``.
+
+    .. math::
+
+        Y = Q_w(W) * X + Q_b(b)
+
+    Args:
+        in_channels ... padding_mode, step_mode: as ``layer.Conv1d``.
+        weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
+        bias_quant: same for the bias.
+    """
+
+    _expected_dim = 4
+    _shape_text = "[T, N, C, L]"
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, padding_mode="zeros", step_mode="s",
+                 weight_quant: QuantArg = 8, bias_quant: QuantArg = None, device=None, dtype=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                         bias, padding_mode, step_mode=step_mode)
+        if device is not None or dtype is not None:
+            self.to(device=device, dtype=dtype)
+        self._init_quant(weight_quant, bias_quant)
+
+
+class QuantConv2d(_QuantConvNd, layer.Conv2d):
+    r"""2-d convolution with quantized weight and bias; drop-in for ``layer.Conv2d``/``nn.Conv2d``.
+
+    .. math::
+
+        Y = Q_w(W) * X + Q_b(b)
+
+    Args:
+        in_channels ... padding_mode, step_mode: as ``layer.Conv2d``.
+        weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
+        bias_quant: same for the bias.
+    """
+
+    _expected_dim = 5
+    _shape_text = "[T, N, C, H, W]"
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, padding_mode="zeros", step_mode="s",
+                 weight_quant: QuantArg = 8, bias_quant: QuantArg = None, device=None, dtype=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                         bias, padding_mode, step_mode=step_mode)
+        if device is not None or dtype is not None:
+            self.to(device=device, dtype=dtype)
+        self._init_quant(weight_quant, bias_quant)

@@ -1,0 +1,314 @@
+r"""Quantized-membrane neurons: subclasses of SpikingJelly's ``IFNode``, ``LIFNode`` and
+``ParametricLIFNode``.
+
+Per step, with the neuron's charge :math:`f` and membrane quantizer :math:`Q`:
+
+.. math::
+
+    H[t] &= f(V[t-1], X[t]),\qquad H_q[t] = Q(H[t]),\qquad S[t] = \Theta(H_q[t] - V_{th})\\
+    V[t] &= H_q[t](1 - S[t]) + V_{r,q} S[t]\ \text{(hard)}\quad\text{or}\quad
+            H_q[t] - \theta_q S[t]\ \text{(soft)}
+
+The gradient of :math:`Q` is straight-through inside its range and 0 outside; the spike uses the
+neuron's surrogate gradient. The exact definition (reset values on the grid, step gradient) is in
+:mod:`snnquant.functional.neuron`.
+
+``v_quant`` is a quantizer module, a bit width ``b`` (``UniformQuantizer(b, step=v_threshold *
+2 ** (2 - b))``: range :math:`[-2V_{th}, 2V_{th})`), or ``None`` (then the neuron is exactly the
+SpikingJelly neuron it replaces). Quantizers with a uniform grid (``UniformQuantizer``,
+per-tensor ``LSQQuantizer``) run the whole sequence as one autograd node
+(:class:`~snnquant.functional.neuron.QuantNeuronFunction`) or the fused CUDA kernel; any other
+quantizer runs a per-step autograd loop with the same dynamics, except that a soft reset
+re-quantizes :math:`Q(H_q - S\,V_{th})` since the level set need not be a grid.
+
+``backend``: ``'torch'``, ``'cupy'`` (fused CUDA kernel, CUDA tensors and CuPy required) or
+``'auto'`` (``'cupy'`` for CUDA tensors when CuPy imports and the configuration is supported,
+``'torch'`` otherwise). It applies to the quantized membrane path.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Union
+
+import torch
+from spikingjelly.activation_based import functional as sjf
+from spikingjelly.activation_based import neuron, surrogate
+
+from ..functional.neuron import _charge, membrane_reset_values, quant_neuron_multi_step
+from .quantizers import LSQQuantizer, QuantizerBase, UniformQuantizer, check_bits
+
+__all__ = ["QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "make_membrane_quantizer",
+           "BACKENDS"]
+
+BACKENDS = ("torch", "cupy", "auto")
+VQuantArg = Union[QuantizerBase, int, None]
+
+
+def make_membrane_quantizer(spec: VQuantArg, v_threshold: float) -> Optional[QuantizerBase]:
+    r"""Turn a ``v_quant`` argument into a membrane quantizer.
+
+    An int ``b`` means ``UniformQuantizer(b, step=|V_th| 2^{2-b})``: :math:`2^b` levels on
+    :math:`[-2|V_{th}|, 2|V_{th}|)`; a quantizer module is used as is; ``None`` means none.
+    """
+    if spec is None or isinstance(spec, QuantizerBase):
+        return spec
+    bits = check_bits(spec, "v_quant", 2, 32)
+    scale = abs(float(v_threshold)) or 1.0
+    return UniformQuantizer(bits, step=scale * 2.0 ** (2 - bits))
+
+
+def _has_trainable(module: torch.nn.Module) -> bool:
+    return any(p.requires_grad for p in module.parameters())
+
+
+class _QuantNeuronMixin:
+    _kind = ""
+
+    def _init_quant(self, v_quant: VQuantArg, backend: str):
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.v_quant = make_membrane_quantizer(v_quant, self.v_threshold)
+        self.backend = backend
+
+    # ---- parameters of the charge -------------------------------------------------------------
+    def _tau(self):
+        return getattr(self, "tau", 2.0)
+
+    def _w(self):
+        return getattr(self, "w", None)
+
+    # ---- SpikingJelly's own path (v_quant=None) ----------------------------------------------------
+    def _precision_kwargs(self):
+        p = self._neuron_precision
+        return dict(neuron_storage=None if p is None else p[0],
+                    neuron_fwd="fp32" if p is None else p[1],
+                    neuron_bwd="fp32" if p is None else p[2])
+
+    def _sj_multi_step(self, x_seq, v, store_v_seq):
+        raise NotImplementedError
+
+    # ---- the quantized path ----------------------------------------------------------------------
+    def _membrane_grid(self, x_seq, v):
+        q = self.v_quant
+        if isinstance(q, LSQQuantizer) and not q.per_channel and not bool(q.initialized):
+            # learned-step init from the first step's unquantized charge
+            with torch.no_grad():
+                vr = 0.0 if self.v_reset is None else self.v_reset
+                v0 = v if isinstance(v, torch.Tensor) else torch.full_like(x_seq[0], float(v))
+                k = torch.sigmoid(self._w().detach()).to(x_seq.dtype) if self._kind == "plif" else None
+                h0 = _charge(self._kind, v0, x_seq[0], self._tau(), k, self.decay_input_, vr)
+                q.initialize(h0)
+        grid = q.uniform_grid()
+        if grid is None:
+            return None
+        step, qmin, qmax, grad_scale = grid
+        if not isinstance(step, torch.Tensor) or step.dim() != 0:
+            return None
+        if grad_scale is None:
+            grad_scale = 1.0 / math.sqrt(max(1, x_seq[0].numel()) * qmax)
+        return step, int(qmin), int(qmax), float(grad_scale)
+
+    @property
+    def decay_input_(self):
+        return getattr(self, "decay_input", True)
+
+    def _choose_backend(self, x_seq) -> str:
+        if self.backend == "torch" or (self.backend == "auto" and not x_seq.is_cuda):
+            return "torch"
+        from .. import kernels
+        if self.backend == "cupy":
+            return "cupy"
+        if x_seq.is_cuda and kernels.cupy_available() and kernels.supports(
+                self.surrogate_function, x_seq.dtype):
+            return "cupy"
+        return "torch"
+
+    def _quant_multi(self, x_seq, v, store_v_seq):
+        grid = self._membrane_grid(x_seq, v)
+        if grid is None:
+            return self._generic_multi(x_seq, v, store_v_seq)
+        step, qmin, qmax, grad_scale = grid
+        step = step.to(device=x_seq.device)
+        if not isinstance(v, torch.Tensor) or v.shape != x_seq.shape[1:]:
+            vr_q, _ = membrane_reset_values(step.to(x_seq.dtype), qmin, qmax, self.v_threshold,
+                                            self.v_reset)
+            v = vr_q
+        kwargs = dict(neuron=self._kind, tau=self._tau(), w=self._w(),
+                      decay_input=self.decay_input_, v_threshold=self.v_threshold,
+                      v_reset=self.v_reset, surrogate_function=self.surrogate_function,
+                      detach_reset=self.detach_reset, step=step, qmin=qmin, qmax=qmax,
+                      step_grad_scale=grad_scale, store_v_seq=store_v_seq)
+        if self._choose_backend(x_seq) == "cupy":
+            from .. import kernels
+            return kernels.fused_quant_neuron_multi_step(x_seq, v, **kwargs)
+        return quant_neuron_multi_step(x_seq, v, **kwargs)
+
+    def _quantize_membrane(self, h):
+        q = self.v_quant
+        hq = q.quantize(h)
+        rng = q.value_range()
+        if rng is None or _has_trainable(q):
+            return hq
+        inside = ((h >= rng[0]) & (h <= rng[1])).to(h.dtype)
+        return hq.detach() + (h - h.detach()) * inside
+
+    def _generic_multi(self, x_seq, v, store_v_seq):
+        dtype = x_seq.dtype
+        if self.v_reset is None:
+            vr_q = torch.zeros((), dtype=dtype, device=x_seq.device)
+        else:
+            with torch.no_grad():
+                vr_q = self.v_quant.quantize(torch.tensor(float(self.v_reset), dtype=dtype,
+                                                          device=x_seq.device))
+        if not isinstance(v, torch.Tensor) or v.shape != x_seq.shape[1:]:
+            v = vr_q.expand_as(x_seq[0])
+        k = torch.sigmoid(self._w()).to(dtype) if self._kind == "plif" else None
+        spikes, v_seq = [], []
+        for t in range(x_seq.shape[0]):
+            h = _charge(self._kind, v, x_seq[t], self._tau(), k, self.decay_input_, vr_q)
+            hq = self._quantize_membrane(h)
+            spike = self.surrogate_function(hq - self.v_threshold)
+            spike_r = spike.detach() if self.detach_reset else spike
+            if self.v_reset is None:
+                v = self._quantize_membrane(hq - spike_r * self.v_threshold)
+            else:
+                v = (1.0 - spike_r) * hq + spike_r * vr_q
+            spikes.append(spike)
+            if store_v_seq:
+                v_seq.append(v)
+        return torch.stack(spikes), v, (torch.stack(v_seq) if store_v_seq else None)
+
+    # ---- SpikingJelly's step contract -------------------------------------------------------------
+    def materialize_states(self, inputs, states, step_mode):
+        if self.v_quant is not None and not isinstance(states[0], torch.Tensor):
+            return states  # the quantized path starts from the on-grid reset value
+        return super().materialize_states(inputs, states, step_mode)
+
+    def single_step_functional_forward(self, inputs, states, **kwargs):
+        if self.v_quant is None:
+            return super().single_step_functional_forward(inputs, states, **kwargs)
+        spikes, v, _ = self._quant_multi(inputs[0].unsqueeze(0), states[0], False)
+        return (spikes[0],), (v, *states[1:])
+
+    def multi_step_functional_forward(self, inputs, states, **kwargs):
+        if self.v_quant is None:
+            return super().multi_step_functional_forward(inputs, states, **kwargs)
+        spikes, v, _ = self._quant_multi(inputs[0], states[0], False)
+        return (spikes,), (v,)
+
+    def multi_step_forward(self, x_seq: torch.Tensor, *args, **kwargs):
+        if not isinstance(x_seq, torch.Tensor) or x_seq.dim() < 2:
+            raise ValueError(f"{type(self).__name__} in step_mode='m' expects x_seq with shape "
+                             f"[T, N, ...], got shape {tuple(getattr(x_seq, 'shape', ()))}")
+        states = self.materialize_states((x_seq,), tuple(self._memories.values()), "m")
+        if self.v_quant is None:
+            spikes, v, v_seq = self._sj_multi_step(x_seq, states[0], self.store_v_seq)
+        else:
+            spikes, v, v_seq = self._quant_multi(x_seq, states[0], self.store_v_seq)
+        self._memories["v"] = v
+        self.v_seq = v_seq
+        return spikes
+
+    def extra_repr(self):
+        vq = self.v_quant
+        return super().extra_repr() + f", v_bits={getattr(vq, 'num_bits', None) if vq is not None else None}, backend={self.backend}"
+
+
+class QuantIFNode(_QuantNeuronMixin, neuron.IFNode):
+    r"""Integrate-and-fire neuron with a quantized membrane; drop-in for ``neuron.IFNode``.
+
+    .. math::
+
+        H[t] = V[t-1] + X[t],\qquad H_q[t] = Q(H[t])
+
+    then fire and reset as described in :mod:`snnquant.nn.neurons`.
+
+    Args:
+        v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq: as
+            ``neuron.IFNode``.
+        v_quant: membrane quantizer module, bit width, or ``None``.
+        backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
+    """
+
+    _kind = "if"
+
+    def __init__(self, v_threshold: float = 1.0, v_reset: Optional[float] = 0.0,
+                 surrogate_function=surrogate.Sigmoid(), detach_reset: bool = False,
+                 step_mode="s", store_v_seq: bool = False, v_quant: VQuantArg = None,
+                 backend: str = "torch"):
+        super().__init__(v_threshold, v_reset, surrogate_function, detach_reset,
+                         step_mode=step_mode, store_v_seq=store_v_seq)
+        self._init_quant(v_quant, backend)
+
+    def _sj_multi_step(self, x_seq, v, store_v_seq):
+        return sjf.if_multi_step(x_seq, v, self.v_threshold, self.v_reset,
+                                 self.surrogate_function, self.detach_reset, store_v_seq,
+                                 **self._precision_kwargs())
+
+
+class QuantLIFNode(_QuantNeuronMixin, neuron.LIFNode):
+    r"""Leaky integrate-and-fire neuron with a quantized membrane; drop-in for ``neuron.LIFNode``.
+
+    .. math::
+
+        H[t] = V[t-1] + \frac{1}{\tau}(X[t] - (V[t-1] - V_r))\ \text{(decay\_input)},\quad
+        H[t] = V[t-1] - \frac{1}{\tau}(V[t-1] - V_r) + X[t]\ \text{(otherwise)}
+
+    then :math:`H_q = Q(H)`, fire and reset as described in :mod:`snnquant.nn.neurons`.
+
+    Args:
+        tau, decay_input, v_threshold, v_reset, surrogate_function, detach_reset, step_mode,
+            store_v_seq: as ``neuron.LIFNode``.
+        v_quant: membrane quantizer module, bit width, or ``None``.
+        backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
+    """
+
+    _kind = "lif"
+
+    def __init__(self, tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
+                 v_reset: Optional[float] = 0.0, surrogate_function=surrogate.Sigmoid(),
+                 detach_reset: bool = False, step_mode="s", store_v_seq: bool = False,
+                 v_quant: VQuantArg = None, backend: str = "torch"):
+        super().__init__(tau, decay_input, v_threshold, v_reset, surrogate_function,
+                         detach_reset, step_mode=step_mode, store_v_seq=store_v_seq)
+        self._init_quant(v_quant, backend)
+
+    def _sj_multi_step(self, x_seq, v, store_v_seq):
+        return sjf.lif_multi_step(x_seq, v, self.tau, self.decay_input, self.v_threshold,
+                                  self.v_reset, self.surrogate_function, self.detach_reset,
+                                  store_v_seq, **self._precision_kwargs())
+
+
+class QuantParametricLIFNode(_QuantNeuronMixin, neuron.ParametricLIFNode):
+    r"""Parametric LIF neuron (learnable :math:`\tau`) with a quantized membrane; drop-in for
+    ``neuron.ParametricLIFNode``.
+
+    .. math::
+
+        H[t] = V[t-1] + k (X[t] - (V[t-1] - V_r)),\qquad k = \mathrm{sigmoid}(w) = 1/\tau
+
+    (or :math:`H = V - k(V - V_r) + X` without ``decay_input``), then :math:`H_q = Q(H)`, fire and
+    reset as described in :mod:`snnquant.nn.neurons`. :math:`w` receives its true gradient.
+
+    Args:
+        init_tau, decay_input, v_threshold, v_reset, surrogate_function, detach_reset, step_mode,
+            store_v_seq: as ``neuron.ParametricLIFNode``.
+        v_quant: membrane quantizer module, bit width, or ``None``.
+        backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
+    """
+
+    _kind = "plif"
+
+    def __init__(self, init_tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
+                 v_reset: Optional[float] = 0.0, surrogate_function=surrogate.Sigmoid(),
+                 detach_reset: bool = False, step_mode="s", store_v_seq: bool = False,
+                 v_quant: VQuantArg = None, backend: str = "torch"):
+        super().__init__(init_tau, decay_input, v_threshold, v_reset, surrogate_function,
+                         detach_reset, step_mode=step_mode, store_v_seq=store_v_seq)
+        self._init_quant(v_quant, backend)
+
+    def _sj_multi_step(self, x_seq, v, store_v_seq):
+        return sjf.plif_multi_step(x_seq, v, self.w, self.decay_input, self.v_threshold,
+                                   self.v_reset, self.surrogate_function, self.detach_reset,
+                                   store_v_seq, **self._precision_kwargs())

@@ -1,0 +1,86 @@
+"""The fused torch neuron (one autograd node) against the plain autograd reference step."""
+import itertools
+
+import pytest
+import torch
+from spikingjelly.activation_based import surrogate
+
+from snnquant.functional.neuron import (quant_neuron_multi_step, quant_neuron_step_reference,
+                                        membrane_reset_values)
+
+CONFIGS = list(itertools.product(
+    ["if", "lif", "plif"], [True, False], [0.0, None], [False, True], ["sigmoid", "atan"]))
+
+
+def _run_reference(x_seq, v0, step, w, **kw):
+    v = v0.expand_as(x_seq[0])
+    spikes, vs = [], []
+    for t in range(x_seq.shape[0]):
+        s, v = quant_neuron_step_reference(x_seq[t], v, step=step, w=w, **kw)
+        spikes.append(s)
+        vs.append(v)
+    return torch.stack(spikes), v, torch.stack(vs)
+
+
+@pytest.mark.parametrize("neuron,decay_input,v_reset,detach_reset,sg", CONFIGS)
+def test_fused_torch_matches_reference(neuron, decay_input, v_reset, detach_reset, sg):
+    torch.manual_seed(0)
+    T, N = 6, 257
+    dtype = torch.float64
+    # inputs on a fine grid so the membrane regularly lands on quantisation ties and range limits
+    x = (torch.randint(-24, 40, (T, N)).to(dtype) / 16).requires_grad_(True)
+    v0 = torch.zeros((), dtype=dtype, requires_grad=True)
+    step = torch.tensor(0.125, dtype=dtype, requires_grad=True)
+    w = torch.tensor(-0.3, dtype=dtype, requires_grad=True)
+    surrogate_function = surrogate.Sigmoid(alpha=3.0) if sg == "sigmoid" else surrogate.ATan(alpha=2.5)
+    kw = dict(neuron=neuron, tau=2.0, decay_input=decay_input, v_threshold=1.0, v_reset=v_reset,
+              surrogate_function=surrogate_function, detach_reset=detach_reset, qmin=-16, qmax=15,
+              step_grad_scale=0.5)
+    s_ref, v_ref, vseq_ref = _run_reference(x, v0, step, w, **kw)
+    s_f, v_f, vseq_f = quant_neuron_multi_step(x, v0, step=step, w=w, store_v_seq=True, **kw)
+    assert torch.equal(s_ref, s_f)
+    torch.testing.assert_close(v_ref, v_f, rtol=0, atol=1e-12)
+    torch.testing.assert_close(vseq_ref, vseq_f, rtol=0, atol=1e-12)
+    assert 0 < s_f.mean() < 1
+    gs = torch.randn_like(s_f)
+    gv = torch.randn_like(v_f)
+    gvs = torch.randn_like(vseq_f)
+    inputs = [x, v0, step] + ([w] if neuron == "plif" else [])
+    g_ref = torch.autograd.grad((s_ref * gs).sum() + (v_ref * gv).sum() + (vseq_ref * gvs).sum(), inputs)
+    g_f = torch.autograd.grad((s_f * gs).sum() + (v_f * gv).sum() + (vseq_f * gvs).sum(), inputs)
+    for a, b in zip(g_ref, g_f):
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
+    assert g_f[2].abs() > 0
+
+
+def test_membrane_stays_on_grid_and_in_range():
+    torch.manual_seed(1)
+    x = torch.rand(20, 1000) * 3 - 1
+    step = torch.tensor(0.25)
+    for v_reset in (0.0, None):
+        _, _, v_seq = quant_neuron_multi_step(x, torch.tensor(0.0), neuron="lif", tau=2.0, v_threshold=1.0,
+                                              v_reset=v_reset, step=step, qmin=-8, qmax=7,
+                                              store_v_seq=True)
+        k = v_seq / step
+        assert torch.equal(k, torch.round(k))
+        assert k.min() >= -8 and k.max() <= 7
+
+
+def test_reset_values_on_grid():
+    vr, th = membrane_reset_values(torch.tensor(0.3), -8, 7, 1.0, 0.1)
+    assert float(vr) == pytest.approx(0.0)
+    assert float(th) == pytest.approx(1.2)  # smallest grid value >= 1.0
+    vr, _ = membrane_reset_values(torch.tensor(0.25), -8, 7, 1.0, 5.0)
+    assert float(vr) == pytest.approx(7 * 0.25)  # clamped to the range
+
+
+def test_bad_arguments():
+    x = torch.zeros(2, 3)
+    with pytest.raises(ValueError, match="neuron"):
+        quant_neuron_multi_step(x, 0.0, neuron="alif", step=0.1, qmin=-2, qmax=1)
+    with pytest.raises(ValueError, match="qmin"):
+        quant_neuron_multi_step(x, 0.0, neuron="if", step=0.1, qmin=2, qmax=1)
+    with pytest.raises(ValueError, match="step"):
+        quant_neuron_multi_step(x, 0.0, neuron="if", step=0.0, qmin=-2, qmax=1)
+    with pytest.raises(TypeError, match="x_seq"):
+        quant_neuron_multi_step(torch.zeros(2, 3, dtype=torch.long), 0.0, neuron="if", step=0.1, qmin=-2, qmax=1)

@@ -1,0 +1,179 @@
+"""Quantizer modules: step-mode contract, learned/observed quantizers, state_dict behaviour."""
+import copy
+import math
+
+import pytest
+import torch
+from spikingjelly.activation_based import functional as sjf
+
+import snnquant.functional as QF
+from snnquant import nn as qnn
+
+
+def _all_quantizers():
+    return [
+        qnn.Round(), qnn.Clamp(-0.5, 0.7), qnn.StepQuantize(0.25), qnn.KBitQuantize(3),
+        qnn.AffineKBitQuantize(3, w=2.0, b=-1.0), qnn.ClampByLinear(), qnn.StochasticRound(0.5),
+        qnn.QuantizedBits(4, integer=1), qnn.StateQuant(num_bits=4), qnn.UniformQuantizer(4, 0.125),
+        qnn.LSQQuantizer(4), qnn.LSQQuantizer(4, per_channel=True, channel_dim=1, num_channels=6),
+        qnn.MinMaxQuantizer(4), qnn.Quantize(QF.step_quantize, step=0.5),
+    ]
+
+
+@pytest.mark.parametrize("q", _all_quantizers(), ids=lambda q: type(q).__name__)
+def test_multi_step_equals_stacked_single_steps(q):
+    torch.manual_seed(0)
+    x = torch.randn(5, 3, 6) * 2
+    q_s, q_m = copy.deepcopy(q), copy.deepcopy(q)
+    if isinstance(q, qnn.StochasticRound):
+        q_s.eval(), q_m.eval()
+    sjf.set_step_mode(q_m, "m")
+    assert q_m.step_mode == "m"
+    y_m = q_m(x)
+    y_s = torch.stack([q_s(x[t]) for t in range(x.shape[0])])
+    torch.testing.assert_close(y_m, y_s, rtol=0, atol=0)
+    if isinstance(q, (qnn.LSQQuantizer, qnn.MinMaxQuantizer)):
+        torch.testing.assert_close(dict(q_m.state_dict()), dict(q_s.state_dict()), rtol=0, atol=0)
+
+
+def test_multi_step_needs_time_dimension():
+    q = qnn.UniformQuantizer(4, 0.125, step_mode="m")
+    with pytest.raises(ValueError, match=r"\[T, N, \.\.\.\]"):
+        q(torch.randn(7))
+
+
+def test_clamp_by_linear_per_step_and_per_sequence():
+    x = torch.stack([torch.linspace(0, 1, 10), torch.linspace(0, 4, 10)])
+    per_step = qnn.ClampByLinear(step_mode="m")(x)
+    assert torch.allclose(per_step[1].max(), per_step[0].max())
+    per_seq = qnn.ClampByLinear(per_sequence=True, step_mode="m")(x)
+    assert per_seq[0].max() < 0.3
+
+
+def test_stochastic_round_training_is_random_eval_is_nearest():
+    q = qnn.StochasticRound(1.0)
+    x = torch.full((10000,), 0.25)
+    y = q(x)
+    assert 0.2 < y.mean() < 0.3 and set(y.unique().tolist()) == {0.0, 1.0}
+    q.eval()
+    assert torch.equal(q(x), torch.zeros_like(x))
+
+
+def test_lsq_init_and_grad_scale():
+    torch.manual_seed(0)
+    x = torch.randn(1000)
+    q = qnn.LSQQuantizer(4)
+    assert not bool(q.initialized)
+    y = q(x)
+    expected = 2 * x.abs().mean() / math.sqrt(7)
+    torch.testing.assert_close(q.step.detach(), expected)
+    assert bool(q.initialized)
+    # the step gradient is the LSQ gradient times 1/sqrt(numel * qmax)
+    xr = x.clone().requires_grad_(True)
+    step = q.step.detach().clone().requires_grad_(True)
+    ref = QF.lsq_quantize(xr, step, -8, 7, grad_scale=1 / math.sqrt(1000 * 7))
+    ref.sum().backward()
+    q.zero_grad()
+    q(x).sum().backward()
+    torch.testing.assert_close(q.step.grad, step.grad)
+    assert torch.equal(y, ref.detach())
+
+
+def test_lsq_per_channel_init():
+    w = torch.randn(4, 10) * torch.tensor([[0.1], [1.0], [3.0], [10.0]])
+    q = qnn.LSQQuantizer(8, per_channel=True, num_channels=4)
+    q(w)
+    torch.testing.assert_close(q.step.detach(), 2 * w.abs().mean(1) / math.sqrt(127))
+
+
+def test_lsq_power_of_two_step():
+    q = qnn.LSQQuantizer(4, power_of_two=True)
+    y = q(torch.randn(100))
+    s = float(q.effective_step().detach())
+    assert math.log2(s) == round(math.log2(s))
+    assert torch.equal(y / s, torch.round(y / s))
+
+
+def test_state_dict_loads_into_fresh_model_and_marks_initialized():
+    q = qnn.LSQQuantizer(4)
+    q(torch.randn(50) * 3)
+    fresh = qnn.LSQQuantizer(4)
+    fresh.load_state_dict(q.state_dict())
+    assert bool(fresh.initialized)
+    x = torch.randn(20)
+    assert torch.equal(fresh(x), q(x))  # no re-initialisation from x
+    pc = qnn.LSQQuantizer(4, per_channel=True)  # step sized at load time
+    src = qnn.LSQQuantizer(4, per_channel=True)
+    src(torch.randn(3, 5))
+    pc.load_state_dict(src.state_dict())
+    assert pc.step.shape == (3,)
+
+
+def test_state_dict_with_other_bits_names_layer_and_widths():
+    lin4 = qnn.QuantLinear(3, 2, weight_quant=4)
+    lin8 = qnn.QuantLinear(3, 2, weight_quant=8)
+    model4 = torch.nn.Sequential(lin4)
+    model8 = torch.nn.Sequential(lin8)
+    with pytest.raises(ValueError, match=r"'0.weight_quant'.*4-bit.*8 bits"):
+        model8.load_state_dict(model4.state_dict())
+
+
+def test_minmax_ema_and_frozen_in_eval():
+    q = qnn.MinMaxQuantizer(8, momentum=0.5)
+    q(torch.tensor([-1.0, 1.0]))
+    q(torch.tensor([-3.0, 3.0]))
+    assert float(q.min_val) == -2.0 and float(q.max_val) == 2.0
+    q.eval()
+    y = q(torch.tensor([-10.0, 0.5, 10.0]))
+    assert float(q.min_val) == -2.0 and float(q.max_val) == 2.0
+    assert float(y.min()) == pytest.approx(-2.0, abs=0.02) and float(y.max()) == pytest.approx(2.0, abs=0.02)
+    fresh = qnn.MinMaxQuantizer(8)
+    with pytest.raises(RuntimeError, match="observed no data"):
+        fresh.eval()(torch.zeros(3))
+
+
+def test_buffers_and_params_move_and_save():
+    q = qnn.LSQQuantizer(4)
+    q(torch.randn(10))
+    sd = q.state_dict()
+    assert {"step", "initialized", "bit_width"} <= set(sd)
+    q64 = copy.deepcopy(q).to(torch.float64)
+    assert q64.step.dtype == torch.float64 and q64.bit_width.dtype == torch.int32
+    m = qnn.MinMaxQuantizer(4)
+    m(torch.randn(10))
+    assert {"min_val", "max_val", "initialized", "bit_width"} <= set(m.state_dict())
+
+
+def test_affine_kbit_learns_w_and_b():
+    q = qnn.AffineKBitQuantize(2, w=1.0, b=0.0)
+    x = torch.rand(10)
+    q(x).sum().backward()
+    assert q.w.grad is not None and float(q.b.grad) == 10.0
+
+
+@pytest.mark.parametrize("bad", [0, 33, 2.5, True, "8"])
+def test_bad_bits(bad):
+    with pytest.raises(ValueError, match="bits"):
+        qnn.LSQQuantizer(bad)
+
+
+def test_bad_arguments_named():
+    with pytest.raises(ValueError, match="min_value"):
+        qnn.Clamp(1.0, 0.0)
+    with pytest.raises(ValueError, match="step"):
+        qnn.StepQuantize(0.0)
+    with pytest.raises(ValueError, match="momentum"):
+        qnn.MinMaxQuantizer(8, momentum=0.0)
+    with pytest.raises(TypeError, match="fn"):
+        qnn.Quantize(3)
+
+
+def test_reset_net_and_set_step_mode_reach_quantizers():
+    net = torch.nn.Sequential(qnn.QuantLinear(4, 3, weight_quant=4), qnn.QuantLIFNode(v_quant=6))
+    sjf.set_step_mode(net, "m")
+    assert net[0].weight_quant.step_mode == "m" and net[1].v_quant.step_mode == "m"
+    # a quantizer inside a layer keeps single-step meaning for the weight
+    y = net(torch.randn(3, 2, 4))
+    assert y.shape == (3, 2, 3)
+    sjf.reset_net(net)
+    assert net[1].v == 0.0
