@@ -1,10 +1,10 @@
 """The fused neuron kernels' arithmetic, checked on the CPU (no GPU needed).
 
 ``neuron.cu`` is compiled for the host with g++ (``snnquant.kernels.host``) once per session and
-run through the same autograd Function the CuPy launcher uses. It is compared with a plain-autograd
-reference written straight from the spec (per-step loop; spikes through SpikingJelly's surrogate,
-the quantizer as a straight-through function), on inputs built to hit rounding ties and both ends
-of the quantization range: spikes must be equal, membranes equal (float32/float64), gradients close.
+run through the same autograd Function the CuPy launcher uses. It is compared with the torch
+backend, ``snnquant.functional.neuron.quant_neuron_multi_step``, on inputs built to hit rounding
+ties and both ends of the quantization range: spikes and membranes must be equal bit for bit
+(16-bit storage: equal to the float32 reference rounded to 16 bits), gradients close.
 """
 
 import itertools
@@ -14,6 +14,7 @@ import pytest
 import torch
 from spikingjelly.activation_based import surrogate
 
+from snnquant.functional.neuron import quant_neuron_multi_step as reference_multi_step
 from snnquant.kernels import _fused
 from snnquant.kernels.host import HostKernels, host_compiler
 
@@ -24,67 +25,6 @@ pytestmark = pytest.mark.skipif(host_compiler() is None,
 @pytest.fixture(scope="session")
 def host_kernels(tmp_path_factory):
     return HostKernels.build(tmp_path_factory.mktemp("snnquant_kernels_host"))
-
-
-# ------------------------------------------------------------------------------------------------
-# Plain-autograd reference, straight from NEURON_SPEC (kept independent of the kernel's backward).
-# ------------------------------------------------------------------------------------------------
-
-class _QuantizeSTE(torch.autograd.Function):
-    """Hq = clamp(round(H/s), qmin, qmax) * s; STE inside the range, LSQ-style step gradient."""
-
-    @staticmethod
-    def forward(ctx, h, s, qmin, qmax, step_grad_scale):
-        ratio = h / s
-        level = torch.clamp(torch.round(ratio), qmin, qmax)
-        ctx.save_for_backward(ratio, level)
-        ctx.step_grad_scale = step_grad_scale
-        ctx.s_shape = s.shape
-        ctx.qmin, ctx.qmax = qmin, qmax
-        return level * s
-
-    @staticmethod
-    def backward(ctx, grad):
-        ratio, level = ctx.saved_tensors
-        inside = (ratio >= ctx.qmin) & (ratio <= ctx.qmax)
-        d_step = torch.where(inside, level - ratio, level) * ctx.step_grad_scale
-        grad_s = (grad * d_step).sum().reshape(ctx.s_shape)
-        return grad * inside.to(grad.dtype), grad_s, None, None, None
-
-
-def reference_multi_step(x_seq, v_init, *, neuron, tau=2.0, w=None, decay_input=True,
-                         v_threshold=1.0, v_reset=0.0, surrogate_function=surrogate.Sigmoid(),
-                         detach_reset=False, step, qmin, qmax, step_grad_scale=1.0,
-                         store_v_seq=False):
-    with torch.no_grad():
-        s0 = step.detach()
-        theta_q = torch.ceil(v_threshold / s0) * s0
-        if v_reset is not None:
-            v_reset_q = torch.clamp(torch.round(v_reset / s0), qmin, qmax) * s0
-            v_rest = v_reset_q
-        else:
-            v_rest = 0.0
-    k = torch.sigmoid(w) if neuron == "plif" else None
-    v = torch.broadcast_to(v_init, x_seq.shape[1:])
-    spikes, vs = [], []
-    for t in range(x_seq.shape[0]):
-        x = x_seq[t]
-        if neuron == "if":
-            h = v + x
-        elif neuron == "lif":
-            h = v + (x - (v - v_rest)) / tau if decay_input else v - (v - v_rest) / tau + x
-        else:
-            h = v + (x - (v - v_rest)) * k if decay_input else v - (v - v_rest) * k + x
-        hq = _QuantizeSTE.apply(h, step, qmin, qmax, step_grad_scale)
-        spike = surrogate_function(hq - v_threshold)
-        spike_r = spike.detach() if detach_reset else spike
-        if v_reset is not None:
-            v = hq * (1.0 - spike_r) + v_reset_q * spike_r
-        else:
-            v = hq - theta_q * spike_r
-        spikes.append(spike)
-        vs.append(v)
-    return torch.stack(spikes), v, (torch.stack(vs) if store_v_seq else None)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -129,7 +69,9 @@ def run_both(host_kernels, *, dtype, neuron, decay_input, v_reset, surrogate_fun
         xi = x.to(run_dtype).detach().requires_grad_()
         vi = v_init.to(run_dtype).detach().requires_grad_()
         step = torch.tensor(step_value, dtype=compute, requires_grad=True)
-        w = torch.tensor(-0.4, dtype=compute, requires_grad=True)
+        # k = sigmoid(w) is rounded to the storage dtype (as in the reference): with 16-bit
+        # storage use w = 0, k = 1/2, which every dtype holds exactly
+        w = torch.tensor(-0.4 if dtype == compute else 0.0, dtype=compute, requires_grad=True)
         kwargs = dict(neuron=neuron, tau=tau, w=w, decay_input=decay_input,
                       v_threshold=v_threshold, v_reset=v_reset,
                       surrogate_function=surrogate_function, detach_reset=detach_reset,
@@ -264,6 +206,22 @@ def test_fine_grid_exposes_charge_arithmetic(host_kernels, neuron, decay_input):
     check_results(kernel, reference, dtype=torch.float32, neuron=neuron)
     v_seq = reference["v_seq"]
     assert ((v_seq.abs() >= 0.5) & (v_seq.abs() < 1.0)).float().mean() > 0.25
+
+
+@pytest.mark.parametrize("v_reset", [-0.3, None])
+def test_step_not_a_power_of_two(host_kernels, v_reset):
+    # s = 0.024: PyTorch evaluates v_reset / s and v_threshold / s as reciprocal(s) * value, which
+    # gives round(-0.3 / s) = -13 and ceil(0.6 / s) = 26, where a true division gives -12 and 25
+    generator = torch.Generator().manual_seed(12)
+    x = torch.rand((10, 300), generator=generator) * 2.0 - 0.4
+    v_init = torch.zeros(300)
+    kernel, reference = run_both(host_kernels, dtype=torch.float32, neuron="lif",
+                                 decay_input=True, v_reset=v_reset,
+                                 surrogate_function=SURROGATES[1], detach_reset=False,
+                                 store_v_seq=True, v_threshold=0.6, step_value=0.024, qmin=-40,
+                                 qmax=40, inputs=(x, v_init))
+    check_results(kernel, reference, dtype=torch.float32, neuron="lif")
+    assert kernel["spike_seq"].sum() > 100
 
 
 def test_grad_step_scale_is_applied(host_kernels):

@@ -319,7 +319,7 @@ def _check_same_device(name: str, tensor: torch.Tensor, x_seq: torch.Tensor) -> 
 def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, *, neuron: str, tau: float,
               w: Optional[torch.Tensor], decay_input: bool, v_threshold: float,
               v_reset: Optional[float], surrogate_function, detach_reset: bool,
-              step: torch.Tensor, qmin: int, qmax: int, step_grad_scale: float,
+              step, qmin: int, qmax: int, step_grad_scale: float,
               store_v_seq: bool):
     """Check the arguments, prepare contiguous tensors and run :class:`FusedQuantNeuronFunction`.
 
@@ -360,12 +360,19 @@ def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, *, neuron: str, t
             raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
     if not qmin < qmax:
         raise ValueError(f"qmin must be < qmax, got qmin={qmin}, qmax={qmax}")
+    if surrogate_function is None:
+        from spikingjelly.activation_based import surrogate
+
+        surrogate_function = surrogate.Sigmoid()
     kind = _surrogate_kind(surrogate_function)
     if kind is None:
         raise ValueError(f"the fused kernels support the surrogate functions "
                          f"{', '.join(SUPPORTED_SURROGATES)} (spiking=True, real alpha); got "
                          f"{surrogate_function!r}; use backend='torch' for others")
     surrogate_code, alpha = kind
+    if isinstance(step, numbers.Real) and not isinstance(step, bool):
+        step = torch.tensor(_check_real("step", step, positive=True), dtype=x_seq.dtype,
+                            device=x_seq.device)
     step = _check_scalar_tensor("step", step)
     _check_same_device("step", step, x_seq)
     if neuron == "plif":
@@ -402,8 +409,10 @@ def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, *, neuron: str, t
     real = config.compute_dtype
     x_flat = x_seq.reshape(T, N).contiguous()
     v_flat = v_start.to(x_seq.dtype).reshape(N).contiguous()
-    step_flat = step.reshape(1).to(real)
-    k_flat = torch.sigmoid(w).reshape(1).to(real) if neuron == "plif" else None
+    # as the reference: the step and k are first rounded to the storage dtype (a no-op for
+    # float32/float64), then widened to the compute dtype
+    step_flat = step.reshape(1).to(x_seq.dtype).to(real)
+    k_flat = torch.sigmoid(w).reshape(1).to(x_seq.dtype).to(real) if neuron == "plif" else None
     outputs = FusedQuantNeuronFunction.apply(launcher, config, scalars, x_flat, v_flat,
                                              step_flat, k_flat)
     spike_seq = outputs[0].reshape(shape)

@@ -12,7 +12,6 @@ from typing import Optional
 
 import numpy
 import torch
-from spikingjelly.activation_based import surrogate
 
 from ._fused import KernelConfig, KernelScalars, kernel_source, run_fused
 
@@ -204,8 +203,8 @@ class CuPyLauncher:
 def fused_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau: float = 2.0,
                                   w: Optional[torch.Tensor] = None, decay_input: bool = True,
                                   v_threshold: float = 1.0, v_reset: Optional[float] = 0.0,
-                                  surrogate_function=surrogate.Sigmoid(),
-                                  detach_reset: bool = False, step: torch.Tensor, qmin: int,
+                                  surrogate_function=None,
+                                  detach_reset: bool = False, step, qmin: int,
                                   qmax: int, step_grad_scale: float = 1.0,
                                   store_v_seq: bool = False):
     """Multi-step IF/LIF/PLIF neurons with a quantized membrane, as two fused CUDA kernels.
@@ -241,9 +240,11 @@ def fused_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, t
 
     The kernels run on PyTorch's current stream and device and never synchronise: the step and
     ``k`` are read by the kernels from device memory, and the step and ``w`` gradients are
-    per-neuron partial sums reduced with ``torch.sum`` on the same stream. Therefore the step's
-    positivity is not checked here (that would need a host read). float16 and bfloat16 are
-    loaded, computed in float32 and stored back; float32 and float64 compute in their own type.
+    per-neuron partial sums reduced with ``torch.sum`` on the same stream. Therefore a step given
+    as a tensor is not checked for positivity (that would need a host read). float16 and bfloat16
+    are loaded, computed in float32 and stored back (the torch reference computes in the 16-bit
+    type, so results may differ in the last bits); float32 and float64 compute in their own type
+    and reproduce the torch reference's spikes and membranes bit for bit on the CPU build.
 
     Args:
         x_seq: input ``[T, N, ...]`` on a CUDA device, float16, bfloat16, float32 or float64;
@@ -255,10 +256,12 @@ def fused_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, t
         decay_input: whether the input is divided by tau (multiplied by ``k``) too.
         v_threshold: firing threshold.
         v_reset: hard reset value, or ``None`` for soft reset.
-        surrogate_function: SpikingJelly ``surrogate.Sigmoid`` or ``surrogate.ATan``; others raise
-            ValueError (see :func:`snnquant.kernels.supports`).
+        surrogate_function: SpikingJelly ``surrogate.Sigmoid`` or ``surrogate.ATan`` (``None``:
+            ``surrogate.Sigmoid()``); others raise ValueError (see
+            :func:`snnquant.kernels.supports`).
         detach_reset: no gradient through the reset.
-        step: quantization step :math:`s`, a positive one-element tensor (may require grad).
+        step: quantization step :math:`s`, a positive float or one-element tensor (may require
+            grad); like the reference, it is rounded to ``x_seq.dtype`` (as is ``k``).
         qmin: lowest grid index.
         qmax: highest grid index (> ``qmin``).
         step_grad_scale: factor on the step's gradient (as in LSQ).

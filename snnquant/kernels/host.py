@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Optional, Union
 
 import torch
-from spikingjelly.activation_based import surrogate
 
 from ._fused import KernelConfig, KernelScalars, run_fused
 
@@ -162,8 +161,8 @@ class HostKernels:
                                 tau: float = 2.0, w: Optional[torch.Tensor] = None,
                                 decay_input: bool = True, v_threshold: float = 1.0,
                                 v_reset: Optional[float] = 0.0,
-                                surrogate_function=surrogate.Sigmoid(),
-                                detach_reset: bool = False, step: torch.Tensor, qmin: int,
+                                surrogate_function=None,
+                                detach_reset: bool = False, step, qmin: int,
                                 qmax: int, step_grad_scale: float = 1.0,
                                 store_v_seq: bool = False):
         """:func:`snnquant.kernels.fused_quant_neuron_multi_step` on CPU tensors, via the host build.
@@ -181,9 +180,9 @@ class HostKernels:
             decay_input: LIF/PLIF input decay.
             v_threshold: firing threshold.
             v_reset: hard reset value or ``None`` (soft reset).
-            surrogate_function: ``surrogate.Sigmoid`` or ``surrogate.ATan``.
+            surrogate_function: ``surrogate.Sigmoid`` or ``surrogate.ATan`` (``None``: Sigmoid()).
             detach_reset: no gradient through the reset.
-            step: quantization step (one-element tensor).
+            step: quantization step (positive float or one-element tensor).
             qmin: lowest grid index.
             qmax: highest grid index.
             step_grad_scale: factor on the step's gradient.

@@ -233,14 +233,22 @@ __device__ __forceinline__ real snq_reset(real hq, real spike, real v_reset_q, r
 
 // Quantized reset value Vr_q = clamp(rint(v_reset / s), qmin, qmax) * s and soft-reset amount
 // theta_q = ceil(v_threshold / s) * s (the smallest grid value >= v_threshold).
+// In the reference, v_reset and v_threshold are Python floats and ``float / tensor`` is evaluated by
+// PyTorch as ``reciprocal(tensor) * float`` (Tensor.__rtruediv__); the kernels do the same, which
+// matters for steps that are not powers of two (e.g. s = 0.024: 0.6 / s rounds up to 25.000002).
+template <typename real>
+__device__ __forceinline__ real snq_ratio_to_step(real value, real step) {
+    return snq_mul(snq_div((real)1, step), value);
+}
+
 template <typename real>
 __device__ __forceinline__ real snq_reset_level(real v_reset, real step, real qmin, real qmax) {
-    return snq_mul(snq_clamp(snq_rint(snq_div(v_reset, step)), qmin, qmax), step);
+    return snq_mul(snq_clamp(snq_rint(snq_ratio_to_step(v_reset, step)), qmin, qmax), step);
 }
 
 template <typename real>
 __device__ __forceinline__ real snq_theta_level(real v_threshold, real step) {
-    return snq_mul(snq_ceil(snq_div(v_threshold, step)), step);
+    return snq_mul(snq_ceil(snq_ratio_to_step(v_threshold, step)), step);
 }
 
 // Surrogate derivative sg'(x), as SpikingJelly 2.0 computes it:
