@@ -31,6 +31,14 @@
 #define SNQ_SURROGATE_SIGMOID 0
 #define SNQ_SURROGATE_ATAN 1
 
+// Unrolling the time loops lets the GPU compiler issue the (independent, __restrict__) loads of
+// several steps before their arithmetic: more memory requests in flight per thread.
+#ifdef SNQ_HOST_BUILD
+#define SNQ_UNROLL
+#else
+#define SNQ_UNROLL _Pragma("unroll 4")
+#endif
+
 // 16-bit storage types: raw bits, converted by hand so that no cuda_fp16.h / cuda_bf16.h header
 // is needed (NVRTC as shipped in the pip wheels may not find them).
 struct snq_half {
@@ -301,8 +309,14 @@ __global__ void snq_forward(const scalar_t* __restrict__ x_seq,
 
     real v = snq_load(v_init, i);
     long long j = i;
+    // the input of the next step is loaded one step ahead, so that its latency overlaps this step
+    real x_next = (T > 0) ? snq_load(x_seq, j) : (real)0;
+    SNQ_UNROLL
     for (int t = 0; t < T; ++t, j += N) {
-        const real x = snq_load(x_seq, j);
+        const real x = x_next;
+        if (t + 1 < T) {
+            x_next = snq_load(x_seq, j + N);
+        }
         const real h = snq_charge<NEURON, DECAY_INPUT>(v, x, v_rest, tau, k);
         const snq_quantized<real> q = snq_quantize_fire(h, step, qmin, qmax, v_threshold);
         v = snq_reset<HARD_RESET>(q.value, q.spike, v_reset_q, theta_q);
@@ -375,17 +389,28 @@ __global__ void snq_backward(const typename snq_compute<scalar_t>::type* __restr
     real grad_step = (real)0;
     real grad_k = (real)0;
     long long j = (long long)(T - 1) * N + i;
+    // the per-step inputs of step t - 1 are loaded during step t (latency overlaps arithmetic)
     real h = (T > 0) ? h_seq[j] : (real)0;
+    real grad_spike_next = (T > 0 && grad_spike_seq != 0) ? snq_load(grad_spike_seq, j) : (real)0;
+    real grad_v_seq_next = (T > 0 && grad_v_seq != 0) ? snq_load(grad_v_seq, j) : (real)0;
+    SNQ_UNROLL
     for (int t = T - 1; t >= 0; --t, j -= N) {
+        real grad_spike = grad_spike_next;
+        grad_v = grad_v + grad_v_seq_next;
         // the charge one step earlier, needed next iteration (and now for PLIF's V[t-1])
-        const real h_before = (t > 0) ? h_seq[j - N] : (real)0;
-        if (grad_v_seq != 0) {
-            grad_v = grad_v + snq_load(grad_v_seq, j);
+        real h_before = (real)0;
+        if (t > 0) {
+            h_before = h_seq[j - N];
+            if (grad_spike_seq != 0) {
+                grad_spike_next = snq_load(grad_spike_seq, j - N);
+            }
+            if (grad_v_seq != 0) {
+                grad_v_seq_next = snq_load(grad_v_seq, j - N);
+            }
         }
         const snq_quantized<real> q = snq_quantize_fire(h, step, qmin, qmax, v_threshold);
         const bool inside = (q.ratio >= qmin) && (q.ratio <= qmax);
 
-        real grad_spike = (grad_spike_seq != 0) ? snq_load(grad_spike_seq, j) : (real)0;
         if (!DETACH_RESET) {
             // dV/dS = Vr_q - Hq (hard) | -theta_q (soft)
             grad_spike = grad_spike + grad_v * (HARD_RESET ? (v_reset_q - q.value) : -theta_q);
