@@ -256,6 +256,12 @@ def test_cupy_launcher_passes_null_pointers_when_not_needed(monkeypatch):
     assert backward[1] == 0 and backward[2] == 0  # x_seq, v_init
     assert backward[5] != 0 and backward[6] == 0 and backward[7] == 0  # only grad_spike_seq
     assert backward[10] == 0 and backward[11] == 0  # no step / k partials
+    # under no_grad nothing is saved, even though the step requires grad
+    fake.launches.clear()
+    with torch.no_grad():
+        _fused.run_fused(launcher, x, torch.zeros(10),
+                         **_complete(dict(GOOD, step=torch.tensor(0.25, requires_grad=True))))
+    assert fake.launches[0]["args"][7] == 0  # h_seq
 
 
 def test_empty_neuron_dimension_launches_nothing(monkeypatch):

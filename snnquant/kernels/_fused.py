@@ -228,14 +228,17 @@ class FusedQuantNeuronFunction(torch.autograd.Function):
     ``quant_neuron_multi_step``, with :math:`\\partial \\hat H/\\partial H = \\mathbb{1}[q_{min}
     \\le H/s \\le q_{max}]` and the surrogate derivative for :math:`\\partial S/\\partial \\hat H`.
 
-    Inputs after the three non-tensor ones: ``x_seq [T, N]``, ``v_init [N]`` (storage dtype),
-    ``step [1]`` and ``k [1]`` (compute dtype; ``k = sigmoid(w)`` for PLIF, else ``None``).
+    Inputs after the four non-tensor ones (launcher, :class:`KernelConfig`,
+    :class:`KernelScalars`, whether a backward may follow): ``x_seq [T, N]``, ``v_init [N]``
+    (storage dtype), ``step [1]`` and ``k [1]`` (compute dtype; ``k = sigmoid(w)`` for PLIF, else
+    ``None``).
     """
 
     @staticmethod
-    def forward(ctx, launcher, config, scalars, x_seq, v_init, step, k):
+    def forward(ctx, launcher, config, scalars, needs_grad, x_seq, v_init, step, k):
+        # needs_grad comes from the caller: ctx.needs_input_grad is True under torch.no_grad too,
+        # and saving H would then cost a write of T * N values for nothing
         T, N = x_seq.shape
-        needs_grad = any(ctx.needs_input_grad[3:])
         spike_seq = torch.empty_like(x_seq)
         v_last = torch.empty_like(v_init)
         v_seq = torch.empty_like(x_seq) if config.store_v_seq else None
@@ -261,13 +264,13 @@ class FusedQuantNeuronFunction(torch.autograd.Function):
         h_seq, x_seq, v_init, step, k = ctx.saved_tensors
         config = ctx.config
         T, N = h_seq.shape
-        needs = ctx.needs_input_grad
+        needs = ctx.needs_input_grad[4:]  # x_seq, v_init, step, k
         grad_x_seq = torch.empty((T, N), dtype=config.dtype, device=h_seq.device)
         grad_v_init = torch.empty((N,), dtype=config.dtype, device=h_seq.device)
         grad_step_partial = (torch.empty((N,), dtype=config.compute_dtype, device=h_seq.device)
-                             if needs[5] else None)
+                             if needs[2] else None)
         grad_k_partial = (torch.empty((N,), dtype=config.compute_dtype, device=h_seq.device)
-                          if needs[6] else None)
+                          if needs[3] else None)
         ctx.launcher.backward(config, T, N, h_seq, x_seq, v_init, step, k,
                               _contiguous(grad_spike_seq), _contiguous(grad_v_seq),
                               _contiguous(grad_v_last), grad_x_seq, grad_v_init,
@@ -276,8 +279,8 @@ class FusedQuantNeuronFunction(torch.autograd.Function):
         if grad_step_partial is not None:
             grad_step = (grad_step_partial.sum() * ctx.scalars.step_grad_scale).reshape(step.shape)
         grad_k = grad_k_partial.sum().reshape(k.shape) if grad_k_partial is not None else None
-        return (None, None, None, grad_x_seq if needs[3] else None,
-                grad_v_init if needs[4] else None, grad_step, grad_k)
+        return (None, None, None, None, grad_x_seq if needs[0] else None,
+                grad_v_init if needs[1] else None, grad_step, grad_k)
 
 
 def _contiguous(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
@@ -413,8 +416,10 @@ def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, *, neuron: str, t
     # float32/float64), then widened to the compute dtype
     step_flat = step.reshape(1).to(x_seq.dtype).to(real)
     k_flat = torch.sigmoid(w).reshape(1).to(x_seq.dtype).to(real) if neuron == "plif" else None
-    outputs = FusedQuantNeuronFunction.apply(launcher, config, scalars, x_flat, v_flat,
-                                             step_flat, k_flat)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (x_flat, v_flat, step_flat, k_flat))
+    outputs = FusedQuantNeuronFunction.apply(launcher, config, scalars, needs_grad, x_flat,
+                                             v_flat, step_flat, k_flat)
     spike_seq = outputs[0].reshape(shape)
     v_last = outputs[1].reshape(shape[1:])
     v_seq = outputs[2].reshape(shape) if store_v_seq else None
