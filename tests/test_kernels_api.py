@@ -46,9 +46,11 @@ def test_cupy_missing_is_reported_with_install_hint(monkeypatch):
 
 def test_cpu_tensors_are_refused_before_cupy_is_needed(monkeypatch):
     with _cupy_blocked(monkeypatch):
-        with pytest.raises(ValueError, match="x_seq is on cpu.*move the tensors to CUDA"):
+        with pytest.raises(ValueError, match="x_seq is on cpu.*move the tensors to CUDA") as info:
             kernels.fused_quant_neuron_multi_step(torch.zeros(3, 4), torch.zeros(4), neuron="if",
                                                   step=torch.tensor(0.5), qmin=-4, qmax=3)
+        assert isinstance(info.value, RuntimeError)
+        assert isinstance(info.value, kernels.CUDATensorsRequiredError)
 
 
 def test_supports():

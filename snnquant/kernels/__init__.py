@@ -14,9 +14,11 @@ Public names:
 """
 
 from ._fused import SUPPORTED_SURROGATES, supports
-from .cupy_backend import CuPyUnavailableError, cupy_available, fused_quant_neuron_multi_step
+from .cupy_backend import (CUDATensorsRequiredError, CuPyUnavailableError, cupy_available,
+                           fused_quant_neuron_multi_step)
 
 __all__ = [
+    "CUDATensorsRequiredError",
     "CuPyUnavailableError",
     "SUPPORTED_SURROGATES",
     "cupy_available",

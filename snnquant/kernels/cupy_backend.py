@@ -122,9 +122,24 @@ def _stream_for(cupy, device: torch.device):
     return cupy.cuda.ExternalStream(torch_stream.cuda_stream, device.index)
 
 
+class CUDATensorsRequiredError(ValueError, RuntimeError):
+    """Raised when the cupy backend is given a tensor that is not on a CUDA device.
+
+    Both a ``ValueError`` (a bad argument) and a ``RuntimeError`` (what PyTorch raises for tensors
+    on the wrong device), so that either ``except`` clause catches it.
+
+    .. math::
+        \text{backend} = \text{cupy} \wedge \text{tensor.device} \ne \text{cuda}
+        \Rightarrow \text{CUDATensorsRequiredError}
+
+    Args:
+        message: which argument is where, and to move the tensors to CUDA.
+    """
+
+
 def _check_cuda(name: str, tensor: torch.Tensor) -> None:
     if tensor.device.type != "cuda":
-        raise ValueError(f"{name} is on {tensor.device}: the cupy backend runs on CUDA tensors "
+        raise CUDATensorsRequiredError(f"{name} is on {tensor.device}: the cupy backend runs on CUDA tensors "
                          "only; move the tensors to CUDA (e.g. x_seq.cuda()) or use "
                          "backend='torch'")
 
@@ -273,8 +288,9 @@ def fused_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, t
         ``store_v_seq`` else ``None``.
 
     Raises:
-        ValueError: tensors on the CPU ("move the tensors to CUDA"), unsupported surrogate, or
-            another bad argument (named in the message).
+        CUDATensorsRequiredError: a tensor not on a CUDA device ("move the tensors to CUDA"); a
+            ValueError and a RuntimeError.
+        ValueError: unsupported surrogate, or another bad argument (named in the message).
         TypeError: an argument of the wrong type or dtype.
         CuPyUnavailableError: CuPy cannot be imported (an ImportError that says what to install).
     """
