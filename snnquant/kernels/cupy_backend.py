@@ -129,8 +129,8 @@ class CUDATensorsRequiredError(ValueError, RuntimeError):
     on the wrong device), so that either ``except`` clause catches it.
 
     .. math::
-        \text{backend} = \text{cupy} \wedge \text{tensor.device} \ne \text{cuda}
-        \Rightarrow \text{CUDATensorsRequiredError}
+        \\text{backend} = \\text{cupy} \\wedge \\text{tensor.device} \\ne \\text{cuda}
+        \\Rightarrow \\text{CUDATensorsRequiredError}
 
     Args:
         message: which argument is where, and to move the tensors to CUDA.
