@@ -12,6 +12,7 @@ import ctypes
 import ctypes.util
 import glob
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,6 +103,13 @@ def test_nvrtc_compiles_every_configuration():
     entries = {line.split()[-1].rstrip("(") for line in ptx.splitlines() if ".entry" in line}
     missing = [name for name in names if lowered[name] not in entries]
     assert not missing, f"{len(missing)} kernels missing from the PTX ({path}): {missing[:3]}"
+    # the forward arithmetic must stay uncontracted (explicit __f*_rn intrinsics): no FMA in any
+    # forward kernel, so that it rounds every operation as PyTorch does
+    starts = [m.start() for m in re.finditer(r"\.entry ", ptx)] + [len(ptx)]
+    bodies = {ptx[a:b].split("(")[0].split()[-1]: ptx[a:b] for a, b in zip(starts, starts[1:])}
+    forward = [lowered[name] for name in names if name.startswith("snq_forward")]
+    contracted = [name for name in forward if "fma.rn" in bodies[name]]
+    assert not contracted, f"fused multiply-adds in forward kernels: {contracted[:3]}"
 
 
 def test_nvcc_compiles_every_configuration(tmp_path):
