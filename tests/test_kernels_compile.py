@@ -3,7 +3,7 @@
 * NVRTC (the compiler CuPy uses at run time) through ctypes, with the same name expressions the
   launcher asks CuPy for, for every configuration; libnvrtc ships with PyTorch's CUDA wheels
   (``nvidia/*/lib``) or the CUDA toolkit.
-* ``nvcc --ptx`` when nvcc is on PATH, for the same instantiations.
+* ``nvcc --ptx`` when nvcc is on PATH, for the float32 and bfloat16 instantiations.
 
 Each is skipped, with the reason, where its compiler is missing.
 """
@@ -117,7 +117,9 @@ def test_nvcc_compiles_every_configuration(tmp_path):
     if nvcc is None:
         pytest.skip("nvcc is not on PATH")
     kernel_dir = Path(_fused.__file__).resolve().parent
-    names = _kernel_names()
+    # NVRTC above compiles all 240; nvcc (slower) checks the float32 and bfloat16 half of them
+    names = [name for name in _kernel_names() if "<float," in name or "<snq_bfloat16," in name]
+    assert len(names) == 120
     # taking each kernel's address instantiates it, as NVRTC's name expressions do
     table = ",\n".join(f"    (const void*)&{name}" for name in names)
     source = tmp_path / "instantiate_all.cu"
