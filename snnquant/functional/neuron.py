@@ -188,6 +188,7 @@ class QuantNeuronFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x_seq, v_init, step, w, cfg):
+        """Run the time loop; ``cfg`` holds the Python constants of the neuron."""
         (neuron, tau, decay_input, v_threshold, v_reset, surrogate_function, detach_reset,
          qmin, qmax, step_grad_scale, store_v_seq) = cfg
         dtype = x_seq.dtype
@@ -225,6 +226,7 @@ class QuantNeuronFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g_spike, g_v_last, g_v_seq):
+        """Run the time loop in reverse (see the module docstring for the gradients)."""
         (neuron, tau, decay_input, v_threshold, v_reset, surrogate_function, detach_reset,
          qmin, qmax, step_grad_scale, store_v_seq) = ctx.cfg
         h_seq, v_seq, v_init, step, w, x_seq = ctx.saved_tensors

@@ -85,7 +85,7 @@ class QuantLinear(_QuantLayerMixin, layer.Linear):
     Gradients flow to :math:`W` and :math:`b` through the quantizers' straight-through estimators.
 
     Args:
-        in_features, out_features, bias, step_mode: as ``layer.Linear``.
+        in_features: as ``layer.Linear`` (and so are ``out_features``, ``bias``, ``step_mode``).
         weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
         bias_quant: same for the bias.
     """
@@ -136,7 +136,7 @@ class QuantConv1d(_QuantConvNd, layer.Conv1d):
         Y = Q_w(W) * X + Q_b(b)
 
     Args:
-        in_channels ... padding_mode, step_mode: as ``layer.Conv1d``.
+        in_channels: as ``layer.Conv1d`` (and so are the other arguments up to ``step_mode``).
         weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
         bias_quant: same for the bias.
     """
@@ -162,7 +162,7 @@ class QuantConv2d(_QuantConvNd, layer.Conv2d):
         Y = Q_w(W) * X + Q_b(b)
 
     Args:
-        in_channels ... padding_mode, step_mode: as ``layer.Conv2d``.
+        in_channels: as ``layer.Conv2d`` (and so are the other arguments up to ``step_mode``).
         weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
         bias_quant: same for the bias.
     """

@@ -225,8 +225,8 @@ class QuantIFNode(_QuantNeuronMixin, neuron.IFNode):
     then fire and reset as described in :mod:`snnquant.nn.neurons`.
 
     Args:
-        v_threshold, v_reset, surrogate_function, detach_reset, step_mode, store_v_seq: as
-            ``neuron.IFNode``.
+        v_threshold: as ``neuron.IFNode`` (and so are ``v_reset``, ``surrogate_function``,
+            ``detach_reset``, ``step_mode``, ``store_v_seq``).
         v_quant: membrane quantizer module, bit width, or ``None``.
         backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
     """
@@ -258,8 +258,8 @@ class QuantLIFNode(_QuantNeuronMixin, neuron.LIFNode):
     then :math:`H_q = Q(H)`, fire and reset as described in :mod:`snnquant.nn.neurons`.
 
     Args:
-        tau, decay_input, v_threshold, v_reset, surrogate_function, detach_reset, step_mode,
-            store_v_seq: as ``neuron.LIFNode``.
+        tau: as ``neuron.LIFNode`` (and so are ``decay_input``, ``v_threshold``, ``v_reset``,
+            ``surrogate_function``, ``detach_reset``, ``step_mode``, ``store_v_seq``).
         v_quant: membrane quantizer module, bit width, or ``None``.
         backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
     """
@@ -292,8 +292,8 @@ class QuantParametricLIFNode(_QuantNeuronMixin, neuron.ParametricLIFNode):
     reset as described in :mod:`snnquant.nn.neurons`. :math:`w` receives its true gradient.
 
     Args:
-        init_tau, decay_input, v_threshold, v_reset, surrogate_function, detach_reset, step_mode,
-            store_v_seq: as ``neuron.ParametricLIFNode``.
+        init_tau: as ``neuron.ParametricLIFNode`` (and so are ``decay_input``, ``v_threshold``,
+            ``v_reset``, ``surrogate_function``, ``detach_reset``, ``step_mode``, ``store_v_seq``).
         v_quant: membrane quantizer module, bit width, or ``None``.
         backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
     """

@@ -1,0 +1,427 @@
+"""Train a low-bit spiking CNN on N-MNIST (or, with no arguments, on the built-in N-MNIST-format
+digits dataset) with quantization in the loop.
+
+    python examples/train_nmnist.py                                  # built-in data, 4-bit/8-bit
+    python examples/train_nmnist.py --weight-bits 2 --v-bits 4
+    python examples/train_nmnist.py --weight-bits 0 --v-bits 0       # full precision baseline
+    python examples/train_nmnist.py --data-root /data/N-MNIST --device cuda --backend auto
+    torchrun --nproc_per_node=2 examples/train_nmnist.py --epochs 2  # DDP (gloo on CPU, nccl on GPU)
+
+The network is SpikingJelly's CSNN (conv-BN-LIF blocks, multi-step), quantized with
+``snnquant.quantize_model``. Outputs under ``--out``: TensorBoard scalars, ``metrics.json``,
+``accuracy.png``, ``firing_rates.png``, ``checkpoint.pt`` (every epoch, atomic; ``--resume``
+continues from it) and ``model.pt`` (the trained state_dict), plus ``summary.txt``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+# Flags that change the results: a checkpoint made with other values cannot be resumed.
+RESULT_FLAGS = ("weight_bits", "v_bits", "weight_quantizer", "membrane_quantizer", "T",
+                "epochs", "batch_size", "lr", "seed", "amp", "channels", "samples_per_class",
+                "data_root", "tau")
+
+
+def parse_args(argv=None):
+    from snnquant.convert import MEMBRANE_QUANTIZERS, WEIGHT_QUANTIZERS
+
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--data-root", default=None,
+                    help="real N-MNIST root as SpikingJelly expects it (default: the built-in "
+                         "digits dataset in N-MNIST format)")
+    ap.add_argument("--weight-bits", type=int, default=4, help="0 = full-precision weights")
+    ap.add_argument("--v-bits", type=int, default=8, help="0 = full-precision membrane")
+    ap.add_argument("--weight-quantizer", default="lsq_pow2", choices=WEIGHT_QUANTIZERS)
+    ap.add_argument("--membrane-quantizer", default="uniform", choices=MEMBRANE_QUANTIZERS)
+    ap.add_argument("--backend", default="torch", choices=("torch", "cupy", "auto"))
+    ap.add_argument("-T", type=int, default=8, help="frames (time steps) per sample")
+    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--amp", action="store_true", help="automatic mixed precision")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    ap.add_argument("--out", default="runs/nmnist", help="output folder")
+    ap.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
+    ap.add_argument("--channels", type=int, default=16, help="channels of the conv blocks")
+    ap.add_argument("--tau", type=float, default=2.0, help="LIF time constant")
+    ap.add_argument("--samples-per-class", type=int, default=None,
+                    help="built-in data only: a small subset (quick runs and tests)")
+    ap.add_argument("--no-integer-check", action="store_true",
+                    help="skip the integer-export agreement check at the end")
+    ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: simulate an interruption
+    args = ap.parse_args(argv)
+    for name in ("weight_bits", "v_bits"):
+        v = getattr(args, name)
+        if v != 0 and not 2 <= v <= 32:
+            ap.error(f"--{name.replace('_', '-')} must be 0 (full precision) or in [2, 32], got {v}")
+    for name in ("T", "epochs", "batch_size"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.lr <= 0:
+        ap.error(f"--lr must be > 0, got {args.lr}")
+    return args
+
+
+# --------------------------------------------------------------------------------------------------
+# distributed helpers
+
+
+def dist_setup(device: str):
+    import torch.distributed as dist
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        backend = "nccl" if device.startswith("cuda") else "gloo"
+        dist.init_process_group(backend=backend)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    return rank, world, local_rank
+
+
+def barrier():
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def all_sum(values, device):
+    import torch.distributed as dist
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    if dist.is_initialized():
+        dist.all_reduce(t)
+    return t.tolist()
+
+
+# --------------------------------------------------------------------------------------------------
+# model
+
+
+def build_csnn(channels: int, tau: float):
+    """SpikingJelly-style N-MNIST CSNN: conv-BN-LIF blocks (the first with stride 2, so that the
+    34 x 34 input costs little on a CPU), max pooling and a linear LIF read-out."""
+    from spikingjelly.activation_based import functional, layer, neuron, surrogate
+
+    def lif(detach):
+        return neuron.LIFNode(tau=tau, surrogate_function=surrogate.ATan(), detach_reset=detach)
+
+    net = nn.Sequential(
+        layer.Conv2d(2, channels, 3, stride=2, padding=1, bias=False), layer.BatchNorm2d(channels),
+        lif(True),                                                          # [C, 17, 17]
+        layer.Conv2d(channels, channels, 3, padding=1, bias=False), layer.BatchNorm2d(channels),
+        lif(True), layer.MaxPool2d(2),                                      # [C, 8, 8]
+        layer.Flatten(),
+        layer.Linear(channels * 8 * 8, 10, bias=False), lif(False),
+    )
+    functional.set_step_mode(net, "m")
+    return net
+
+
+def quantize(net, args):
+    import snnquant
+    if args.weight_bits == 0 and args.v_bits == 0:
+        return net, None
+    cfg = snnquant.QuantConfig(weight_bits=args.weight_bits or None,
+                               weight_quantizer=args.weight_quantizer,
+                               v_bits=args.v_bits or None,
+                               membrane_quantizer=args.membrane_quantizer, backend=args.backend)
+    return snnquant.quantize_model(net, cfg)
+
+
+# --------------------------------------------------------------------------------------------------
+# data
+
+
+def load_data(args, rank):
+    from snnquant.datasets import load_nmnist_frames, make_digits_nmnist
+
+    if args.data_root is None:
+        if rank == 0:
+            print("data: no --data-root given, using snnquant's built-in digits dataset in N-MNIST "
+                  "format (scikit-learn digits through an emulated DVS saccade recording)")
+        # rank 0 builds and converts; the others wait and then load the finished root
+        if rank == 0:
+            root = make_digits_nmnist(seed=0, samples_per_class=args.samples_per_class)
+            load_nmnist_frames(root, True, args.T), load_nmnist_frames(root, False, args.T)
+        barrier()
+        root = make_digits_nmnist(seed=0, samples_per_class=args.samples_per_class)
+    else:
+        root = Path(args.data_root)
+        if rank == 0:
+            print(f"data: N-MNIST at {root}")
+            load_nmnist_frames(root, True, args.T), load_nmnist_frames(root, False, args.T)
+        barrier()
+    return load_nmnist_frames(root, True, args.T), load_nmnist_frames(root, False, args.T)
+
+
+def make_loaders(train_set, test_set, args, rank, world, epoch):
+    from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
+
+    if world > 1:
+        train_sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True,
+                                           seed=args.seed)
+        train_sampler.set_epoch(epoch)
+        test_sampler = DistributedSampler(test_set, num_replicas=world, rank=rank, shuffle=False)
+    else:
+        # the order of epoch e depends only on (seed, e): a resumed run sees the same batches
+        g = torch.Generator().manual_seed(args.seed * 100003 + epoch)
+        train_sampler = RandomSampler(train_set, generator=g)
+        test_sampler = SequentialSampler(test_set)
+    kw = dict(batch_size=args.batch_size, num_workers=args.workers,
+              pin_memory=args.device.startswith("cuda"))
+    return (DataLoader(train_set, sampler=train_sampler, drop_last=False, **kw),
+            DataLoader(test_set, sampler=test_sampler, **kw))
+
+
+# --------------------------------------------------------------------------------------------------
+# training
+
+
+class FiringRates:
+    """Mean firing rate of every neuron layer, accumulated with forward hooks."""
+
+    def __init__(self, model):
+        from spikingjelly.activation_based import neuron
+        self.sums, self.counts, self.handles = {}, {}, []
+        for name, m in model.named_modules():
+            if isinstance(m, neuron.BaseNode):
+                self.handles.append(m.register_forward_hook(self._hook(name)))
+                self.sums[name], self.counts[name] = 0.0, 0
+
+    def _hook(self, name):
+        def hook(_m, _inp, out):
+            self.sums[name] += float(out.detach().float().mean())
+            self.counts[name] += 1
+        return hook
+
+    def pop(self):
+        rates = {k: self.sums[k] / max(1, self.counts[k]) for k in self.sums}
+        for k in self.sums:
+            self.sums[k], self.counts[k] = 0.0, 0
+        return rates
+
+
+def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, epoch: int):
+    from spikingjelly.activation_based import functional
+    from tqdm import tqdm
+
+    model.train(train)
+    total_loss, correct, count = 0.0, 0, 0
+    use_amp = args.amp
+    amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
+    desc = f"epoch {epoch + 1}/{args.epochs} {'train' if train else 'test '}"
+    for frames, label in tqdm(loader, desc=desc, disable=rank != 0, leave=False, file=sys.stdout):
+        x = frames.to(device, non_blocking=True).float().transpose(0, 1)  # [T, N, 2, 34, 34]
+        y = label.to(device, non_blocking=True)
+        with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp_dtype,
+                                                           enabled=use_amp):
+            rate = model(x).float().mean(0)
+            loss = F.mse_loss(rate, F.one_hot(y, 10).float())
+        if train:
+            opt.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.step(opt)
+                scaler.update()
+            else:
+                loss.backward()
+                opt.step()
+        functional.reset_net(model)
+        total_loss += loss.item() * y.numel()
+        correct += int((rate.argmax(1) == y).sum())
+        count += y.numel()
+    total_loss, correct, count = all_sum([total_loss, correct, count], device)
+    return total_loss / count, correct / count
+
+
+def atomic_torch_save(obj, path: Path):
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    torch.save(obj, tmp)
+    os.replace(tmp, path)
+
+
+def atomic_write_text(path: Path, text: str):
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def write_plots(out: Path, history):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    epochs = [h["epoch"] for h in history]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    ax.plot(epochs, [h["train_acc"] for h in history], label="train")
+    ax.plot(epochs, [h["test_acc"] for h in history], label="test")
+    ax.set_xlabel("epoch"), ax.set_ylabel("accuracy"), ax.legend(), ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "accuracy.png.tmp.png", dpi=100)
+    plt.close(fig)
+    os.replace(out / "accuracy.png.tmp.png", out / "accuracy.png")
+    rates = history[-1]["firing_rates"]
+    fig, ax = plt.subplots(figsize=(5, 3.5))
+    for name in rates:
+        ax.plot(epochs, [h["firing_rates"][name] for h in history], label=f"layer {name}")
+    ax.set_xlabel("epoch"), ax.set_ylabel("mean firing rate"), ax.legend(), ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(out / "firing_rates.png.tmp.png", dpi=100)
+    plt.close(fig)
+    os.replace(out / "firing_rates.png.tmp.png", out / "firing_rates.png")
+
+
+def check_resume_flags(saved: dict, args) -> None:
+    diff = [f"--{k.replace('_', '-')}: checkpoint {saved.get(k)!r}, now {getattr(args, k)!r}"
+            for k in RESULT_FLAGS if saved.get(k) != getattr(args, k)]
+    if diff:
+        raise SystemExit("cannot resume: the checkpoint was made with other flags:\n  "
+                         + "\n  ".join(diff))
+
+
+def integer_check(model, test_set, args, device):
+    """Fold BN, export to integers and compare the integer simulator with the float model."""
+    from snnquant import export
+    if args.weight_bits == 0 or args.v_bits == 0 or args.membrane_quantizer != "uniform":
+        return {"skipped": "integer export needs quantized weights and a uniform membrane"}
+    from torch.utils.data import DataLoader
+    loader = DataLoader(test_set, batch_size=64, shuffle=False)
+    return export.evaluate_integer_agreement(model, loader, device=device)
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    import snnquant
+    from spikingjelly.activation_based import functional
+
+    rank, world, local_rank = dist_setup(args.device)
+    device = torch.device(args.device)
+    if device.type == "cuda":
+        device = torch.device("cuda", local_rank if world > 1 else (device.index or 0))
+        torch.cuda.set_device(device)
+    out = Path(args.out)
+    if rank == 0:
+        out.mkdir(parents=True, exist_ok=True)
+    random.seed(args.seed)
+    torch.manual_seed(args.seed)
+
+    train_set, test_set = load_data(args, rank)
+    model, report = quantize(build_csnn(args.channels, args.tau), args)
+    model.to(device)
+    if rank == 0 and report is not None:
+        print(report)
+    opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.epochs)
+    scaler = torch.amp.GradScaler("cuda") if args.amp and device.type == "cuda" else None
+
+    start_epoch, history = 0, []
+    ckpt_path = out / "checkpoint.pt"
+    if args.resume:
+        if not ckpt_path.exists():
+            raise SystemExit(f"--resume: no checkpoint at {ckpt_path}")
+        ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+        check_resume_flags(ckpt["flags"], args)
+        model.load_state_dict(ckpt["model"])
+        opt.load_state_dict(ckpt["optimizer"])
+        sched.load_state_dict(ckpt["scheduler"])
+        torch.set_rng_state(ckpt["torch_rng"])
+        start_epoch, history = ckpt["epoch"], json.loads(ckpt["history"])
+        if rank == 0:
+            print(f"resumed from {ckpt_path} after epoch {start_epoch}")
+
+    net = model
+    if world > 1:
+        ddp_kw = dict(device_ids=[device.index]) if device.type == "cuda" else {}
+        net = torch.nn.parallel.DistributedDataParallel(model, **ddp_kw)
+    rates = FiringRates(model)
+    writer = None
+    if rank == 0:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+            writer = SummaryWriter(log_dir=str(out / "tensorboard"))
+        except ImportError:
+            print("tensorboard is not installed: no TensorBoard scalars (pip install tensorboard)")
+
+    t_start = time.time()
+    for epoch in range(start_epoch, args.epochs):
+        train_loader, test_loader = make_loaders(train_set, test_set, args, rank, world, epoch)
+        t0 = time.time()
+        train_loss, train_acc = run_epoch(net, train_loader, opt, scaler, args, device, True, rank, epoch)
+        train_rates = rates.pop()
+        test_loss, test_acc = run_epoch(net, test_loader, None, None, args, device, False, rank, epoch)
+        test_rates = rates.pop()
+        rate_names = sorted(test_rates)
+        rate_vals = all_sum([test_rates[k] for k in rate_names], device)
+        test_rates = {k: v / world for k, v in zip(rate_names, rate_vals)}
+        sched.step()
+        entry = dict(epoch=epoch + 1, train_loss=train_loss, train_acc=train_acc,
+                     test_loss=test_loss, test_acc=test_acc, firing_rates=test_rates,
+                     train_firing_rates=train_rates, seconds=time.time() - t0)
+        history.append(entry)
+        if rank == 0:
+            print(f"epoch {epoch + 1:3d}/{args.epochs}  train loss {train_loss:.4f} acc "
+                  f"{train_acc:.4f}  test loss {test_loss:.4f} acc {test_acc:.4f}  "
+                  f"({entry['seconds']:.1f} s)")
+            if writer is not None:
+                writer.add_scalar("loss/train", train_loss, epoch + 1)
+                writer.add_scalar("loss/test", test_loss, epoch + 1)
+                writer.add_scalar("accuracy/train", train_acc, epoch + 1)
+                writer.add_scalar("accuracy/test", test_acc, epoch + 1)
+                for k, v in test_rates.items():
+                    writer.add_scalar(f"firing_rate/{k}", v, epoch + 1)
+                writer.flush()
+            ckpt = dict(model=model.state_dict(), optimizer=opt.state_dict(),
+                        scheduler=sched.state_dict(), epoch=epoch + 1,
+                        torch_rng=torch.get_rng_state(), history=json.dumps(history),
+                        flags={k: getattr(args, k) for k in RESULT_FLAGS})
+            atomic_torch_save(ckpt, ckpt_path)
+            atomic_write_text(out / "metrics.json", json.dumps(
+                dict(flags=vars(args), history=history), indent=2))
+            write_plots(out, history)
+        barrier()
+        if args.stop_after is not None and epoch + 1 >= args.stop_after:
+            if rank == 0:
+                print(f"stopping after epoch {epoch + 1} (--stop-after)")
+            return dict(stopped_after=epoch + 1)
+
+    result = dict(test_acc=history[-1]["test_acc"] if history else None,
+                  train_seconds=time.time() - t_start)
+    if rank == 0:
+        print(f"test accuracy: {100 * result['test_acc']:.2f}%")
+        summ = snnquant.summary(model)
+        print(summ)
+        atomic_write_text(out / "summary.txt", str(summ) + "\n")
+        atomic_torch_save(model.state_dict(), out / "model.pt")
+        print(f"saved the trained model to {out / 'model.pt'}")
+        if not args.no_integer_check:
+            functional.reset_net(model)
+            agreement = integer_check(model, test_set, args, device)
+            result["integer"] = agreement
+            if "agreement" in agreement:
+                print(f"integer model agreement: {100 * agreement['agreement']:.2f}%")
+            else:
+                print(f"integer model check skipped: {agreement.get('skipped')}")
+        metrics = dict(flags=vars(args), history=history, result=result)
+        atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2, default=str))
+        if writer is not None:
+            writer.close()
+    barrier()
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return result
+
+
+if __name__ == "__main__":
+    main()

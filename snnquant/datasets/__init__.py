@@ -1,0 +1,54 @@
+"""Event formats and the built-in neuromorphic dataset.
+
+* :func:`read_nmnist_bin` / :func:`write_nmnist_bin`: N-MNIST's 5-bytes-per-event ``.bin`` files.
+* :func:`saccade_events`: turn still images into event streams as N-MNIST was recorded (three
+  saccades in front of a DVS camera).
+* :func:`make_digits_nmnist`: scikit-learn's 1797 handwritten digits converted that way and
+  written in N-MNIST's layout, cached; no download.
+* :func:`load_nmnist_frames`: check an N-MNIST root (real or built-in) and load it as SpikingJelly
+  frames.
+
+Importing this package imports numpy only; scikit-learn and ``spikingjelly.datasets`` (which
+imports torchvision) are imported by the functions that need them.
+"""
+
+from .digits import (
+    DIGITS_NMNIST_EMULATION,
+    DIGITS_NMNIST_VERSION,
+    DIGITS_TEST_FRACTION,
+    default_data_dir,
+    digits_nmnist_split,
+    make_digits_nmnist,
+)
+from .nmnist import (
+    NMNIST_CLASSES,
+    NMNIST_URL,
+    DatasetRootError,
+    check_nmnist_root,
+    convert_extracted,
+    load_nmnist_frames,
+)
+from .nmnist_format import EVENT_BYTES, MAX_TIMESTAMP_US, CorruptEventFileError, read_nmnist_bin, write_nmnist_bin
+from .saccades import saccade_events, saccade_offsets
+
+__all__ = [
+    "read_nmnist_bin",
+    "write_nmnist_bin",
+    "CorruptEventFileError",
+    "EVENT_BYTES",
+    "MAX_TIMESTAMP_US",
+    "saccade_events",
+    "saccade_offsets",
+    "make_digits_nmnist",
+    "digits_nmnist_split",
+    "default_data_dir",
+    "DIGITS_NMNIST_VERSION",
+    "DIGITS_NMNIST_EMULATION",
+    "DIGITS_TEST_FRACTION",
+    "load_nmnist_frames",
+    "check_nmnist_root",
+    "convert_extracted",
+    "DatasetRootError",
+    "NMNIST_URL",
+    "NMNIST_CLASSES",
+]

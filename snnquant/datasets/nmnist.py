@@ -1,0 +1,322 @@
+"""Checking an N-MNIST dataset root and loading it as frames with SpikingJelly.
+
+SpikingJelly's :class:`spikingjelly.datasets.n_mnist.NMNIST` trusts whatever it finds under its
+root: a class folder that is missing shifts every later label, a zip whose md5 sum differs from the
+real N-MNIST one is deleted, and an interrupted preparation leaves a ``*.building`` marker that makes
+every later load fail. :func:`load_nmnist_frames` checks the root first and says what is wrong.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+from .nmnist_format import EVENT_BYTES
+
+__all__ = [
+    "NMNIST_URL",
+    "NMNIST_CLASSES",
+    "DatasetRootError",
+    "check_nmnist_root",
+    "convert_extracted",
+    "load_nmnist_frames",
+]
+
+NMNIST_URL = "https://www.garrickorchard.com/datasets/n-mnist"
+"""Where the N-MNIST recordings (``Train.zip``, ``Test.zip``) are published."""
+
+NMNIST_CLASSES = tuple(str(c) for c in range(10))
+"""The class folder names, ``'0'`` .. ``'9'``; SpikingJelly's labels are their sorted positions."""
+
+_SPLITS = {"events_np": ("train", "test"), "extract": ("Train", "Test")}
+_EXTENSIONS = {"events_np": (".npz", ".npy"), "extract": (".bin",)}
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class DatasetRootError(FileNotFoundError):
+    """A dataset root that cannot be loaded as it is: missing or empty class folders, missing
+    downloads, a download whose checksum is wrong, or an unfinished preparation.
+
+    The message names every file or folder concerned and what to do; nothing is deleted.
+    """
+
+
+def _download_instructions(root: Path) -> str:
+    return (
+        f"Download Train.zip and Test.zip from {NMNIST_URL} and put them in {root / 'download'} "
+        f"(that is, {root / 'download' / 'Train.zip'} and {root / 'download' / 'Test.zip'}); "
+        "SpikingJelly extracts and converts them on the first load. Or call "
+        "snnquant.datasets.make_digits_nmnist() for the built-in dataset in the same format."
+    )
+
+
+def check_nmnist_root(root: PathLike) -> str:
+    r"""Check that ``root`` can be loaded by SpikingJelly's ``NMNIST`` with the right labels.
+
+    Accepted, in this order:
+
+    1. ``<root>/events_np/{train,test}/<0..9>/`` with at least one ``.npz``/``.npy`` file in each
+       of the ten class folders and no other folder (SpikingJelly loads such a root at once and
+       never looks at ``download/``); result ``'events_np'``;
+    2. ``<root>/download/Train.zip`` and ``Test.zip`` with the md5 sums of the real N-MNIST files
+       (checked here, so that SpikingJelly never deletes a differing zip); result ``'download'``;
+    3. ``<root>/extract/{Train,Test}/<0..9>/*.bin`` complete, every file a whole number of 5-byte
+       events; result ``'extract'`` (:func:`load_nmnist_frames` converts it with SpikingJelly's
+       ``NMNIST.create_raw_from_extracted``).
+
+    A class folder that is missing matters because SpikingJelly numbers the classes by the sorted
+    folder names: without ``'3'``, the digit 4 would silently get label 3.
+
+    Args:
+        root: the dataset root.
+
+    Returns:
+        which of the three forms was found: ``'events_np'``, ``'download'`` or ``'extract'``.
+
+    Raises:
+        DatasetRootError: the root is none of these; the message lists every missing or empty
+            class folder, extra folder, missing or corrupt download, or unfinished-preparation
+            marker, and what to download from where.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise DatasetRootError(f"N-MNIST root {str(root)!r} is not a directory. " + _download_instructions(root))
+    marker = root / "events_np.building"
+    if marker.exists():
+        raise DatasetRootError(
+            f"found {marker}: an earlier SpikingJelly preparation of {root} did not finish, and "
+            f"SpikingJelly refuses to load the root while the marker exists. Delete {root / 'events_np'} "
+            f"and {root / 'extract'} (if they exist) and the marker, then load again; nothing was deleted."
+        )
+    if (root / "events_np").exists():
+        problems = _class_folder_problems(root, "events_np")
+        if problems:
+            raise DatasetRootError(
+                f"N-MNIST root {root} cannot be loaded with the right labels: " + "; ".join(problems)
+                + ". Delete events_np/ to have it rebuilt from download/ or extract/ (nothing was deleted)."
+            )
+        return "events_np"
+    download = root / "download"
+    zips = [download / "Train.zip", download / "Test.zip"]
+    present = [z for z in zips if z.is_file()]
+    if present:
+        missing = [z for z in zips if not z.is_file()]
+        if missing:
+            raise DatasetRootError(
+                "missing " + ", ".join(map(str, missing)) + ". " + _download_instructions(root)
+            )
+        _check_download_md5(zips)
+        return "download"
+    if (root / "extract").exists():
+        problems = _class_folder_problems(root, "extract")
+        if problems:
+            raise DatasetRootError(
+                f"N-MNIST root {root} has no events_np/ and no download/, and its extract/ is incomplete: "
+                + "; ".join(problems) + ". " + _download_instructions(root)
+            )
+        _check_bin_sizes(root / "extract")
+        return "extract"
+    raise DatasetRootError(
+        f"N-MNIST root {root} has neither events_np/, download/Train.zip + Test.zip, nor extract/. "
+        + _download_instructions(root)
+    )
+
+
+def load_nmnist_frames(
+    root: PathLike,
+    train: bool,
+    frames_number: int,
+    split_by: str = "number",
+    *,
+    transform: Optional[Callable] = None,
+    target_transform: Optional[Callable] = None,
+):
+    r"""Load an N-MNIST root (real or built-in) as SpikingJelly frames, after checking it.
+
+    Each sample's events :math:`(x_i, y_i, p_i, t_i)_{i<N}` become ``frames_number`` frames
+    :math:`F \in \mathbb{N}^{T \times 2 \times 34 \times 34}` (SpikingJelly's integration): with
+    ``split_by='number'`` frame :math:`j` counts events :math:`j \lfloor N/T \rfloor` to
+    :math:`(j+1) \lfloor N/T \rfloor - 1` (the last frame takes the rest),
+
+    .. math::
+
+        F_j[p, y, x] = \#\{\, i \in \text{segment } j : p_i = p,\ y_i = y,\ x_i = x \,\}
+
+    and with ``split_by='time'`` the segments are equal time spans instead.
+
+    The root is checked with :func:`check_nmnist_root` first. A root that has only ``extract/``
+    is converted with SpikingJelly's ``NMNIST.create_raw_from_extracted`` into a temporary folder
+    renamed to ``events_np/`` when complete. The first load with a given ``frames_number`` and
+    ``split_by`` writes ``<root>/frames_number_<T>_split_by_<split_by>/`` (SpikingJelly's cache);
+    a leftover ``.building`` marker of an interrupted run is reported, not removed. Under
+    DistributedDataParallel let one rank load first, the others after a barrier.
+
+    Args:
+        root: the dataset root, e.g. the result of :func:`make_digits_nmnist`, or a folder with
+            ``download/Train.zip`` and ``download/Test.zip`` from N-MNIST's site.
+        train: ``True`` for the training split, ``False`` for the test split.
+        frames_number: :math:`T`, number of frames per sample, >= 1.
+        split_by: ``'number'`` (equal event counts) or ``'time'`` (equal durations).
+        transform: applied to each sample's frames (numpy ``float32`` array ``[T, 2, 34, 34]``).
+        target_transform: applied to each label.
+
+    Returns:
+        ``spikingjelly.datasets.n_mnist.NMNIST`` with ``data_type='frame'``; its items are
+        ``(frames, label)`` and its ``classes`` are ``'0'`` .. ``'9'``.
+
+    Raises:
+        DatasetRootError: see :func:`check_nmnist_root`; also a leftover frames ``.building``
+            marker, or a frames folder that does not hold one file per sample.
+        TypeError, ValueError: a bad ``train``, ``frames_number`` or ``split_by``.
+    """
+    if not isinstance(train, bool):
+        raise TypeError(f"train must be True or False, got {train!r}")
+    if isinstance(frames_number, bool) or not isinstance(frames_number, int):
+        raise TypeError(f"frames_number must be an int, got {frames_number!r}")
+    if frames_number < 1:
+        raise ValueError(f"frames_number must be >= 1, got {frames_number!r}")
+    if split_by not in ("number", "time"):
+        raise ValueError(f"split_by must be 'number' or 'time', got {split_by!r}")
+    root = Path(root)
+    form = check_nmnist_root(root)
+    if form == "extract":
+        convert_extracted(root)
+    frames_dir = root / f"frames_number_{frames_number}_split_by_{split_by}"
+    frames_marker = frames_dir.with_name(frames_dir.name + ".building")
+    if frames_marker.exists():
+        raise DatasetRootError(
+            f"found {frames_marker}: an earlier SpikingJelly frame integration did not finish. "
+            f"Delete {frames_dir} and the marker, then load again; nothing was deleted."
+        )
+
+    from spikingjelly.datasets.n_mnist import NMNIST
+
+    dataset = NMNIST(
+        root=str(root),
+        train=train,
+        data_type="frame",
+        frames_number=frames_number,
+        split_by=split_by,
+        transform=transform,
+        target_transform=target_transform,
+    )
+    split = "train" if train else "test"
+    if tuple(dataset.classes) != NMNIST_CLASSES:
+        raise DatasetRootError(
+            f"{frames_dir / split} has class folders {dataset.classes}, expected {list(NMNIST_CLASSES)}; "
+            f"delete {frames_dir} to have it rebuilt (nothing was deleted)"
+        )
+    expected = _count_files(root / "events_np" / split, (".npz", ".npy"))
+    if len(dataset) != expected:
+        raise DatasetRootError(
+            f"{frames_dir / split} holds {len(dataset)} samples but {root / 'events_np' / split} holds "
+            f"{expected}; delete {frames_dir} to have it rebuilt (nothing was deleted)"
+        )
+    return dataset
+
+
+def convert_extracted(root: PathLike) -> Path:
+    """Convert ``<root>/extract/`` to ``<root>/events_np/`` with SpikingJelly, atomically.
+
+    Runs ``NMNIST.create_raw_from_extracted(<root>/extract, <tmp>)`` into a temporary folder next
+    to ``events_np/`` and renames it to ``events_np/`` only when complete, so an interrupted run
+    never leaves a folder that SpikingJelly would later load. When another process finished first,
+    its result is kept and ours discarded.
+
+    Args:
+        root: a root with complete ``extract/Train`` and ``extract/Test`` folders.
+
+    Returns:
+        the path of ``events_np/``.
+    """
+    from spikingjelly.datasets.n_mnist import NMNIST
+
+    root = Path(root)
+    target = root / "events_np"
+    tmp = root / f".events_np.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        NMNIST.create_raw_from_extracted(root / "extract", tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            shutil.rmtree(tmp)  # another process converted the same root first
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def _class_folder_problems(root: Path, kind: str) -> List[str]:
+    problems = []
+    for split in _SPLITS[kind]:
+        split_dir = root / kind / split
+        if not split_dir.is_dir():
+            problems.append(f"{split_dir} is missing")
+            continue
+        folders = sorted(e.name for e in os.scandir(split_dir) if e.is_dir())
+        missing = [c for c in NMNIST_CLASSES if c not in folders]
+        extra = [f for f in folders if f not in NMNIST_CLASSES]
+        empty = [
+            c for c in NMNIST_CLASSES if c in folders and not _has_file(split_dir / c, _EXTENSIONS[kind])
+        ]
+        if missing:
+            problems.append(f"{split_dir} lacks the class folder(s) {', '.join(missing)}")
+        if empty:
+            exts = "/".join(_EXTENSIONS[kind])
+            problems.append(f"{split_dir} has empty class folder(s) {', '.join(empty)} (no {exts} files)")
+        if extra:
+            problems.append(f"{split_dir} has folder(s) {', '.join(extra)} that are not classes 0..9 (they would shift the labels)")
+    return problems
+
+
+def _has_file(folder: Path, extensions: Sequence[str]) -> bool:
+    return any(e.is_file() and e.name.endswith(tuple(extensions)) for e in os.scandir(folder))
+
+
+def _count_files(split_dir: Path, extensions: Sequence[str]) -> int:
+    count = 0
+    for class_dir in os.scandir(split_dir):
+        if class_dir.is_dir():
+            count += sum(1 for e in os.scandir(class_dir) if e.is_file() and e.name.endswith(tuple(extensions)))
+    return count
+
+
+def _check_download_md5(zips: Sequence[Path]) -> None:
+    from spikingjelly.datasets.n_mnist import NMNIST
+
+    expected = {name: md5 for name, _, md5 in NMNIST.resource_url_md5()}
+    for path in zips:
+        digest = hashlib.md5()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                digest.update(block)
+        if digest.hexdigest() != expected[path.name]:
+            raise DatasetRootError(
+                f"{path} has md5 {digest.hexdigest()}, but N-MNIST's {path.name} has {expected[path.name]}: "
+                f"the download is incomplete or not the N-MNIST file (SpikingJelly would delete it; "
+                f"nothing was deleted). Download it again from {NMNIST_URL}."
+            )
+
+
+def _check_bin_sizes(extract: Path) -> None:
+    from .nmnist_format import CorruptEventFileError
+
+    for split in _SPLITS["extract"]:
+        for class_dir in sorted(p for p in (extract / split).iterdir() if p.is_dir()):
+            for entry in os.scandir(class_dir):
+                if entry.name.endswith(".bin"):
+                    size = entry.stat().st_size
+                    if size % EVENT_BYTES:
+                        raise CorruptEventFileError(
+                            entry.path,
+                            size - size % EVENT_BYTES,
+                            f"truncated: {size} bytes is not a multiple of {EVENT_BYTES}",
+                        )

@@ -1,0 +1,106 @@
+"""Every example runs in a reduced form, so that none can silently rot."""
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def _load(name):
+    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_example_is_tested():
+    tested = {"quickstart", "custom_neuron", "train_nmnist"}
+    assert {p.stem for p in EXAMPLES.glob("*.py")} == tested
+
+
+def test_quickstart():
+    losses = _load("quickstart").main(["--steps", "8"])
+    assert losses[-1] < losses[0]
+
+
+def test_custom_neuron():
+    losses = _load("custom_neuron").main(["--steps", "12"])
+    assert losses[-1] < losses[0]
+
+
+@pytest.fixture(scope="module")
+def data_env(tmp_path_factory):
+    env = dict(os.environ)
+    env["SNNQUANT_DATA"] = str(tmp_path_factory.mktemp("data"))
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    return env
+
+
+SMALL = ["--samples-per-class", "3", "-T", "4", "--batch-size", "8", "--channels", "4", "--no-integer-check"]
+
+
+def _train(env, out, *extra, check=True):
+    cmd = [sys.executable, str(EXAMPLES / "train_nmnist.py"), *SMALL, "--out", str(out), *extra]
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    if check:
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    return res
+
+
+def test_train_nmnist_outputs_and_resume(data_env, tmp_path):
+    full = _train(data_env, tmp_path / "full", "--epochs", "2")
+    assert "built-in digits dataset" in full.stdout
+    assert "test accuracy:" in full.stdout and "compression ratio" in full.stdout
+    # assert "integer model agreement: 100.00%" in full.stdout
+    out = tmp_path / "full"
+    for name in ("metrics.json", "accuracy.png", "firing_rates.png", "checkpoint.pt", "model.pt",
+                 "summary.txt"):
+        assert (out / name).stat().st_size > 0, name
+    assert any((out / "tensorboard").iterdir())
+    ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
+    assert ckpt["epoch"] == 2
+    # interrupted after epoch 1, resumed: the same history as the uninterrupted run
+    part = tmp_path / "part"
+    _train(data_env, part, "--epochs", "2", "--stop-after", "1")
+    assert torch.load(part / "checkpoint.pt", weights_only=True)["epoch"] == 1
+    _train(data_env, part, "--epochs", "2", "--resume")
+    h_full = json.loads((out / "metrics.json").read_text())["history"]
+    h_part = json.loads((part / "metrics.json").read_text())["history"]
+    for a, b in zip(h_full, h_part):
+        for key in ("train_loss", "train_acc", "test_loss", "test_acc"):
+            assert a[key] == b[key], (key, a, b)
+    # resuming with other flags lists them
+    bad = _train(data_env, part, "--epochs", "2", "--resume", "--lr", "0.5", "--v-bits", "6",
+                 check=False)
+    assert bad.returncode != 0
+    assert "--lr" in bad.stderr and "--v-bits" in bad.stderr
+
+
+def test_train_nmnist_missing_real_root_says_what_to_download(data_env, tmp_path):
+    res = _train(data_env, tmp_path / "o", "--data-root", str(tmp_path / "nmnist"), "--epochs", "1",
+                 check=False)
+    assert res.returncode != 0
+    assert "Train.zip" in res.stderr and "Test.zip" in res.stderr
+
+
+@pytest.mark.slow
+def test_train_nmnist_ddp_two_processes_gloo(data_env, tmp_path):
+    torchrun = shutil.which("torchrun", path=os.path.dirname(sys.executable)) or shutil.which("torchrun")
+    assert torchrun, "torchrun is installed with torch"
+    out = tmp_path / "ddp"
+    cmd = [torchrun, "--standalone", "--nproc_per_node=2", str(EXAMPLES / "train_nmnist.py"),
+           *SMALL, "--epochs", "1", "--out", str(out), "--device", "cpu", "--no-integer-check"]
+    res = subprocess.run(cmd, env=data_env, capture_output=True, text=True, timeout=600)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert res.stdout.count("test accuracy:") == 1  # only rank 0 reports and writes
+    hist = json.loads((out / "metrics.json").read_text())["history"]
+    assert len(hist) == 1 and 0.0 <= hist[0]["test_acc"] <= 1.0
