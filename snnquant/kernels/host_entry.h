@@ -1,0 +1,162 @@
+// Host entry points for the CPU build of neuron.cu (included after host_shim.h and neuron.cu).
+//
+// snq_host_forward / snq_host_backward pick the template instantiation from integer codes (the
+// same configuration the CuPy launcher turns into a name expression) and run the kernel body once
+// per neuron, as the GPU would run one thread per neuron. Codes:
+//   dtype: 0 float32, 1 float64, 2 float16, 3 bfloat16;   neuron: 0 if, 1 lif, 2 plif;
+//   surrogate: 0 sigmoid, 1 atan.
+// They return 0 on success and -1 (running nothing) for a code out of range.
+#ifndef SNQ_HOST_ENTRY_H
+#define SNQ_HOST_ENTRY_H
+
+#include <type_traits>
+
+namespace snq_host {
+
+template <typename F>
+static bool with_bool(int b, F f) {
+    if (b) {
+        f(std::integral_constant<bool, true>());
+    } else {
+        f(std::integral_constant<bool, false>());
+    }
+    return true;
+}
+
+template <typename F>
+static bool with_int3(int n, F f) {
+    switch (n) {
+        case 0: f(std::integral_constant<int, 0>()); return true;
+        case 1: f(std::integral_constant<int, 1>()); return true;
+        case 2: f(std::integral_constant<int, 2>()); return true;
+        default: return false;
+    }
+}
+
+template <typename F>
+static bool with_int2(int n, F f) {
+    switch (n) {
+        case 0: f(std::integral_constant<int, 0>()); return true;
+        case 1: f(std::integral_constant<int, 1>()); return true;
+        default: return false;
+    }
+}
+
+template <typename F>
+static bool with_dtype(int d, F f) {
+    switch (d) {
+        case 0: f(float()); return true;
+        case 1: f(double()); return true;
+        case 2: f(snq_half()); return true;
+        case 3: f(snq_bfloat16()); return true;
+        default: return false;
+    }
+}
+
+static inline bool valid_codes(int dtype, int neuron, int surrogate) {
+    return dtype >= 0 && dtype <= 3 && neuron >= 0 && neuron <= 2 && surrogate >= 0 &&
+           surrogate <= 1;
+}
+
+static inline void set_thread(long long i) {
+    blockIdx.x = (unsigned int)i;
+    blockDim.x = 1u;
+    threadIdx.x = 0u;
+}
+
+}  // namespace snq_host
+
+extern "C" int snq_host_forward(int dtype, int neuron, int decay_input, int hard_reset,
+                                int store_v_seq, const void* x_seq, const void* v_init,
+                                const void* step, const void* k, void* spike_seq, void* v_last,
+                                void* v_seq, void* h_seq, double tau, double v_threshold,
+                                double v_reset, double qmin, double qmax, int T, long long N) {
+    if (!snq_host::valid_codes(dtype, neuron, 0)) {
+        return -1;
+    }
+    snq_host::with_dtype(dtype, [&](auto dtype_tag) {
+        typedef decltype(dtype_tag) scalar_t;
+        typedef typename snq_compute<scalar_t>::type real;
+        snq_host::with_int3(neuron, [&](auto neuron_tag) {
+            snq_host::with_bool(decay_input, [&](auto decay_tag) {
+                snq_host::with_bool(hard_reset, [&](auto hard_tag) {
+                    snq_host::with_bool(store_v_seq, [&](auto store_tag) {
+                        for (long long i = 0; i < N; ++i) {
+                            snq_host::set_thread(i);
+                            snq_forward<scalar_t, decltype(neuron_tag)::value,
+                                        decltype(decay_tag)::value, decltype(hard_tag)::value,
+                                        decltype(store_tag)::value>(
+                                (const scalar_t*)x_seq, (const scalar_t*)v_init,
+                                (const real*)step, (const real*)k, (scalar_t*)spike_seq,
+                                (scalar_t*)v_last, (scalar_t*)v_seq, (real*)h_seq, (real)tau,
+                                (real)v_threshold, (real)v_reset, (real)qmin, (real)qmax, T, N);
+                        }
+                    });
+                });
+            });
+        });
+    });
+    return 0;
+}
+
+extern "C" int snq_host_backward(int dtype, int neuron, int decay_input, int hard_reset,
+                                 int detach_reset, int surrogate, const void* h_seq,
+                                 const void* x_seq, const void* v_init, const void* step,
+                                 const void* k, const void* grad_spike_seq,
+                                 const void* grad_v_seq, const void* grad_v_last,
+                                 void* grad_x_seq, void* grad_v_init, void* grad_step_partial,
+                                 void* grad_k_partial, double tau, double v_threshold,
+                                 double v_reset, double qmin, double qmax, double alpha, int T,
+                                 long long N) {
+    if (!snq_host::valid_codes(dtype, neuron, surrogate)) {
+        return -1;
+    }
+    snq_host::with_dtype(dtype, [&](auto dtype_tag) {
+        typedef decltype(dtype_tag) scalar_t;
+        typedef typename snq_compute<scalar_t>::type real;
+        snq_host::with_int3(neuron, [&](auto neuron_tag) {
+            snq_host::with_bool(decay_input, [&](auto decay_tag) {
+                snq_host::with_bool(hard_reset, [&](auto hard_tag) {
+                    snq_host::with_bool(detach_reset, [&](auto detach_tag) {
+                        snq_host::with_int2(surrogate, [&](auto surrogate_tag) {
+                            for (long long i = 0; i < N; ++i) {
+                                snq_host::set_thread(i);
+                                snq_backward<scalar_t, decltype(neuron_tag)::value,
+                                             decltype(decay_tag)::value,
+                                             decltype(hard_tag)::value,
+                                             decltype(detach_tag)::value,
+                                             decltype(surrogate_tag)::value>(
+                                    (const real*)h_seq, (const scalar_t*)x_seq,
+                                    (const scalar_t*)v_init, (const real*)step, (const real*)k,
+                                    (const scalar_t*)grad_spike_seq,
+                                    (const scalar_t*)grad_v_seq,
+                                    (const scalar_t*)grad_v_last, (scalar_t*)grad_x_seq,
+                                    (scalar_t*)grad_v_init, (real*)grad_step_partial,
+                                    (real*)grad_k_partial, (real)tau, (real)v_threshold,
+                                    (real)v_reset, (real)qmin, (real)qmax, (real)alpha, T, N);
+                            }
+                        });
+                    });
+                });
+            });
+        });
+    });
+    return 0;
+}
+
+// Conversion helpers, exposed so that the tests can check the hand-written 16-bit conversions
+// against PyTorch's over every bit pattern.
+extern "C" void snq_host_float_to_half(const float* in, unsigned short* out, long long n) {
+    for (long long i = 0; i < n; ++i) out[i] = snq_float_to_half(in[i]);
+}
+extern "C" void snq_host_half_to_float(const unsigned short* in, float* out, long long n) {
+    for (long long i = 0; i < n; ++i) out[i] = snq_half_to_float(in[i]);
+}
+extern "C" void snq_host_float_to_bfloat16(const float* in, unsigned short* out, long long n) {
+    for (long long i = 0; i < n; ++i) out[i] = snq_float_to_bfloat16(in[i]);
+}
+extern "C" void snq_host_bfloat16_to_float(const unsigned short* in, float* out, long long n) {
+    for (long long i = 0; i < n; ++i) out[i] = snq_bfloat16_to_float(in[i]);
+}
+
+#endif  // SNQ_HOST_ENTRY_H
