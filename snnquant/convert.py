@@ -353,6 +353,30 @@ class Summary:
         return "\n".join(lines)
 
 
+def copy_model(model: nn.Module) -> nn.Module:
+    """Deep copy of ``model`` that also works right after a training step.
+
+    Neuron states that are still part of an autograd graph (non-leaf tensors, which
+    ``copy.deepcopy`` refuses) are copied detached; ``model`` itself is not changed.
+    """
+    memo = {}
+
+    def seed(value):
+        if isinstance(value, torch.Tensor) and not value.is_leaf:
+            memo[id(value)] = value.detach().clone()
+        elif isinstance(value, dict):
+            for v in value.values():
+                seed(v)
+        elif isinstance(value, (list, tuple)):
+            for v in value:
+                seed(v)
+
+    for m in model.modules():
+        for value in vars(m).values():
+            seed(value)
+    return copy.deepcopy(model, memo)
+
+
 def _bits_of(q) -> Optional[int]:
     return None if q is None else getattr(q, "num_bits", None)
 
@@ -387,7 +411,7 @@ def _measure(model: nn.Module, example_input: torch.Tensor):
     if not isinstance(example_input, torch.Tensor) or example_input.dim() < 3:
         raise ValueError(f"example_input must be a tensor of shape [T, N, ...], got "
                          f"{getattr(example_input, 'shape', type(example_input))}")
-    work = copy.deepcopy(model).eval()
+    work = copy_model(model).eval()
     sjf.reset_net(work)
     T, N = example_input.shape[0], example_input.shape[1]
     synops: Dict[str, float] = {}

@@ -6,12 +6,13 @@ r"""Check that the integer network and the fake-quantized float model spike iden
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass, field
 from typing import Dict, Optional
 
 import torch
 import torch.nn as nn
+
+from ..convert import copy_model
 
 from .description import IntegerNetwork
 from .exporter import is_multi_step, to_integer
@@ -79,7 +80,7 @@ def run_float_reference(model: nn.Module, x_seq: torch.Tensor, names, dtype: tor
     """
     from spikingjelly.activation_based import functional as sjf
 
-    ref = copy.deepcopy(model).to(device=device, dtype=dtype).eval()
+    ref = copy_model(model).to(device=device, dtype=dtype).eval()
     sjf.reset_net(ref)
     modules = dict(ref.named_modules())
     store = {n: [] for n in names}

@@ -31,13 +31,14 @@ Bounds checked at export (each refusal names the layer and the numbers):
 
 from __future__ import annotations
 
-import copy
 import math
 from fractions import Fraction
 from typing import List, Optional, Tuple
 
 import torch
 import torch.nn as nn
+
+from ..convert import copy_model
 
 from .description import (ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp)
 
@@ -175,7 +176,7 @@ def _weight_integers(name, layer, dtype, p):
     if wq is None:
         _fail(name, layer, "the weights are not quantized (weight_quant is None); quantize the "
                            "layer with quantize_model / QuantConfig(weight_bits=...)")
-    probe = copy.deepcopy(layer).eval()
+    probe = copy_model(layer).eval()
     pq = probe.weight_quant
     W = probe.weight.detach()
     c_out = W.shape[0]
@@ -251,7 +252,7 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
         _fail(name, layer, f"padding_mode={layer.padding_mode!r} is not supported (only 'zeros')")
     q, steps, parts, bits, (q_lo, q_hi) = _weight_integers(name, layer, dtype, p)
     c_out = q.shape[0]
-    probe = copy.deepcopy(layer).eval()
+    probe = copy_model(layer).eval()
     with torch.no_grad():
         bias = probe.quantized_bias()
     bias_vals = None
@@ -537,7 +538,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
                                   or input_max < 1):
         raise ValueError(f"input_max must be None or an int >= 1, got {input_max!r}")
     p = _MANTISSA_BITS[reference_dtype]
-    work = copy.deepcopy(model).to(reference_dtype).cpu()
+    work = copy_model(model).to(reference_dtype).cpu()
     _, sj_layer, sj_neuron = _sj()
     from ..nn.layers import QuantConv1d, QuantConv2d, QuantLinear
     from ..nn.neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode

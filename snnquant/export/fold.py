@@ -2,12 +2,13 @@ r"""Fold BatchNorm into the preceding synaptic layer: :func:`fold_batchnorm`."""
 
 from __future__ import annotations
 
-import copy
 import math
 from typing import Optional
 
 import torch
 import torch.nn as nn
+
+from ..convert import copy_model
 
 from .description import ExportError
 from .exporter import _pow2_exponent, model_walk
@@ -49,7 +50,9 @@ def _weight_step(layer) -> Optional[float]:
     """The smallest power-of-two weight step of a quantized layer (after re-initialisation)."""
     from ..nn.quantizers import LSQQuantizer, UniformQuantizer
     wq = getattr(layer, "weight_quant", None)
-    if isinstance(wq, LSQQuantizer) and bool(wq.initialized):
+    if isinstance(wq, LSQQuantizer):
+        if not bool(wq.initialized):
+            _reinit_weight_quantizer(layer)  # what the first forward pass would do
         steps = wq.effective_step().detach().reshape(-1)
     elif isinstance(wq, UniformQuantizer):
         steps = wq.step.detach().reshape(-1)
@@ -153,7 +156,7 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if bias_bits is not None:
         check_bits(bias_bits, "bias_bits", 2, 32)
-    model = copy.deepcopy(model)
+    model = copy_model(model)
     leaves = model_walk(model)
     for i, (name, bn, _) in enumerate(leaves):
         if not isinstance(bn, nn.modules.batchnorm._BatchNorm):
