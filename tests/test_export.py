@@ -399,6 +399,23 @@ def test_refuses_unknown_module_and_bad_structure():
 
     with pytest.raises(ExportError, match=r"\(Block\): module type not supported"):
         to_integer(nn.Sequential(Block()))
+
+    class Wrapper(nn.Module):  # SpikingJelly examples' style: forward() calls self.conv_fc
+        def __init__(self, body):
+            super().__init__()
+            self.conv_fc = body
+
+        def forward(self, x):
+            return self.conv_fc(x)
+
+    with pytest.raises(ExportError, match=r"pass its sequential part.*model\.conv_fc"):
+        to_integer(Wrapper(_mlp()))
+    assert len(to_integer(Wrapper(_mlp()).conv_fc).ops) == 4
+
+    class Plain(nn.Sequential):  # a Sequential subclass that keeps Sequential.forward
+        pass
+
+    assert to_integer(Plain(*_mlp())).neuron_names == ["1", "3"]
     with pytest.raises(ExportError, match="neuron layer must follow a synaptic layer"):
         to_integer(nn.Sequential(qnn.QuantIFNode(v_quant=8)))
 

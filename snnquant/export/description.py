@@ -204,7 +204,13 @@ class PoolOp:
 
 @dataclass
 class FlattenOp:
-    """Flatten of the per-sample dimensions ``start_dim..end_dim`` (0 = first dimension after batch)."""
+    r"""Flatten of the per-sample dimensions ``start_dim..end_dim`` (0 = first dimension after batch).
+
+    .. math::
+
+        y[n, \ldots, (i_s, \ldots, i_e), \ldots] = x[n, \ldots, i_s, \ldots, i_e, \ldots]
+        \quad\text{(row-major)}
+    """
 
     name: str
     start_dim: int

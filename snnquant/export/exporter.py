@@ -23,10 +23,12 @@ Bounds checked at export (each refusal names the layer and the numbers):
   whatever kernel computes it. :math:`x_{max}` is 1 for spikes and ``input_max`` for the network
   input; without an ``input_max`` the largest one that satisfies the bound is taken and the
   simulator refuses larger inputs;
-* neuron: :math:`(2^{k+1} + 4)\, R\, 2^{d} \le 2^p` with :math:`R = \max(|v_{min}|, |v_{max}|) + 1`
-  and :math:`d` the grid shift: every intermediate of the charge is then exact whenever the
-  result lies inside the membrane range; outside it both models saturate to the same end of the
-  range, since float rounding is monotone and the rounding boundaries are representable.
+* neuron: :math:`(2^{k+2} + 4)\, R\, 2^{d} \le 2^p` with
+  :math:`R = \max(|v_{min}|, |v_{max}|) + |\theta| + 1` and :math:`d` the grid shift (the membrane
+  step in units of the shared grid is :math:`2^d`): every intermediate of the charge is then exact
+  whenever the result lies inside the membrane range; outside it both models saturate to the same
+  end of the range, since float rounding is monotone and the rounding boundaries are
+  representable.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def _container_context(module, inherited: str) -> Optional[str]:
         if module.step_mode == "m":
             return "step" if module.stateful else "seq"
         return inherited
-    if type(module) is nn.Sequential:
+    if isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward:
         return inherited
     return None
 
@@ -404,8 +406,8 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2):
     grid_frac = max(in_frac, -e_v)
     input_shift = grid_frac - in_frac
     d = grid_frac + e_v
-    R = max(abs(qmin), abs(qmax)) + 1
-    need = ((1 << (k + 1)) + 4) * R * (1 << d)
+    R = max(abs(qmin), abs(qmax)) + abs(threshold) + 1
+    need = ((1 << (k + 2)) + 4) * R * (1 << d)
     if need > (1 << p):
         _fail(name, module, f"the charge of a {qmax - qmin + 1}-level membrane on the shared grid "
                             f"2^-{grid_frac} (membrane step 2^{e_v}, currents with {in_frac} "
@@ -586,10 +588,15 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         elif isinstance(module, identity_types):
             notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")
         else:
+            hint = ""
+            if any(True for _ in module.children()):
+                seqs = [n for n, c in module.named_children() if isinstance(c, nn.Sequential)]
+                hint = (f"; its forward() is unknown to the export: pass its sequential part "
+                        f"instead (e.g. model.{seqs[0]})" if seqs else "")
             _fail(name, module, "module type not supported by the integer export (supported: "
                                 "quantized Linear/Conv1d/Conv2d, quantized IF/LIF/PLIF neurons, "
                                 "MaxPool, AvgPool of spikes, Flatten, Identity, Dropout, inside "
-                                "nn.Sequential or SpikingJelly containers)")
+                                "nn.Sequential or SpikingJelly containers)" + hint)
     if not seen_synapse:
         raise ExportError("the model has no synaptic layer to export")
     if input_max is None:

@@ -37,8 +37,8 @@ class IntegerSNN:
 
     Args:
         desc: the exported network.
-        device: where to run (``'cpu'``; integer convolutions are not implemented on CUDA by
-            PyTorch).
+        device: ``'cpu'`` (PyTorch has no integer convolutions on CUDA). Use more threads
+            (``torch.set_num_threads``) for large networks.
     """
 
     def __init__(self, desc: IntegerNetwork, device: Union[str, torch.device] = "cpu"):
@@ -46,6 +46,9 @@ class IntegerSNN:
             raise TypeError(f"desc must be an IntegerNetwork, got {type(desc).__name__}")
         self.desc = desc
         self.device = torch.device(device)
+        if self.device.type != "cpu":
+            raise ValueError(f"device must be 'cpu', got {device!r}: PyTorch implements integer "
+                             f"convolutions and matrix products on the CPU only")
         self._params = []
         for op in desc.ops:
             if isinstance(op, SynapseOp):
