@@ -288,6 +288,28 @@ def test_float64_reference_makes_plain_lsq_exact():
     assert compare_integer(model, x, desc).exact
 
 
+@pytest.mark.parametrize("weight_quantizer", ["quantized_bits", "minmax"])
+def test_other_weight_quantizers(weight_quantizer):
+    cfg = dict(seed=4, arch="conv", kind="lif", tau=2.0, soft=False, decay_input=True, bias=True,
+               pool="max", weight_bits=4, v_bits=8, gain=0.5, weight_quantizer=weight_quantizer)
+    net, shape = random_net(cfg)
+    x = inputs(shape, 5, 3, 1, 2)
+    model = quantized(net, cfg, x)
+    if weight_quantizer == "minmax":  # observe a range first
+        model.train()
+        model(x)
+        model.eval()
+        sjf.reset_net(model)
+    model = fold_batchnorm(model)
+    if weight_quantizer == "quantized_bits":  # fixed power-of-two grid: exact
+        assert compare_integer(model, x, to_integer(model)).exact
+    else:
+        with pytest.raises(ExportError, match=r"layer '0'.*not a power of two.*lsq_pow2"):
+            to_integer(model)
+        with pytest.raises(ExportError, match=r"layer '0'.*rounded even in float64"):
+            to_integer(model, reference_dtype=torch.float64)
+
+
 def test_single_step_model_and_containers():
     torch.manual_seed(3)
     single = nn.Sequential(nn.Linear(6, 5), neuron.LIFNode(tau=4.0), nn.Linear(5, 3),

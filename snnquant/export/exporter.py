@@ -170,7 +170,7 @@ def _int_dtype_for(lo: int, hi: int) -> torch.dtype:
 # --------------------------------------------------------------------------------------------------
 # synaptic layers
 
-def _weight_integers(name, layer, dtype, p):
+def _weight_integers(name, layer, dtype):
     """Integer weights ``q``, per-channel steps (floats) and bit width of a quantized layer."""
     from ..nn.quantizers import LSQQuantizer, MinMaxQuantizer, QuantizedBits, UniformQuantizer
 
@@ -222,8 +222,9 @@ def _weight_integers(name, layer, dtype, p):
     max_m = max(m for m, _ in parts)
     bits = getattr(pq, "num_bits", None) or max(1, (max(abs(q_lo), abs(q_hi))).bit_length() + 1)
     if max_m.bit_length() + max(abs(q_lo), abs(q_hi)).bit_length() > 52:
-        _fail(name, layer, f"weight step {steps[0]!r} has {max_m.bit_length()} significant bits; "
-                           f"too many to verify the integer weights exactly")
+        _fail(name, layer, f"weight step {steps[0]!r} has {max_m.bit_length()} significant bits, so "
+                           f"integer * step is rounded even in float64 (a min/max range step "
+                           f"r / (2^(b-1) - 1) is such a step); use weight_quantizer='lsq_pow2'")
     exact = torch.equal(Wq.double(), q.double() * s.double()) and bool(
         (q.reshape(c_out, -1) >= lo.reshape(-1, 1)).all() and (q.reshape(c_out, -1) <= hi.reshape(-1, 1)).all())
     if not exact:
@@ -252,7 +253,7 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
         _fail(name, layer, "unquantized synaptic layer; quantize it with quantize_model")
     if isinstance(layer, (QuantConv1d, QuantConv2d)) and layer.padding_mode != "zeros":
         _fail(name, layer, f"padding_mode={layer.padding_mode!r} is not supported (only 'zeros')")
-    q, steps, parts, bits, (q_lo, q_hi) = _weight_integers(name, layer, dtype, p)
+    q, steps, parts, bits, (q_lo, q_hi) = _weight_integers(name, layer, dtype)
     c_out = q.shape[0]
     probe = copy_model(layer).eval()
     with torch.no_grad():
