@@ -1,0 +1,26 @@
+r"""Integer export: run a quantization-aware-trained spiking network in integers, exactly.
+
+* :func:`fold_batchnorm`: fold BatchNorm into the preceding quantized layer;
+* :func:`to_integer`: the integer network description (:class:`IntegerNetwork`);
+* :class:`IntegerSNN`: integer-only simulator of a description;
+* :func:`compare_integer` / :func:`integer_agreement`: spike-by-spike comparison with the float model;
+* :func:`save_integer` / :func:`load_integer`: one safetensors file, no pickle;
+* :func:`to_nir`: export to the Neuromorphic Intermediate Representation (``pip install nir``).
+"""
+
+from .description import (FORMAT_VERSION, ExportError, FlattenOp, IntegerNetwork, NeuronOp,
+                          PoolOp, SynapseOp)
+from .integer_ops import pack_int, round_half_even_shift, unpack_int
+from .exporter import to_integer
+from .simulator import IntegerSNN
+from .agreement import IntegerAgreement, compare_integer, integer_agreement
+from .fold import fold_batchnorm
+from .files import load_integer, save_integer
+from .nir_graph import to_nir
+
+__all__ = [
+    "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",
+    "FlattenOp", "round_half_even_shift", "pack_int", "unpack_int", "to_integer", "IntegerSNN",
+    "IntegerAgreement", "compare_integer", "integer_agreement", "fold_batchnorm", "save_integer",
+    "load_integer", "to_nir",
+]

@@ -1,0 +1,195 @@
+r"""Check that the integer network and the fake-quantized float model spike identically.
+
+:func:`compare_integer` runs both on the same input and compares every neuron layer at every step;
+:func:`integer_agreement` returns the one number an example prints.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+import torch
+import torch.nn as nn
+
+from ..convert import copy_model
+
+from .description import IntegerNetwork
+from .exporter import is_multi_step, to_integer
+from .simulator import IntegerSNN
+
+__all__ = ["IntegerAgreement", "compare_integer", "integer_agreement", "run_float_reference"]
+
+
+@dataclass
+class IntegerAgreement:
+    r"""How far the integer network agrees with the float model on one input batch.
+
+    Attributes:
+        layers: per neuron layer, the fraction of identical spike values over
+            ``[T, N, neurons]``.
+        output: fraction of identical output values (spikes, or currents compared exactly).
+        samples: fraction of samples whose whole output sequence (every step and output neuron)
+            is identical.
+        predictions: fraction of samples with the same prediction, the argmax over classes of the
+            output summed over time (spike count; ties go to the lowest index in both models).
+        first_mismatch: where the first difference is (layer, step, sample, flat neuron index),
+            or ``None``.
+    """
+
+    layers: Dict[str, float] = field(default_factory=dict)
+    output: float = 1.0
+    samples: float = 1.0
+    predictions: float = 1.0
+    first_mismatch: Optional[str] = None
+
+    @property
+    def exact(self) -> bool:
+        """True when every layer, step and sample agrees."""
+        return self.first_mismatch is None
+
+    def __str__(self):
+        lines = [f"integer vs float: samples identical {100 * self.samples:.2f}%, output values "
+                 f"{100 * self.output:.4f}%, predictions {100 * self.predictions:.2f}%"]
+        lines += [f"  {name}: {100 * v:.4f}% identical spikes" for name, v in self.layers.items()]
+        if self.first_mismatch:
+            lines.append(f"  first mismatch: {self.first_mismatch}")
+        return "\n".join(lines)
+
+
+def _integer_input(x_seq: torch.Tensor) -> torch.Tensor:
+    if not isinstance(x_seq, torch.Tensor):
+        raise TypeError(f"x_seq must be a tensor, got {type(x_seq).__name__}")
+    if x_seq.dim() < 3:
+        raise ValueError(f"x_seq must have shape [T, N, ...], got shape {tuple(x_seq.shape)}")
+    if x_seq.is_floating_point():
+        x_int = x_seq.to(torch.int64)
+        if not torch.equal(x_int.to(x_seq.dtype), x_seq):
+            raise ValueError("x_seq must hold integer values (event counts or spikes); it has "
+                             "non-integer entries")
+        return x_int
+    return x_seq.to(torch.int64)
+
+
+def run_float_reference(model: nn.Module, x_seq: torch.Tensor, names, dtype: torch.dtype,
+                        device="cpu"):
+    """Run a copy of ``model`` in eval mode on ``x_seq`` and record the named modules' outputs.
+
+    Returns ``(output [T, N, ...], {name: output [T, N, ...]})``; single-step models are called
+    once per time step. The model itself is not modified.
+    """
+    from spikingjelly.activation_based import functional as sjf
+
+    ref = copy_model(model).to(device=device, dtype=dtype).eval()
+    sjf.reset_net(ref)
+    modules = dict(ref.named_modules())
+    store = {n: [] for n in names}
+    handles = [modules[n].register_forward_hook(
+        lambda _m, _i, out, n=n: store[n].append(out.detach())) for n in names if n in modules]
+    x = x_seq.to(device=device, dtype=dtype)
+    try:
+        with torch.no_grad():
+            if is_multi_step(ref):
+                out = ref(x)
+                rec = {n: v[0] for n, v in store.items() if v}
+            else:
+                out = torch.stack([ref(x[t]) for t in range(x.shape[0])])
+                rec = {n: torch.stack(v) for n, v in store.items() if v}
+    finally:
+        for h in handles:
+            h.remove()
+    return out, rec
+
+
+def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[IntegerNetwork] = None,
+                    *, reference_dtype: Optional[torch.dtype] = None,
+                    device="cpu") -> IntegerAgreement:
+    r"""Run the fake-quantized model and its integer export on ``x_seq`` and compare them.
+
+    .. math::
+
+        \text{layers}[\ell] = \frac{1}{T N n_\ell} \sum_{t, i, j} [S^{float}_{\ell}[t, i, j] =
+        S^{int}_{\ell}[t, i, j]]
+
+    The float model runs in eval mode in the description's reference dtype on ``device``
+    (CPU by default: its float kernels sum exactly when exact sums are representable, which the
+    export's bounds guarantee; cuDNN may choose Winograd or FFT convolutions, and TF32, that do
+    not); the integer network runs on CPU with ``x_seq`` converted to ``int64``.
+
+    Args:
+        model: the quantized model (not modified).
+        x_seq: input ``[T, N, ...]`` of integer values (event counts or spikes; float or integer
+            dtype).
+        desc: the exported network; default: ``to_integer(model, reference_dtype=...)``.
+        reference_dtype: dtype of the float run when ``desc`` is not given.
+        device: device of the float run.
+
+    Returns:
+        An :class:`IntegerAgreement`.
+    """
+    x_int = _integer_input(x_seq)
+    if desc is None:
+        desc = to_integer(model, reference_dtype=reference_dtype)
+    elif not isinstance(desc, IntegerNetwork):
+        raise TypeError(f"desc must be an IntegerNetwork, got {type(desc).__name__}")
+    dtype = getattr(torch, desc.reference_dtype)
+    names = desc.neuron_names
+    out_f, rec_f = run_float_reference(model, x_int, names, dtype, device)
+    out_i, rec_i = IntegerSNN(desc)(x_int, record=True)
+    report = IntegerAgreement()
+    T, N = x_int.shape[0], x_int.shape[1]
+    for name in names:
+        if name not in rec_f:
+            raise RuntimeError(f"neuron layer {name!r} produced no output in the float model")
+        a = rec_f[name].cpu().reshape(T, N, -1)
+        b = rec_i[name].reshape(T, N, -1).to(a.dtype)
+        if a.shape != b.shape:
+            raise RuntimeError(f"layer {name!r}: float spikes have shape {tuple(a.shape)}, integer "
+                               f"spikes {tuple(b.shape)}")
+        same = a == b
+        report.layers[name] = float(same.float().mean()) if same.numel() else 1.0
+        if report.first_mismatch is None and not bool(same.all()):
+            t, n, j = (int(v) for v in (~same).nonzero()[0])
+            report.first_mismatch = (f"layer {name!r}, step {t}, sample {n}, neuron {j}: float "
+                                     f"{float(a[t, n, j]):g}, integer {int(b[t, n, j])}")
+    of = out_f.cpu().double().reshape(T, N, -1)
+    oi = out_i.double().reshape(T, N, -1)
+    if desc.output_kind == "current":
+        oi = oi * 2.0 ** (-desc.output_frac_bits)
+    if of.shape != oi.shape:
+        raise RuntimeError(f"float output has shape {tuple(out_f.shape)}, integer output "
+                           f"{tuple(out_i.shape)}")
+    same = of == oi
+    report.output = float(same.double().mean()) if same.numel() else 1.0
+    report.samples = float(same.all(dim=2).all(dim=0).double().mean()) if N else 1.0
+    report.predictions = float((of.sum(0).argmax(-1) == oi.sum(0).argmax(-1)).double().mean()) \
+        if N else 1.0
+    if report.first_mismatch is None and not bool(same.all()):
+        t, n, j = (int(v) for v in (~same).nonzero()[0])
+        report.first_mismatch = f"output, step {t}, sample {n}, index {j}"
+    return report
+
+
+def integer_agreement(model: nn.Module, x_seq: torch.Tensor,
+                      desc: Optional[IntegerNetwork] = None, **kwargs) -> float:
+    r"""Fraction of samples on which the integer network reproduces the float model exactly.
+
+    .. math::
+
+        \text{agreement} = \frac{1}{N}\sum_{i=1}^{N}
+            \big[S^{float}_{out}[t, i, :] = S^{int}_{out}[t, i, :]\ \forall t\big]
+
+    A sample counts as agreeing only when its whole output sequence (every time step and every
+    output neuron; currents compared exactly for a synaptic readout) is identical, so 1.0 also
+    means identical predictions. Per-layer, per-step details: :func:`compare_integer`.
+
+    Args:
+        model: the quantized model (eval-mode behaviour is compared; it is not modified).
+        x_seq: integer-valued input ``[T, N, ...]``.
+        desc: the exported network (default: exported from ``model`` here).
+        **kwargs: ``reference_dtype``, ``device`` as in :func:`compare_integer`.
+
+    Returns:
+        A float in :math:`[0, 1]`.
+    """
+    return compare_integer(model, x_seq, desc, **kwargs).samples

@@ -1,0 +1,365 @@
+r"""The integer network description that :func:`~snnquant.export.to_integer` returns.
+
+An :class:`IntegerNetwork` is a list of operations applied in order to a sequence ``[T, N, ...]``:
+:class:`SynapseOp` (linear / convolution with integer weights), :class:`NeuronOp` (integer
+membrane), :class:`PoolOp` (max or sum pooling) and :class:`FlattenOp`. Every value the network
+computes is an integer; each integer has a stated scale (a power of two, or for weights the
+quantizer's step) that maps it back to the real value of the fake-quantized model.
+
+Grids. A current (the output of a synaptic layer) is an integer :math:`X` in units of
+:math:`2^{-F}` (``out_frac_bits`` :math:`F`). A membrane potential is an integer :math:`v` in units
+of the membrane step :math:`s_v = 2^{E_v}`, with ``v_bits`` bits. Inside a neuron update both live
+on the shared grid :math:`2^{-F_0}` (MINT-style: one scale for currents and membrane, so the update
+needs shifts only): :math:`F_0 = F + ` ``input_shift`` and :math:`v 2^{d}` with ``grid_shift``
+:math:`d = F_0 + E_v`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple, Union
+
+import torch
+
+from .integer_ops import PACKABLE_BITS, pack_int
+
+__all__ = ["FORMAT_VERSION", "SynapseOp", "NeuronOp", "PoolOp", "FlattenOp", "IntegerNetwork",
+           "ExportError"]
+
+#: Version of the description and of the file format of :func:`~snnquant.export.save_integer`.
+FORMAT_VERSION = 1
+
+
+class ExportError(ValueError):
+    """A layer cannot be represented exactly as an integer operation; the message names it and why."""
+
+
+@dataclass
+class SynapseOp:
+    r"""A linear or convolution layer with integer weights.
+
+    .. math::
+
+        A = \mathrm{conv}(x, w) \quad\text{(integer accumulator)},\qquad
+        X_c = (A_c\, m_c) \ll \sigma_c + b_c
+
+    with the integer weights :math:`w` (the weight quantizer's integers), per output channel
+    multiplier :math:`m_c` (``multiplier``, 1 when the weight step is a power of two) and shift
+    :math:`\sigma_c` (``shift``), and the integer bias :math:`b_c` in the output units. The real
+    value of :math:`X` is :math:`X\, 2^{-F}` (``out_frac_bits``); the real weight is
+    :math:`w_c\, s_c` (``weight_scale``); the input is :math:`x\, 2^{-F_{in}}` (``in_frac_bits``).
+
+    Attributes:
+        name: qualified module name in the source model.
+        kind: ``'linear'``, ``'conv1d'`` or ``'conv2d'``.
+        weight: integer weights (``int8`` storage for up to 8 bits, else ``int16``/``int32``).
+        weight_bits: bit width of the weight quantizer.
+        weight_scale: ``float64`` ``[C_out]``, real weight = ``weight * weight_scale[c]``.
+        multiplier: ``int64`` ``[C_out]``, :math:`m_c`.
+        shift: ``int64`` ``[C_out]``, :math:`\sigma_c \ge 0`.
+        bias: ``int64`` ``[C_out]`` in units of :math:`2^{-F}`, or ``None``.
+        bias_bits: bit width of the bias quantizer (``None`` when the bias was not quantized by a
+            quantizer but is exactly on the grid, or there is no bias).
+        in_frac_bits: :math:`F_{in}`.
+        out_frac_bits: :math:`F`.
+        stride, padding, dilation, groups: convolution parameters (per spatial dimension).
+        weight_packed: for 2- and 4-bit weights, the weights packed by
+            :func:`~snnquant.export.pack_int` (``uint8``), else ``None``.
+    """
+
+    name: str
+    kind: str
+    weight: torch.Tensor
+    weight_bits: int
+    weight_scale: torch.Tensor
+    multiplier: torch.Tensor
+    shift: torch.Tensor
+    bias: Optional[torch.Tensor]
+    bias_bits: Optional[int]
+    in_frac_bits: int
+    out_frac_bits: int
+    stride: Tuple[int, ...] = ()
+    padding: Union[Tuple[int, ...], str] = ()
+    dilation: Tuple[int, ...] = ()
+    groups: int = 1
+    weight_packed: Optional[torch.Tensor] = None
+
+    op_type = "synapse"
+
+    def __post_init__(self):
+        if self.weight_packed is None and self.weight_bits in PACKABLE_BITS:
+            lo, hi = -(1 << (self.weight_bits - 1)), (1 << (self.weight_bits - 1)) - 1
+            if self.weight.numel() == 0 or (int(self.weight.min()) >= lo and int(self.weight.max()) <= hi):
+                self.weight_packed = pack_int(self.weight, self.weight_bits)
+
+    @property
+    def out_channels(self) -> int:
+        """Number of output channels (features)."""
+        return int(self.weight.shape[0])
+
+    @property
+    def fan_in(self) -> int:
+        """Inputs summed into one output: ``in_features`` or ``in_channels/groups * kernel size``."""
+        n = 1
+        for s in self.weight.shape[1:]:
+            n *= int(s)
+        return n
+
+    def leak_text(self) -> str:  # pragma: no cover - uniform interface for describe()
+        return ""
+
+
+@dataclass
+class NeuronOp:
+    r"""A layer of integer IF or LIF neurons on the membrane grid :math:`s_v`.
+
+    With the incoming current :math:`X` (units :math:`2^{-F}`), :math:`X_0 = X \ll` ``input_shift``
+    (units :math:`2^{-F_0}`), grid shift :math:`d`, leak shift :math:`k` (:math:`\tau = 2^k`),
+    reset value :math:`v_r` (0 for soft reset) and :math:`\mathrm{rhe}` =
+    :func:`~snnquant.export.round_half_even_shift`, each step computes
+
+    .. math::
+
+        \text{IF:}\quad & q = \mathrm{rhe}((v \ll d) + X_0,\ d)\\
+        \text{LIF, decay\_input:}\quad & q = \mathrm{rhe}((v \ll (d+k)) + X_0 - ((v - v_r) \ll d),\
+            d + k)\\
+        \text{LIF, not decay\_input:}\quad & q = \mathrm{rhe}((v \ll (d+k)) - ((v - v_r) \ll d)
+            + (X_0 \ll k),\ d + k)\\
+        q &\leftarrow \mathrm{clamp}(q, v_{min}, v_{max}),\qquad S = [q \ge \theta]\\
+        v &\leftarrow \begin{cases} v_r & S = 1 \text{ (hard reset)}\\ q & S = 0\end{cases}
+            \quad\text{or}\quad v \leftarrow q - \theta S \ \text{(soft reset)}
+
+    For :math:`d = 0` the LIF update is :math:`v + \mathrm{rhe}(X_0 - (v - v_r), k)`: a right shift
+    (``tau = 2``: ``v + ((x - v) >> 1)``) with ties to even instead of floor.
+
+    Attributes:
+        name: qualified module name in the source model.
+        kind: ``'if'`` or ``'lif'`` (a parametric LIF whose :math:`1/\tau` is a power of two is
+            exported as ``'lif'``).
+        v_bits: membrane bit width; ``v_min``, ``v_max``: integer membrane range.
+        membrane_scale: :math:`s_v`, real membrane = ``v * membrane_scale``.
+        threshold: :math:`\theta`, the smallest integer with :math:`\theta s_v \ge V_{th}`.
+        reset_mode: ``'hard'`` or ``'soft'``.
+        v_reset: :math:`v_r` (``'hard'``), 0 for ``'soft'``.
+        v_init: membrane before the first step (:math:`v_r`, or 0 for soft reset).
+        leak_shift: :math:`k` (0 for IF).
+        decay_input: LIF ``decay_input``.
+        input_shift: left shift of the incoming current onto the shared grid.
+        grid_shift: :math:`d`.
+        in_frac_bits: :math:`F`; ``grid_frac_bits``: :math:`F_0`.
+    """
+
+    name: str
+    kind: str
+    v_bits: int
+    v_min: int
+    v_max: int
+    membrane_scale: float
+    threshold: int
+    reset_mode: str
+    v_reset: int
+    v_init: int
+    leak_shift: int
+    decay_input: bool
+    input_shift: int
+    grid_shift: int
+    in_frac_bits: int
+    grid_frac_bits: int
+
+    op_type = "neuron"
+
+    def leak_text(self) -> str:
+        """The leak as an integer operation, in words."""
+        if self.kind == "if":
+            return "none (IF)"
+        return (f"right shift by {self.leak_shift} (tau = {2 ** self.leak_shift}), ties to even, "
+                f"{'decay_input' if self.decay_input else 'no decay_input'}")
+
+
+@dataclass
+class PoolOp:
+    r"""Max pooling, or sum pooling standing for an average pooling of :math:`2^a` elements.
+
+    ``'max'``: :math:`y = \max_{window} x` (on binary spikes: logical OR). ``'sum'``:
+    :math:`y = \sum_{window} x`, and the output units gain :math:`a` fractional bits
+    (``frac_bits_added``): the real value is the average :math:`y / 2^a`.
+    """
+
+    name: str
+    kind: str
+    dims: int
+    kernel_size: Tuple[int, ...]
+    stride: Tuple[int, ...]
+    padding: Tuple[int, ...]
+    dilation: Tuple[int, ...]
+    ceil_mode: bool
+    frac_bits_added: int
+
+    op_type = "pool"
+
+    def leak_text(self) -> str:  # pragma: no cover
+        return ""
+
+
+@dataclass
+class FlattenOp:
+    r"""Flatten of the per-sample dimensions ``start_dim..end_dim`` (0 = first dimension after batch).
+
+    .. math::
+
+        y[n, \ldots, (i_s, \ldots, i_e), \ldots] = x[n, \ldots, i_s, \ldots, i_e, \ldots]
+        \quad\text{(row-major)}
+    """
+
+    name: str
+    start_dim: int
+    end_dim: int
+
+    op_type = "flatten"
+
+    def leak_text(self) -> str:  # pragma: no cover
+        return ""
+
+
+Op = Union[SynapseOp, NeuronOp, PoolOp, FlattenOp]
+_OP_CLASSES = {cls.op_type: cls for cls in (SynapseOp, NeuronOp, PoolOp, FlattenOp)}
+
+
+@dataclass
+class IntegerNetwork:
+    r"""An integer spiking network: operations, bit widths and scales.
+
+    Attributes:
+        ops: the operations in order.
+        input_max: largest input magnitude for which the exactness bound holds (the simulator
+            refuses larger inputs).
+        output_kind: ``'spikes'`` (the network ends in a neuron layer, possibly pooled or
+            flattened) or ``'current'`` (it ends in a synaptic layer; the output is :math:`X` in
+            units of :math:`2^{-F}` with ``output_frac_bits`` :math:`F`).
+        output_frac_bits: :math:`F` of a ``'current'`` output (0 for spikes).
+        reference_dtype: the float dtype of the fake-quantized model this network reproduces
+            exactly (``'float32'`` or ``'float64'``).
+        mantissa_bits: significand bits of that dtype (24 or 53), used in the exactness bounds.
+        format_version: :data:`FORMAT_VERSION`.
+        notes: free text (what was folded, skipped as identity in eval mode, ...).
+    """
+
+    ops: List[Op]
+    input_max: int
+    output_kind: str
+    output_frac_bits: int = 0
+    reference_dtype: str = "float32"
+    mantissa_bits: int = 24
+    format_version: int = FORMAT_VERSION
+    notes: List[str] = field(default_factory=list)
+
+    def layer(self, name: str) -> Op:
+        """The operation exported from module ``name``."""
+        for op in self.ops:
+            if op.name == name:
+                return op
+        raise KeyError(f"no layer named {name!r}; layers: {[op.name for op in self.ops]}")
+
+    @property
+    def neuron_names(self) -> List[str]:
+        """Names of the neuron layers, in order."""
+        return [op.name for op in self.ops if isinstance(op, NeuronOp)]
+
+    def bits(self) -> Dict[str, Dict[str, Optional[int]]]:
+        """Bit widths per layer: ``{'weight', 'bias'}`` of synapses and ``{'v'}`` of neurons."""
+        out = {}
+        for op in self.ops:
+            if isinstance(op, SynapseOp):
+                out[op.name] = {"weight": op.weight_bits, "bias": op.bias_bits}
+            elif isinstance(op, NeuronOp):
+                out[op.name] = {"v": op.v_bits}
+        return out
+
+    def __str__(self) -> str:
+        lines = [f"IntegerNetwork (format {self.format_version}, exact against the "
+                 f"{self.reference_dtype} model, input |x| <= {self.input_max}, output: "
+                 f"{self.output_kind})"]
+        for op in self.ops:
+            if isinstance(op, SynapseOp):
+                pow2 = bool((op.multiplier == 1).all())
+                lines.append(
+                    f"  {op.name}: {op.kind} {tuple(op.weight.shape)}, {op.weight_bits}-bit weights "
+                    f"({op.weight.dtype}{', packed' if op.weight_packed is not None else ''}), "
+                    f"{'bias' if op.bias is not None else 'no bias'}, output units 2^-"
+                    f"{op.out_frac_bits}, rescale: {'shift' if pow2 else 'multiplier + shift'}")
+            elif isinstance(op, NeuronOp):
+                lines.append(
+                    f"  {op.name}: {op.kind} {op.v_bits}-bit membrane [{op.v_min}, {op.v_max}] x "
+                    f"{op.membrane_scale:g}, threshold {op.threshold}, {op.reset_mode} reset "
+                    f"{op.v_reset if op.reset_mode == 'hard' else ''}, leak: {op.leak_text()}")
+            elif isinstance(op, PoolOp):
+                lines.append(f"  {op.name}: {op.kind} pool {op.kernel_size}")
+            else:
+                lines.append(f"  {op.name}: flatten {op.start_dim}..{op.end_dim}")
+        return "\n".join(lines)
+
+    # ---- (de)serialisation helpers used by save_integer / load_integer ----------------------
+    def to_record(self):
+        """``(meta, tensors)``: JSON-able metadata and a flat ``{name: tensor}`` dict."""
+        meta_ops, tensors = [], {}
+        for i, op in enumerate(self.ops):
+            entry = {"op_type": op.op_type}
+            for f in dataclasses.fields(op):
+                value = getattr(op, f.name)
+                if isinstance(value, torch.Tensor):
+                    key = f"ops.{i}.{f.name}"
+                    if f.name == "weight" and getattr(op, "weight_packed", None) is not None:
+                        entry["weight_shape"] = list(value.shape)
+                        entry["weight_dtype"] = str(value.dtype).replace("torch.", "")
+                        continue  # stored packed only
+                    tensors[key] = value.detach().cpu().contiguous()
+                    entry[f.name] = {"tensor": key}
+                elif isinstance(value, tuple):
+                    entry[f.name] = list(value)
+                else:
+                    entry[f.name] = value
+            meta_ops.append(entry)
+        meta = {k: getattr(self, k) for k in ("input_max", "output_kind", "output_frac_bits",
+                                              "reference_dtype", "mantissa_bits",
+                                              "format_version", "notes")}
+        meta["ops"] = meta_ops
+        meta["bits"] = self.bits()
+        return meta, tensors
+
+    @classmethod
+    def from_record(cls, meta, tensors) -> "IntegerNetwork":
+        """Inverse of :meth:`to_record` (raises ``ValueError`` on inconsistent input)."""
+        from .integer_ops import unpack_int
+
+        ops = []
+        for i, entry in enumerate(meta["ops"]):
+            entry = dict(entry)
+            op_cls = _OP_CLASSES.get(entry.pop("op_type", None))
+            if op_cls is None:
+                raise ValueError(f"operation {i} has an unknown op_type")
+            weight_shape = entry.pop("weight_shape", None)
+            weight_dtype = entry.pop("weight_dtype", None)
+            kwargs = {}
+            for f in dataclasses.fields(op_cls):
+                if f.name not in entry:
+                    continue
+                value = entry[f.name]
+                if isinstance(value, dict) and "tensor" in value:
+                    if value["tensor"] not in tensors:
+                        raise ValueError(f"tensor {value['tensor']!r} is missing")
+                    value = tensors[value["tensor"]]
+                elif isinstance(value, list):
+                    value = tuple(value)
+                kwargs[f.name] = value
+            if weight_shape is not None:
+                packed = kwargs.get("weight_packed")
+                if packed is None:
+                    raise ValueError(f"operation {i} has no weights")
+                kwargs["weight"] = unpack_int(packed, kwargs["weight_bits"], weight_shape).to(
+                    getattr(torch, weight_dtype))
+            ops.append(op_cls(**kwargs))
+        return cls(ops=ops, input_max=int(meta["input_max"]), output_kind=meta["output_kind"],
+                   output_frac_bits=int(meta["output_frac_bits"]),
+                   reference_dtype=meta["reference_dtype"], mantissa_bits=int(meta["mantissa_bits"]),
+                   format_version=int(meta["format_version"]), notes=list(meta.get("notes", [])))

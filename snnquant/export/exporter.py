@@ -1,0 +1,612 @@
+r"""Integer export of a fake-quantized spiking network: :func:`to_integer`.
+
+Why the result is exact. Every value the fake-quantized float model computes is an exact binary
+fraction as long as the quantization steps are (a power of two times a small odd integer) and no
+intermediate needs more significand bits than the float type has (:math:`p = 24` for float32,
+53 for float64). Then the float model computes the same numbers as exact rational arithmetic,
+and the integer network below computes them on a fixed-point grid:
+
+* synaptic layer: weights :math:`\hat W = q\, s` with :math:`s = m\,2^{E}` (:math:`m = 1` for a
+  power-of-two step); the integer accumulator :math:`A = \sum q x` and the current
+  :math:`X = (A m) \ll \sigma + b` on the grid :math:`2^{-F}`;
+* neuron: membrane integers on :math:`s_v = 2^{E_v}`, currents and membrane on the shared grid
+  :math:`2^{-F_0}`, the leak :math:`1/\tau = 2^{-k}` as :math:`k` extra fractional bits, and the
+  rounding to the membrane grid with :func:`~snnquant.export.round_half_even_shift` (ties to even,
+  as ``torch.round``).
+
+Bounds checked at export (each refusal names the layer and the numbers):
+
+* accumulator: for every output channel :math:`c`,
+  :math:`\lVert q_c \rVert_1\, m_c\, x_{max}\, 2^{E_c - F_{in} - u_c} + |b_c|\, 2^{-u_c} \le 2^p`
+  with :math:`u_c` the finest binary unit of the channel's weights and bias. It bounds every
+  partial sum in any summation order (and fused multiply-adds), so the float convolution is exact
+  whatever kernel computes it. :math:`x_{max}` is 1 for spikes and ``input_max`` for the network
+  input; without an ``input_max`` the largest one that satisfies the bound is taken and the
+  simulator refuses larger inputs;
+* neuron: :math:`(2^{k+2} + 4)\, R\, 2^{d} \le 2^p` with
+  :math:`R = \max(|v_{min}|, |v_{max}|) + |\theta| + 1` and :math:`d` the grid shift (the membrane
+  step in units of the shared grid is :math:`2^d`): every intermediate of the charge is then exact
+  whenever the result lies inside the membrane range; outside it both models saturate to the same
+  end of the range, since float rounding is monotone and the rounding boundaries are
+  representable.
+"""
+
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+from typing import List, Optional, Tuple
+
+import torch
+import torch.nn as nn
+
+from ..convert import copy_model
+
+from .description import (ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp)
+
+__all__ = ["to_integer", "model_walk", "is_multi_step"]
+
+_MANTISSA_BITS = {torch.float32: 24, torch.float64: 53}
+_INT64_LIMIT_BITS = 62
+
+
+def _fail(name: str, module, reason: str):
+    raise ExportError(f"layer {name!r} ({type(module).__name__}): {reason}")
+
+
+# --------------------------------------------------------------------------------------------------
+# structure
+
+def _sj():
+    from spikingjelly.activation_based import base, layer, neuron
+    return base, layer, neuron
+
+
+def _container_context(module, inherited: str) -> Optional[str]:
+    """Context of the children of a supported container, or None when it is not one."""
+    _, layer, _ = _sj()
+    if isinstance(module, layer.SeqToANNContainer):
+        return "seq"
+    if isinstance(module, layer.MultiStepContainer):
+        return "step"
+    if isinstance(module, layer.StepModeContainer):
+        if module.step_mode == "m":
+            return "step" if module.stateful else "seq"
+        return inherited
+    if isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward:
+        return inherited
+    return None
+
+
+def is_multi_step(model: nn.Module) -> bool:
+    """Whether ``model`` takes whole sequences ``[T, N, ...]`` in one call (SpikingJelly 'm' mode).
+
+    True when a SeqToANNContainer/MultiStepContainer is used or any step module has
+    ``step_mode='m'``; otherwise the model is run one step at a time.
+    """
+    base, layer, _ = _sj()
+    for m in model.modules():
+        if isinstance(m, (layer.SeqToANNContainer, layer.MultiStepContainer)):
+            return True
+        if isinstance(m, base.StepModule) and getattr(m, "step_mode", "s") == "m" \
+                and not isinstance(m, _quantizer_types()):
+            return True
+    return False
+
+
+def _quantizer_types():
+    from ..nn.quantizers import QuantizerBase
+    return (QuantizerBase,)
+
+
+def model_walk(model: nn.Module) -> List[Tuple[str, nn.Module, int]]:
+    """The modules of a sequential network in execution order, as ``(name, module, lead)``.
+
+    ``lead`` is the number of leading (time/batch) dimensions the module sees: 1 for
+    ``[T*N, ...]`` or ``[N, ...]``, 2 for a plain module that receives ``[T, N, ...]`` in a
+    multi-step network. Supported containers: ``nn.Sequential`` and SpikingJelly's
+    ``SeqToANNContainer``, ``MultiStepContainer`` and ``StepModeContainer``, nested freely; any
+    other module is returned as a leaf.
+    """
+    base, _, _ = _sj()
+    multi = is_multi_step(model)
+    out = []
+
+    def visit(module, name, ctx):
+        child_ctx = _container_context(module, ctx)
+        if child_ctx is not None:
+            for child_name, child in module.named_children():
+                visit(child, f"{name}.{child_name}" if name else child_name, child_ctx)
+            return
+        if not multi or ctx in ("seq", "step"):
+            lead = 1
+        elif isinstance(module, base.StepModule) and getattr(module, "step_mode", "s") == "m":
+            lead = 1
+        else:
+            lead = 2
+        out.append((name or type(module).__name__, module, lead))
+
+    visit(model, "", "top")
+    return out
+
+
+# --------------------------------------------------------------------------------------------------
+# numbers
+
+def _mantissa_exponent(x: float) -> Tuple[int, int]:
+    """``(m, e)`` with ``x = m * 2**e`` and ``m`` odd (``x`` finite and nonzero)."""
+    num, den = Fraction(x).as_integer_ratio()
+    e = -(den.bit_length() - 1)
+    while num % 2 == 0:
+        num //= 2
+        e += 1
+    return num, e
+
+
+def _pow2_exponent(x: float) -> Optional[int]:
+    if not (isinstance(x, float) and math.isfinite(x) and x > 0):
+        return None
+    m, e = _mantissa_exponent(x)
+    return e if m == 1 else None
+
+
+def _frac_bits(x: float) -> int:
+    """Fractional bits of the float ``x``: the smallest ``f >= 0`` with ``x * 2**f`` an integer."""
+    return Fraction(x).denominator.bit_length() - 1
+
+
+def _as_dtype_float(value: float, dtype: torch.dtype) -> float:
+    return float(torch.tensor(float(value), dtype=dtype))
+
+
+def _int_dtype_for(lo: int, hi: int) -> torch.dtype:
+    for dt in (torch.int8, torch.int16, torch.int32):
+        info = torch.iinfo(dt)
+        if info.min <= lo and hi <= info.max:
+            return dt
+    return torch.int64
+
+
+# --------------------------------------------------------------------------------------------------
+# synaptic layers
+
+def _weight_integers(name, layer, dtype):
+    """Integer weights ``q``, per-channel steps (floats) and bit width of a quantized layer."""
+    from ..nn.quantizers import LSQQuantizer, MinMaxQuantizer, QuantizedBits, UniformQuantizer
+
+    wq = layer.weight_quant
+    if wq is None:
+        _fail(name, layer, "the weights are not quantized (weight_quant is None); quantize the "
+                           "layer with quantize_model / QuantConfig(weight_bits=...)")
+    probe = copy_model(layer).eval()
+    pq = probe.weight_quant
+    W = probe.weight.detach()
+    c_out = W.shape[0]
+    try:
+        with torch.no_grad():
+            Wq = probe.quantized_weight().detach()
+    except RuntimeError as exc:
+        _fail(name, layer, f"the weight quantizer cannot quantize yet: {exc}")
+    if isinstance(pq, LSQQuantizer):
+        step = pq.effective_step().detach().to(dtype)
+        qmin, qmax = pq.qmin, pq.qmax
+    elif isinstance(pq, UniformQuantizer):
+        step, qmin, qmax = pq.step.detach().to(dtype), pq.qmin, pq.qmax
+    elif isinstance(pq, MinMaxQuantizer):
+        step, qmin, qmax = pq.grid()
+        step = step.detach().to(dtype)
+    elif isinstance(pq, QuantizedBits):
+        grid = pq.uniform_grid()
+        if grid is None:
+            _fail(name, layer, f"the weight quantizer {pq!r} has no uniform grid (1 bit or alpha set)")
+        step, qmin, qmax = grid[0].detach().to(dtype), grid[1], grid[2]
+    else:
+        _fail(name, layer, f"the weight quantizer {type(pq).__name__} has no uniform integer grid "
+                           f"that the export can read (supported: LSQQuantizer, UniformQuantizer, "
+                           f"MinMaxQuantizer, QuantizedBits)")
+    step_c = step.reshape(-1)
+    if step_c.numel() == 1:
+        step_c = step_c.expand(c_out)
+    if step_c.numel() != c_out:
+        _fail(name, layer, f"weight step has {step_c.numel()} values for {c_out} output channels")
+    shape = [c_out] + [1] * (W.dim() - 1)
+    s = step_c.reshape(shape)
+    q = torch.round(Wq.double() / s.double()).to(torch.int64)
+    lo = torch.as_tensor(qmin).reshape(-1).to(torch.int64)
+    hi = torch.as_tensor(qmax).reshape(-1).to(torch.int64)
+    q_lo, q_hi = int(lo.min()), int(hi.max())
+    steps = [float(v) for v in step_c.double()]
+    if any(not (math.isfinite(v) and v > 0) for v in steps):
+        _fail(name, layer, f"weight step must be finite and > 0, got {steps[:4]}")
+    parts = [_mantissa_exponent(v) for v in steps]
+    max_m = max(m for m, _ in parts)
+    bits = getattr(pq, "num_bits", None) or max(1, (max(abs(q_lo), abs(q_hi))).bit_length() + 1)
+    if max_m.bit_length() + max(abs(q_lo), abs(q_hi)).bit_length() > 52:
+        _fail(name, layer, f"weight step {steps[0]!r} has {max_m.bit_length()} significant bits, so "
+                           f"integer * step is rounded even in float64 (a min/max range step "
+                           f"r / (2^(b-1) - 1) is such a step); use weight_quantizer='lsq_pow2'")
+    exact = torch.equal(Wq.double(), q.double() * s.double()) and bool(
+        (q.reshape(c_out, -1) >= lo.reshape(-1, 1)).all() and (q.reshape(c_out, -1) <= hi.reshape(-1, 1)).all())
+    if not exact:
+        _fail(name, layer, _non_pow2_advice(steps, dtype, "its quantized weights are not exactly "
+                                                          "integer * step in " + str(dtype)))
+    return q, steps, parts, int(bits), (q_lo, q_hi)
+
+
+def _non_pow2_advice(steps, dtype, what):
+    pow2 = all(_pow2_exponent(v) is not None for v in steps)
+    text = what
+    if not pow2:
+        text += (f" (weight step {steps[0]:.6g} is not a power of two, so the {dtype} products and "
+                 f"sums of the fake-quantized model are rounded and no integer network reproduces "
+                 f"them exactly). Train with QuantConfig(weight_quantizer='lsq_pow2') for an exact "
+                 f"float32 export, or export with reference_dtype=torch.float64 and compare with "
+                 f"the model run in float64")
+    return text
+
+
+def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
+    """Build a SynapseOp; returns (op, out_frac, current_log2_bound, allowed_input_max)."""
+    from ..nn.layers import QuantConv1d, QuantConv2d, QuantLinear
+
+    if not isinstance(layer, (QuantLinear, QuantConv1d, QuantConv2d)):
+        _fail(name, layer, "unquantized synaptic layer; quantize it with quantize_model")
+    if isinstance(layer, (QuantConv1d, QuantConv2d)) and layer.padding_mode != "zeros":
+        _fail(name, layer, f"padding_mode={layer.padding_mode!r} is not supported (only 'zeros')")
+    q, steps, parts, bits, (q_lo, q_hi) = _weight_integers(name, layer, dtype)
+    c_out = q.shape[0]
+    probe = copy_model(layer).eval()
+    with torch.no_grad():
+        bias = probe.quantized_bias()
+    bias_vals = None
+    f_b = None
+    if bias is not None:
+        bias_vals = [float(v) for v in bias.detach().to(dtype).double()]
+        if any(not math.isfinite(v) for v in bias_vals):
+            _fail(name, layer, "the bias is not finite")
+        f_b = max(_frac_bits(v) for v in bias_vals)
+    l1 = q.abs().reshape(c_out, -1).sum(dim=1).tolist()
+    out_frac = max(in_frac - e for _, e in parts)
+    if f_b is not None:
+        out_frac = max(out_frac, f_b)
+    limit = 1 << p
+    terms = []
+    for c in range(c_out):
+        m, e = parts[c]
+        u = e - in_frac if f_b is None else min(e - in_frac, -f_b)
+        w_term = l1[c] * m * (1 << (e - in_frac - u))
+        b_term = 0 if bias_vals is None else int(abs(Fraction(bias_vals[c])) * Fraction(2) ** (-u))
+        if b_term > limit:
+            _fail(name, layer, f"the bias of output channel {c} ({bias_vals[c]!r}) needs more than "
+                               f"{p} significand bits on the grid 2^{u}: it is not quantized to a "
+                               f"grid the {dtype} model adds exactly; quantize it "
+                               f"(QuantConfig(bias_bits=...) with a power-of-two step, or "
+                               f"fold_batchnorm, which snaps it to the membrane grid)")
+        terms.append((w_term, b_term, u))
+    allowed = None
+    if x_bound[0] == "input":
+        for w_term, b_term, _ in terms:
+            if w_term:
+                a_c = (limit - b_term) // (w_term * x_bound[1])
+                allowed = a_c if allowed is None else min(allowed, a_c)
+        if allowed is not None and allowed < 1:
+            why = (f"even an input of magnitude 1 makes the accumulator bound exceed 2^{p} "
+                   f"(largest sum|w_int| * m = {max(t[0] for t in terms)})")
+            if any(mm != 1 for mm, _ in parts):
+                why = _non_pow2_advice(steps, dtype, why)
+            _fail(name, layer, why)
+        if input_max is not None and allowed is not None and input_max > allowed:
+            _fail(name, layer, f"input_max={input_max} is too large: inputs above {allowed} make "
+                               f"the accumulator bound exceed 2^{p}")
+        x_eff = x_bound[1] * (input_max if input_max is not None
+                              else min(allowed if allowed is not None else 1, (1 << 31) - 1))
+    else:
+        x_eff = x_bound[1]
+    log2_cur = 0.0
+    for c, (w_term, b_term, u) in enumerate(terms):
+        total = w_term * x_eff + b_term
+        if total > limit:
+            why = (f"the accumulator bound sum|w_int| * max|x| + |bias| = {total} (in units of "
+                   f"2^{u}) of output channel {c} exceeds 2^{p}: the {dtype} sum of the "
+                   f"fake-quantized model is not exact")
+            if parts[c][0] != 1:
+                why = _non_pow2_advice(steps, dtype, why)
+            _fail(name, layer, why)
+        log2_cur = max(log2_cur, math.log2(max(total, 1)) + (out_frac + u))
+    shift = [out_frac + e - in_frac for _, e in parts]
+    bias_int = None
+    if bias_vals is not None:
+        bias_int = torch.tensor([int(Fraction(v) * (Fraction(2) ** out_frac)) for v in bias_vals],
+                                dtype=torch.int64)
+    kind = {QuantLinear: "linear", QuantConv1d: "conv1d", QuantConv2d: "conv2d"}[
+        next(k for k in (QuantLinear, QuantConv1d, QuantConv2d) if isinstance(layer, k))]
+    conv = {}
+    if kind != "linear":
+        padding = layer.padding if isinstance(layer.padding, str) else tuple(int(v) for v in layer.padding)
+        conv = dict(stride=tuple(int(v) for v in layer.stride), padding=padding,
+                    dilation=tuple(int(v) for v in layer.dilation), groups=int(layer.groups))
+    op = SynapseOp(
+        name=name, kind=kind, weight=q.to(_int_dtype_for(q_lo, q_hi)), weight_bits=bits,
+        weight_scale=torch.tensor(steps, dtype=torch.float64),
+        multiplier=torch.tensor([m for m, _ in parts], dtype=torch.int64),
+        shift=torch.tensor(shift, dtype=torch.int64), bias=bias_int,
+        bias_bits=getattr(layer.bias_quant, "num_bits", None) if bias_int is not None else None,
+        in_frac_bits=in_frac, out_frac_bits=out_frac, **conv)
+    return op, out_frac, log2_cur, allowed
+
+
+# --------------------------------------------------------------------------------------------------
+# neurons
+
+def _export_neuron(name, module, dtype, p, in_frac, cur_log2):
+    from ..nn.neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode
+    from ..nn.quantizers import LSQQuantizer
+
+    if not isinstance(module, (QuantIFNode, QuantLIFNode, QuantParametricLIFNode)):
+        _fail(name, module, "unquantized neuron; quantize it with quantize_model / "
+                            "QuantConfig(v_bits=...)")
+    vq = module.v_quant
+    if vq is None:
+        _fail(name, module, "the membrane is not quantized (v_quant is None)")
+    if isinstance(vq, LSQQuantizer) and not bool(vq.initialized):
+        _fail(name, module, "the membrane LSQ step was never initialised; run the model on data "
+                            "first (or load a trained state_dict)")
+    grid = vq.uniform_grid()
+    if grid is None:
+        _fail(name, module, f"the membrane quantizer {type(vq).__name__} has no uniform grid "
+                            f"(its levels are not equally spaced), so the membrane is not an "
+                            f"integer times one scale; use membrane_quantizer='uniform'")
+    step, qmin, qmax, _ = grid
+    if not isinstance(step, torch.Tensor) or step.dim() != 0:
+        _fail(name, module, "the membrane step is not a scalar tensor")
+    qmin, qmax = int(qmin), int(qmax)
+    s_v = float(step.detach().to(dtype))
+    e_v = _pow2_exponent(s_v)
+    if e_v is None:
+        _fail(name, module, f"the membrane step {s_v!r} is not a power of two, so the float "
+                            f"model's division by it rounds; with v_quant=b the step is "
+                            f"v_threshold * 2^(2-b): use a v_threshold that is a power of two")
+    # leak
+    if isinstance(module, QuantIFNode):
+        kind, k, decay_input = "if", 0, True
+    else:
+        decay_input = bool(module.decay_input)
+        if isinstance(module, QuantParametricLIFNode):
+            kval = float(torch.sigmoid(module.w.detach()).to(dtype))
+            inv = _pow2_exponent(kval)
+            if inv is None or inv > 0:
+                _fail(name, module, f"the learned tau = 1/sigmoid(w) = {1 / kval:.6g} is not a power "
+                                    f"of two, so the float model's leak rounds and no integer shift "
+                                    f"reproduces it")
+            k = -inv
+        else:
+            tau = _as_dtype_float(module.tau, dtype)
+            e = _pow2_exponent(tau)
+            if e is None or e < 0 or tau != float(module.tau):
+                _fail(name, module, f"tau = {module.tau!r} is not a power of two >= 1; the leak "
+                                    f"is exported as a right shift, which needs tau = 2^k")
+            k = e
+        kind = "lif"
+    # threshold and reset, in membrane units, as the float model computes them
+    step_f = Fraction(s_v)
+    vth_values = {_as_dtype_float(module.v_threshold, dtype), float(module.v_threshold)}
+    ths = {math.ceil(Fraction(v) / step_f) for v in vth_values}
+    if len(ths) != 1:
+        _fail(name, module, f"v_threshold={module.v_threshold!r} is not representable in {dtype} "
+                            f"and a membrane level lies between its two roundings")
+    threshold = ths.pop()
+    if module.v_reset is None:
+        reset_mode, v_reset = "soft", 0
+    else:
+        vr_values = {_as_dtype_float(module.v_reset, dtype), float(module.v_reset)}
+        vrs = {min(max(round(Fraction(v) / step_f), qmin), qmax) for v in vr_values}
+        if len(vrs) != 1:
+            _fail(name, module, f"v_reset={module.v_reset!r} is not representable in {dtype} and "
+                                f"its two roundings snap to different levels")
+        reset_mode, v_reset = "hard", vrs.pop()
+    grid_frac = max(in_frac, -e_v)
+    input_shift = grid_frac - in_frac
+    d = grid_frac + e_v
+    R = max(abs(qmin), abs(qmax)) + abs(threshold) + 1
+    need = ((1 << (k + 2)) + 4) * R * (1 << d)
+    if need > (1 << p):
+        _fail(name, module, f"the charge of a {qmax - qmin + 1}-level membrane on the shared grid "
+                            f"2^-{grid_frac} (membrane step 2^{e_v}, currents with {in_frac} "
+                            f"fractional bits, leak shift {k}) needs {math.log2(need):.1f} "
+                            f"significand bits, more than {dtype}'s {p}: the float model's charge "
+                            f"is not exact. Use fewer v_bits or a coarser weight/bias step")
+    h_bits = max(cur_log2 + input_shift + k, math.log2(R) + d + k) + 2
+    if h_bits > _INT64_LIMIT_BITS:
+        _fail(name, module, f"the integer charge needs {h_bits:.0f} bits, more than int64 holds")
+    return NeuronOp(name=name, kind=kind, v_bits=int(getattr(vq, "num_bits", None)
+                                                      or (qmax - qmin).bit_length()),
+                    v_min=qmin, v_max=qmax, membrane_scale=s_v, threshold=int(threshold),
+                    reset_mode=reset_mode, v_reset=int(v_reset),
+                    v_init=int(v_reset) if reset_mode == "hard" else 0, leak_shift=int(k),
+                    decay_input=decay_input, input_shift=int(input_shift), grid_shift=int(d),
+                    in_frac_bits=int(in_frac), grid_frac_bits=int(grid_frac))
+
+
+# --------------------------------------------------------------------------------------------------
+# pooling / flatten
+
+def _tuple(v, n):
+    if isinstance(v, int):
+        return (int(v),) * n
+    return tuple(int(x) for x in v)
+
+
+def _export_pool(name, module, domain):
+    dims = 2 if isinstance(module, (nn.MaxPool2d, nn.AvgPool2d)) else 1
+    ks = _tuple(module.kernel_size, dims)
+    stride = _tuple(module.stride if module.stride is not None else module.kernel_size, dims)
+    padding = _tuple(module.padding, dims)
+    if isinstance(module, (nn.MaxPool1d, nn.MaxPool2d)):
+        if module.return_indices:
+            _fail(name, module, "return_indices=True is not supported")
+        return PoolOp(name=name, kind="max", dims=dims, kernel_size=ks, stride=stride,
+                      padding=padding, dilation=_tuple(module.dilation, dims),
+                      ceil_mode=bool(module.ceil_mode), frac_bits_added=0), 1
+    if domain != "event":
+        _fail(name, module, "average pooling of synaptic currents is not supported; pool the "
+                            "spikes after the neuron instead")
+    if module.ceil_mode:
+        _fail(name, module, "ceil_mode=True changes the divisor at the border; not exact")
+    if any(padding) and not module.count_include_pad:
+        _fail(name, module, "padding with count_include_pad=False changes the divisor at the "
+                            "border; not exact")
+    area = 1
+    for v in ks:
+        area *= v
+    divisor = getattr(module, "divisor_override", None) or area
+    a = _pow2_exponent(float(divisor))
+    if a is None:
+        _fail(name, module, f"average pooling divides by {divisor}, not a power of two, so the "
+                            f"pooled value is not an exact binary fraction")
+    return PoolOp(name=name, kind="sum", dims=dims, kernel_size=ks, stride=stride, padding=padding,
+                  dilation=(1,) * dims, ceil_mode=False, frac_bits_added=int(a)), area
+
+
+def _export_flatten(name, module, lead):
+    start, end = int(module.start_dim), int(module.end_dim)
+    if start >= 0:
+        start -= lead
+        if start < 0:
+            _fail(name, module, f"it flattens the time or batch dimension (start_dim="
+                                f"{module.start_dim} on an input with {lead} leading dimensions)")
+    if end >= 0:
+        end -= lead
+        if end < 0:
+            _fail(name, module, f"end_dim={module.end_dim} lies in the time/batch dimensions")
+    return FlattenOp(name=name, start_dim=start, end_dim=end)
+
+
+# --------------------------------------------------------------------------------------------------
+
+def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = None,
+               input_max: Optional[int] = None) -> IntegerNetwork:
+    r"""Export a quantized spiking network as an exact integer network.
+
+    The network must be a sequence (``nn.Sequential``, SpikingJelly ``SeqToANNContainer`` /
+    ``MultiStepContainer`` / ``StepModeContainer``, nested freely) of:
+    :class:`~snnquant.nn.QuantLinear` / ``QuantConv1d`` / ``QuantConv2d`` (weight quantizer with
+    a uniform grid; bias quantized or exactly on a binary grid), quantized neurons
+    (:class:`~snnquant.nn.QuantIFNode`, :class:`~snnquant.nn.QuantLIFNode` with :math:`\tau = 2^k`,
+    :class:`~snnquant.nn.QuantParametricLIFNode` whose :math:`\mathrm{sigmoid}(w)` is a power of
+    two; membrane quantizer with a power-of-two step; hard or soft reset), max pooling, average
+    pooling of spikes over :math:`2^a` elements, flatten, and identity-in-eval modules
+    (``Identity``, ``Dropout``). BatchNorm must be folded first
+    (:func:`~snnquant.export.fold_batchnorm`). Anything else is refused with an
+    :class:`~snnquant.export.ExportError` naming the layer and the reason.
+
+    The result reproduces the fake-quantized model *in eval mode*, evaluated in
+    ``reference_dtype``, exactly: the same spikes at every layer and step (see the module
+    documentation for the grid and the bounds). Per synaptic layer :math:`X = (A m) \ll \sigma + b`
+    with the accumulator :math:`A = \sum w x`; per neuron the charge on the shared grid and
+
+    .. math::
+
+        q = \mathrm{clamp}(\mathrm{rhe}(H, d + k), v_{min}, v_{max}),\quad S = [q \ge \theta]
+
+    With power-of-two weight steps (``QuantConfig(weight_quantizer='lsq_pow2')``) every
+    multiplier :math:`m` is 1 and the export is exact against the float32 model. A learned step
+    that is not a power of two rounds in float32; it is exported only with
+    ``reference_dtype=torch.float64`` (exact against the model run in float64, the multiplier
+    :math:`m` is the step's odd significand).
+
+    Args:
+        model: the quantized network (from :func:`snnquant.quantize_model`, trained or not). It
+            is not modified.
+        reference_dtype: ``torch.float32`` or ``torch.float64``; default: the dtype of the
+            model's parameters.
+        input_max: largest input magnitude the network must accept exactly (event counts per
+            pixel and step); default: the largest that the first layer's accumulator bound
+            allows. Inputs of binary spikes need 1.
+
+    Returns:
+        An :class:`~snnquant.export.IntegerNetwork`.
+
+    Raises:
+        ExportError: a layer cannot be represented exactly (the message names it and why).
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if reference_dtype is None:
+        fp = [t.dtype for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
+        reference_dtype = fp[0] if fp else torch.float32
+    if reference_dtype not in _MANTISSA_BITS:
+        raise ValueError(f"reference_dtype must be torch.float32 or torch.float64, got "
+                         f"{reference_dtype!r}")
+    if input_max is not None and (isinstance(input_max, bool) or not isinstance(input_max, int)
+                                  or input_max < 1):
+        raise ValueError(f"input_max must be None or an int >= 1, got {input_max!r}")
+    p = _MANTISSA_BITS[reference_dtype]
+    work = copy_model(model).to(reference_dtype).cpu()
+    _, sj_layer, sj_neuron = _sj()
+    from ..nn.layers import QuantConv1d, QuantConv2d, QuantLinear
+    from ..nn.neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode
+
+    ops = []
+    notes = []
+    domain, frac = "event", 0
+    x_bound = ("input", 1)          # ('input', factor) before the first neuron, else ('abs', max)
+    cur_log2 = 0.0
+    allowed_input = None
+    seen_synapse = False
+    identity_types = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d,
+                      sj_layer.Dropout)
+    for name, module, lead in model_walk(work):
+        if isinstance(module, (QuantLinear, QuantConv1d, QuantConv2d, nn.Linear, nn.Conv1d,
+                               nn.Conv2d)):
+            if domain != "event":
+                _fail(name, module, "two synaptic layers follow each other without a neuron "
+                                    "between them; not supported")
+            op, frac, cur_log2, allowed = _export_synapse(name, module, reference_dtype, p, frac,
+                                                          x_bound, input_max)
+            if x_bound[0] == "input" and allowed is not None:
+                allowed_input = allowed if allowed_input is None else min(allowed_input, allowed)
+            ops.append(op)
+            domain = "current"
+            seen_synapse = True
+        elif isinstance(module, (QuantIFNode, QuantLIFNode, QuantParametricLIFNode,
+                                 sj_neuron.BaseNode)):
+            if domain != "current":
+                _fail(name, module, "a neuron layer must follow a synaptic layer (its input must "
+                                    "be a synaptic current)")
+            ops.append(_export_neuron(name, module, reference_dtype, p, frac, cur_log2))
+            domain, frac, x_bound = "event", 0, ("abs", 1)
+        elif isinstance(module, (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d)):
+            op, growth = _export_pool(name, module, domain)
+            ops.append(op)
+            if op.kind == "sum":
+                frac += op.frac_bits_added
+                x_bound = (x_bound[0], x_bound[1] * growth)
+        elif isinstance(module, nn.Flatten):
+            ops.append(_export_flatten(name, module, lead))
+        elif isinstance(module, nn.modules.batchnorm._BatchNorm):
+            _fail(name, module, "BatchNorm must be folded into the preceding synaptic layer "
+                                "first: model = snnquant.export.fold_batchnorm(model)")
+        elif isinstance(module, identity_types):
+            notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")
+        else:
+            hint = ""
+            if any(True for _ in module.children()):
+                seqs = [n for n, c in module.named_children() if isinstance(c, nn.Sequential)]
+                hint = (f"; its forward() is unknown to the export: pass its sequential part "
+                        f"instead (e.g. model.{seqs[0]})" if seqs else "")
+            _fail(name, module, "module type not supported by the integer export (supported: "
+                                "quantized Linear/Conv1d/Conv2d, quantized IF/LIF/PLIF neurons, "
+                                "MaxPool, AvgPool of spikes, Flatten, Identity, Dropout, inside "
+                                "nn.Sequential or SpikingJelly containers)" + hint)
+    if not seen_synapse:
+        raise ExportError("the model has no synaptic layer to export")
+    if input_max is None:
+        input_max = min(allowed_input, (1 << 31) - 1) if allowed_input is not None else (1 << 31) - 1
+    if domain == "current":
+        output_kind, output_frac = "current", frac
+    else:
+        output_kind, output_frac = "spikes", 0
+    return IntegerNetwork(ops=ops, input_max=int(input_max), output_kind=output_kind,
+                          output_frac_bits=int(output_frac),
+                          reference_dtype=str(reference_dtype).replace("torch.", ""),
+                          mantissa_bits=p, notes=notes)

@@ -1,0 +1,124 @@
+r"""Integer helpers of the export: the one rounding rule, and bit packing of low-bit weights.
+
+:func:`round_half_even_shift` is the only rounding the integer network uses. It is the integer
+form of ``torch.round`` (round half to even) applied to :math:`d / 2^k`, which is what the
+fake-quantized model computes when it rounds a charge to its membrane grid, so both models break
+ties the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["round_half_even_shift", "pack_int", "unpack_int", "PACKABLE_BITS"]
+
+#: Bit widths whose weights are also stored packed, several values to a byte.
+PACKABLE_BITS = (2, 4)
+
+
+def round_half_even_shift(d, k: int):
+    r"""Divide an integer by :math:`2^k` and round to the nearest integer, ties to even.
+
+    .. math::
+
+        \mathrm{rhe}(d, k) = \begin{cases} f + 1 & r > 2^{k-1}\ \text{or}\ (r = 2^{k-1}
+            \text{ and } f \text{ odd})\\ f & \text{otherwise}\end{cases},\qquad
+        f = \lfloor d / 2^k \rfloor = d \gg k,\quad r = d - f\,2^k
+
+    and :math:`\mathrm{rhe}(d, 0) = d`. It equals ``torch.round(d / 2**k)`` for every integer
+    :math:`d` (exactly, with no float arithmetic). A bare ``d >> k`` would be floor and
+    ``(d + 2**(k-1)) >> k`` round-half-up; both differ from ``torch.round`` on ties.
+
+    Args:
+        d: an integer tensor (any signed integer dtype) or a Python int.
+        k: the shift, a Python int :math:`\ge 0`.
+
+    Returns:
+        The rounded quotient, same type (and dtype) as ``d``.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 0:
+        raise ValueError(f"k must be an int >= 0, got {k!r}")
+    if isinstance(d, torch.Tensor) and (d.is_floating_point() or d.is_complex()
+                                        or d.dtype == torch.bool):
+        raise TypeError(f"d must be an integer tensor or int, got dtype {d.dtype}")
+    if k == 0:
+        return d
+    floor = d >> k
+    rest = d - (floor << k)
+    half = 1 << (k - 1)
+    up = (rest > half) | ((rest == half) & ((floor & 1) == 1))
+    if isinstance(up, torch.Tensor):
+        return floor + up.to(floor.dtype)
+    return floor + int(up)
+
+
+def _check_pack_bits(bits) -> int:
+    if bits not in PACKABLE_BITS:
+        raise ValueError(f"bits must be one of {PACKABLE_BITS}, got {bits!r}")
+    return bits
+
+
+def pack_int(values: torch.Tensor, bits: int) -> torch.Tensor:
+    r"""Pack signed ``bits``-bit integers, :math:`8/b` to a byte, first value in the low bits.
+
+    .. math::
+
+        \mathrm{byte}_j = \sum_{i=0}^{8/b - 1} (v_{j\,8/b + i} \bmod 2^b)\, 2^{i b}
+
+    (two's complement in :math:`b` bits; the flattened tensor is padded with zeros to a whole
+    number of bytes).
+
+    Args:
+        values: integer tensor with every value in :math:`[-2^{b-1}, 2^{b-1} - 1]`.
+        bits: 2 or 4.
+
+    Returns:
+        A 1-d ``torch.uint8`` tensor of :math:`\lceil n b / 8 \rceil` bytes.
+    """
+    bits = _check_pack_bits(bits)
+    if not isinstance(values, torch.Tensor) or values.is_floating_point() or values.dtype == torch.bool:
+        raise TypeError(f"values must be an integer tensor, got {getattr(values, 'dtype', type(values))}")
+    flat = values.detach().reshape(-1).to(torch.int64)
+    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    if flat.numel() and (int(flat.min()) < lo or int(flat.max()) > hi):
+        raise ValueError(f"values must lie in [{lo}, {hi}] to pack into {bits} bits, got range "
+                         f"[{int(flat.min())}, {int(flat.max())}]")
+    per_byte = 8 // bits
+    pad = (-flat.numel()) % per_byte
+    if pad:
+        flat = torch.cat([flat, flat.new_zeros(pad)])
+    groups = (flat & ((1 << bits) - 1)).reshape(-1, per_byte)
+    shifts = torch.arange(per_byte, dtype=torch.int64) * bits
+    return (groups << shifts).sum(dim=1).to(torch.uint8)
+
+
+def unpack_int(packed: torch.Tensor, bits: int, shape) -> torch.Tensor:
+    r"""Inverse of :func:`pack_int`: signed ``bits``-bit values as an ``int8`` tensor of ``shape``.
+
+    .. math::
+
+        u = (\mathrm{byte} \gg i b) \bmod 2^b,\qquad v = u - 2^b\,[u \ge 2^{b-1}]
+
+    Args:
+        packed: 1-d ``torch.uint8`` tensor from :func:`pack_int`.
+        bits: 2 or 4.
+        shape: shape of the unpacked tensor.
+
+    Returns:
+        ``torch.int8`` tensor of ``shape``.
+    """
+    bits = _check_pack_bits(bits)
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or packed.dim() != 1:
+        raise TypeError("packed must be a 1-d torch.uint8 tensor")
+    shape = tuple(int(s) for s in shape)
+    n = 1
+    for s in shape:
+        n *= s
+    per_byte = 8 // bits
+    if packed.numel() != -(-n // per_byte):
+        raise ValueError(f"packed has {packed.numel()} bytes, but shape {shape} at {bits} bits "
+                         f"needs {-(-n // per_byte)}")
+    shifts = torch.arange(per_byte, dtype=torch.int64) * bits
+    u = (packed.to(torch.int64).unsqueeze(1) >> shifts) & ((1 << bits) - 1)
+    v = u - ((u >= (1 << (bits - 1))).to(torch.int64) << bits)
+    return v.reshape(-1)[:n].reshape(shape).to(torch.int8)

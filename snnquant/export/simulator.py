@@ -1,0 +1,180 @@
+r"""Integer simulator of an exported network: :class:`IntegerSNN`.
+
+Every torch operation in a call produces an integer or bool tensor (``int64`` arithmetic,
+``int8`` spikes): the float scales of the description are never used inside the time loop.
+Stateless operations (synapses, pooling, flatten) run on all time steps at once (``[T*N, ...]``),
+neurons loop over time, exactly as SpikingJelly's multi-step mode does.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple, Union
+
+import torch
+import torch.nn.functional as F
+
+from .description import FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
+from .integer_ops import round_half_even_shift
+
+__all__ = ["IntegerSNN"]
+
+
+def _channel_view(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """Reshape a per-channel vector to broadcast over ``[B, C, *spatial]`` with ``dim`` total dims."""
+    return t.reshape([1, -1] + [1] * (dim - 2))
+
+
+class IntegerSNN:
+    r"""Run an :class:`~snnquant.export.IntegerNetwork` with integer tensors only.
+
+    Per synaptic layer :math:`X = (\mathrm{conv}(x, w)\, m) \ll \sigma + b`; per neuron layer
+    and step :math:`q = \mathrm{clamp}(\mathrm{rhe}(H, d + k), v_{min}, v_{max})`,
+    :math:`S = [q \ge \theta]`, then hard or soft reset (see
+    :class:`~snnquant.export.NeuronOp`). The membrane starts at ``v_init`` on every call.
+
+    On the same integer input its spikes equal those of the fake-quantized float model in eval
+    mode (in the description's ``reference_dtype``), layer by layer and step by step.
+
+    Args:
+        desc: the exported network.
+        device: ``'cpu'`` (PyTorch has no integer convolutions on CUDA). Use more threads
+            (``torch.set_num_threads``) for large networks.
+    """
+
+    def __init__(self, desc: IntegerNetwork, device: Union[str, torch.device] = "cpu"):
+        if not isinstance(desc, IntegerNetwork):
+            raise TypeError(f"desc must be an IntegerNetwork, got {type(desc).__name__}")
+        self.desc = desc
+        self.device = torch.device(device)
+        if self.device.type != "cpu":
+            raise ValueError(f"device must be 'cpu', got {device!r}: PyTorch implements integer "
+                             f"convolutions and matrix products on the CPU only")
+        self._params = []
+        for op in desc.ops:
+            if isinstance(op, SynapseOp):
+                self._params.append(dict(
+                    weight=op.weight.to(self.device, torch.int64),
+                    multiplier=op.multiplier.to(self.device, torch.int64),
+                    shift=op.shift.to(self.device, torch.int64),
+                    bias=None if op.bias is None else op.bias.to(self.device, torch.int64),
+                    pow2=bool((op.multiplier == 1).all()),
+                    const_shift=int(op.shift[0]) if bool((op.shift == op.shift[0]).all()) else None))
+            else:
+                self._params.append(None)
+
+    # ---- operations -------------------------------------------------------------------------
+    def _synapse(self, op: SynapseOp, prm, x: torch.Tensor) -> torch.Tensor:
+        w = prm["weight"]
+        if op.kind == "linear":
+            acc = F.linear(x, w)
+        elif op.kind == "conv1d":
+            acc = F.conv1d(x, w, None, op.stride, op.padding, op.dilation, op.groups)
+        else:
+            acc = F.conv2d(x, w, None, op.stride, op.padding, op.dilation, op.groups)
+        ch = (lambda t: t) if acc.dim() == 2 else (lambda t: _channel_view(t, acc.dim()))
+        if not prm["pow2"]:
+            acc = acc * ch(prm["multiplier"])
+        if prm["const_shift"] is not None:
+            if prm["const_shift"]:
+                acc = acc << prm["const_shift"]
+        else:
+            acc = acc << ch(prm["shift"])
+        if prm["bias"] is not None:
+            acc = acc + ch(prm["bias"])
+        return acc
+
+    @staticmethod
+    def _pool(op: PoolOp, x: torch.Tensor) -> torch.Tensor:
+        if op.kind == "max":
+            if op.dims == 2:
+                return F.max_pool2d(x, op.kernel_size, op.stride, op.padding, op.dilation,
+                                    op.ceil_mode)
+            y = F.max_pool2d(x.unsqueeze(-2), (1,) + op.kernel_size, (1,) + op.stride,
+                             (0,) + op.padding, (1,) + op.dilation, op.ceil_mode)
+            return y.squeeze(-2)
+        c = x.shape[1]
+        ones = torch.ones((c, 1) + op.kernel_size, dtype=x.dtype, device=x.device)
+        conv = F.conv2d if op.dims == 2 else F.conv1d
+        return conv(x, ones, None, op.stride, op.padding, 1, c)
+
+    @staticmethod
+    def _neuron(op: NeuronOp, x_seq: torch.Tensor) -> torch.Tensor:
+        d, k = op.grid_shift, op.leak_shift
+        total = d + k
+        vr = op.v_reset if op.reset_mode == "hard" else 0
+        v = torch.full(x_seq.shape[1:], op.v_init, dtype=torch.int64, device=x_seq.device)
+        spikes = torch.empty(x_seq.shape, dtype=torch.int8, device=x_seq.device)
+        for t in range(x_seq.shape[0]):
+            x = x_seq[t]
+            if op.input_shift:
+                x = x << op.input_shift
+            if op.kind == "if":
+                h = (v << d) + x
+            elif op.decay_input:
+                h = (v << total) + x - ((v - vr) << d)
+            else:
+                h = (v << total) - ((v - vr) << d) + (x << k)
+            q = torch.clamp(round_half_even_shift(h, total), op.v_min, op.v_max)
+            s = q >= op.threshold
+            if op.reset_mode == "hard":
+                v = torch.where(s, torch.full_like(q, op.v_reset), q)
+            else:
+                v = q - s.to(torch.int64) * op.threshold
+            spikes[t] = s.to(torch.int8)
+        return spikes
+
+    # ---- call -------------------------------------------------------------------------------
+    def __call__(self, x_seq: torch.Tensor, record: bool = False
+                 ) -> Union[torch.Tensor, Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
+        r"""Run the network on integer input ``x_seq`` of shape ``[T, N, ...]``.
+
+        Args:
+            x_seq: integer (or bool) tensor of event counts or spikes, ``|x| <= desc.input_max``.
+            record: also return the spikes of every neuron layer, ``{name: [T, N, ...] int8}``
+                (and, for a ``'current'`` output, the output under the last layer's name).
+
+        Returns:
+            The output: ``int8`` spikes ``[T, N, ...]`` (``output_kind='spikes'``) or ``int64``
+            currents in units of :math:`2^{-F}` (``'current'``); with ``record``,
+            ``(output, layers)``.
+        """
+        if not isinstance(x_seq, torch.Tensor):
+            raise TypeError(f"x_seq must be a tensor, got {type(x_seq).__name__}")
+        if x_seq.is_floating_point() or x_seq.is_complex():
+            raise TypeError(f"x_seq must be an integer or bool tensor of event counts, got "
+                            f"{x_seq.dtype}; convert exact integer-valued floats with "
+                            f"x.to(torch.int64)")
+        if x_seq.dim() < 3:
+            raise ValueError(f"x_seq must have shape [T, N, ...], got shape {tuple(x_seq.shape)}")
+        x = x_seq.to(self.device, torch.int64)
+        if x.numel():
+            peak = int(x.abs().max())
+            if peak > self.desc.input_max:
+                raise ValueError(f"x_seq has an entry of magnitude {peak}, above input_max="
+                                 f"{self.desc.input_max} for which the export is exact")
+        T, N = x.shape[0], x.shape[1]
+        x = x.reshape((T * N,) + tuple(x.shape[2:]))
+        layers = {}
+        for op, prm in zip(self.desc.ops, self._params):
+            if isinstance(op, SynapseOp):
+                x = self._synapse(op, prm, x)
+            elif isinstance(op, PoolOp):
+                x = self._pool(op, x)
+            elif isinstance(op, FlattenOp):
+                start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
+                end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
+                x = torch.flatten(x, start, end)
+            else:
+                s = self._neuron(op, x.reshape((T, N) + tuple(x.shape[1:])))
+                if record:
+                    layers[op.name] = s
+                x = s.reshape((T * N,) + tuple(s.shape[2:])).to(torch.int64)
+        out = x.reshape((T, N) + tuple(x.shape[1:]))
+        if self.desc.output_kind == "spikes":
+            out = out.to(torch.int8)
+        elif record:
+            layers[self.desc.ops[-1].name] = out
+        return (out, layers) if record else out
+
+    def __repr__(self):
+        return f"IntegerSNN({len(self.desc.ops)} ops, device={self.device})"
