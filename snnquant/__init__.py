@@ -10,4 +10,14 @@ from . import nn
 from .convert import QuantConfig, QuantReport, quantize_model, summary
 
 __all__ = ["__version__", "functional", "nn", "QuantConfig", "QuantReport", "quantize_model",
-           "summary"]
+           "summary", "export", "datasets", "kernels"]
+
+_LAZY = ("export", "datasets", "kernels")
+
+
+def __getattr__(name):
+    # heavy or optional parts load on first use: snnquant.export, snnquant.datasets, snnquant.kernels
+    if name in _LAZY:
+        import importlib
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module 'snnquant' has no attribute {name!r}")

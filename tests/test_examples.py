@@ -45,7 +45,7 @@ def data_env(tmp_path_factory):
     return env
 
 
-SMALL = ["--samples-per-class", "3", "-T", "4", "--batch-size", "8", "--channels", "4", "--no-integer-check"]
+SMALL = ["--samples-per-class", "3", "-T", "4", "--batch-size", "8", "--channels", "4"]
 
 
 def _train(env, out, *extra, check=True):
@@ -60,7 +60,8 @@ def test_train_nmnist_outputs_and_resume(data_env, tmp_path):
     full = _train(data_env, tmp_path / "full", "--epochs", "2")
     assert "built-in digits dataset" in full.stdout
     assert "test accuracy:" in full.stdout and "compression ratio" in full.stdout
-    # assert "integer model agreement: 100.00%" in full.stdout
+    assert "integer model agreement: 100.00%" in full.stdout
+    assert (tmp_path / "full" / "model_int.safetensors").stat().st_size > 0
     out = tmp_path / "full"
     for name in ("metrics.json", "accuracy.png", "firing_rates.png", "checkpoint.pt", "model.pt",
                  "summary.txt"):
@@ -70,9 +71,9 @@ def test_train_nmnist_outputs_and_resume(data_env, tmp_path):
     assert ckpt["epoch"] == 2
     # interrupted after epoch 1, resumed: the same history as the uninterrupted run
     part = tmp_path / "part"
-    _train(data_env, part, "--epochs", "2", "--stop-after", "1")
+    _train(data_env, part, "--epochs", "2", "--stop-after", "1", "--no-integer-check")
     assert torch.load(part / "checkpoint.pt", weights_only=True)["epoch"] == 1
-    _train(data_env, part, "--epochs", "2", "--resume")
+    _train(data_env, part, "--epochs", "2", "--resume", "--no-integer-check")
     h_full = json.loads((out / "metrics.json").read_text())["history"]
     h_part = json.loads((part / "metrics.json").read_text())["history"]
     for a, b in zip(h_full, h_part):

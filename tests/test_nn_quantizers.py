@@ -177,3 +177,16 @@ def test_reset_net_and_set_step_mode_reach_quantizers():
     assert y.shape == (3, 2, 3)
     sjf.reset_net(net)
     assert net[1].v == 0.0
+
+
+@pytest.mark.parametrize("power_of_two", [False, True])
+def test_lsq_step_pushed_below_zero_stays_usable(power_of_two):
+    q = qnn.LSQQuantizer(4, per_channel=True, num_channels=3, power_of_two=power_of_two)
+    w = torch.randn(3, 8)
+    q(w)
+    with torch.no_grad():
+        q.step[1] = -0.5  # what a large optimizer step can do
+    y = q(w)
+    assert torch.isfinite(y).all()
+    y.sum().backward()
+    assert torch.isfinite(q.step.grad).all()

@@ -560,11 +560,20 @@ class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
         self.initialized.fill_(True)
 
     def effective_step(self) -> torch.Tensor:
-        """The step used in forward (rounded to a power of two when ``power_of_two``)."""
+        """The step used in forward (rounded to a power of two when ``power_of_two``).
+
+        A learned step that an optimizer pushed to zero or below is used as the smallest
+        positive step :math:`2^{-100}` (gradient passed straight through to the parameter), so
+        the forward pass never divides by a non-positive step.
+        """
+        step = self.step
+        floor = 2.0 ** -100
+        if bool((step.detach() <= floor).any()):
+            step = torch.where(step.detach() > floor, step, floor + (step - step.detach()))
         if not self.power_of_two:
-            return self.step
-        pow2 = torch.exp2(torch.round(torch.log2(self.step.detach())))
-        return self.step + (pow2 - self.step).detach()
+            return step
+        pow2 = torch.exp2(torch.round(torch.log2(step.detach())))
+        return step + (pow2 - step).detach()
 
     def grad_scale(self, x: torch.Tensor) -> float:
         n = x.numel()
