@@ -48,7 +48,7 @@ def parse_args(argv=None):
                     help="one weight step per layer instead of one per output channel")
     ap.add_argument("--backend", default="torch", choices=("torch", "cupy", "auto"))
     ap.add_argument("-T", type=int, default=8, help="frames (time steps) per sample")
-    ap.add_argument("--epochs", type=int, default=20)
+    ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--amp", action="store_true", help="automatic mixed precision")

@@ -25,3 +25,12 @@ def test_import_is_light():
             "print(bad); assert not bad, bad; print(snnquant.__version__)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_readme_example_runs():
+    text = (ROOT / "README.md").read_text()
+    code = text.split("```python\n", 1)[1].split("```", 1)[0]
+    namespace = {}
+    exec(compile(code, "README.md", "exec"), namespace)
+    assert namespace["rate"].shape == (32, 10)
+    assert namespace["report"].replaced
