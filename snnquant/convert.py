@@ -9,7 +9,7 @@ import dataclasses
 import fnmatch
 import warnings
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, NamedTuple, Optional, Sequence
 
 import torch
 import torch.nn as nn
@@ -98,17 +98,15 @@ class QuantConfig:
         return self
 
 
-@dataclass
-class ReplacedModule:
-    """A module that :func:`quantize_model` replaced."""
+class ReplacedModule(NamedTuple):
+    """A module that :func:`quantize_model` replaced: ``(name, old_type, new_type)``."""
     name: str
     old_type: str
     new_type: str
 
 
-@dataclass
-class SkippedModule:
-    """A module that :func:`quantize_model` left alone, with the reason."""
+class SkippedModule(NamedTuple):
+    """A module that :func:`quantize_model` left alone: ``(name, old_type, reason)``."""
     name: str
     old_type: str
     reason: str
@@ -192,12 +190,14 @@ def _convert_layer(module, q_cls, cfg: QuantConfig):
     new.weight_quant = _weight_quantizer(cfg, cfg.weight_bits, w.shape[0])
     if cfg.bias_bits is not None and module.bias is not None:
         new.bias_quant = LSQQuantizer(cfg.bias_bits, signed=True)
-    new.to(device=w.device)
+    for q in (new.weight_quant, new.bias_quant):
+        if q is not None:  # quantizer parameters and buffers follow the layer's device and dtype
+            q.to(device=w.device, dtype=w.dtype if w.is_floating_point() else None)
     new.train(module.training)
     return new
 
 
-def _convert_neuron(module, q_cls, cfg: QuantConfig):
+def _convert_neuron(module, q_cls, cfg: QuantConfig, device=None, dtype=None):
     kw = dict(v_threshold=module.v_threshold, v_reset=module.v_reset,
               surrogate_function=module.surrogate_function, detach_reset=module.detach_reset,
               step_mode=module.step_mode, store_v_seq=module.store_v_seq,
@@ -211,8 +211,10 @@ def _convert_neuron(module, q_cls, cfg: QuantConfig):
         new = QuantIFNode(**kw)
     new._neuron_precision = getattr(module, "_neuron_precision", None)
     params = list(module.parameters())
-    if params:
-        new.to(device=params[0].device)
+    if params:  # PLIF: its own parameter says where it lives
+        device, dtype = params[0].device, params[0].dtype
+    if device is not None:
+        new.to(device=device, dtype=dtype)
     new.train(module.training)
     return new
 
@@ -251,8 +253,13 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not inplace:
-        model = copy.deepcopy(model)
+        model = copy_model(model)
     report = QuantReport()
+    # neurons have no parameters of their own (but PLIF): their quantizers follow the model
+    ref = next((t for t in list(model.parameters()) + list(model.buffers())
+                if t.is_floating_point()), None)
+    model_device = ref.device if ref is not None else None
+    model_dtype = ref.dtype if ref is not None else None
 
     def visit(parent: nn.Module, prefix: str):
         for child_name, child in list(parent.named_children()):
@@ -273,7 +280,7 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
                     report.skipped.append(SkippedModule(name, old_type, "v_bits is None"))
                     continue
                 new = (_convert_layer(child, layer_cls, cfg) if layer_cls is not None
-                       else _convert_neuron(child, neuron_cls, cfg))
+                       else _convert_neuron(child, neuron_cls, cfg, model_device, model_dtype))
                 setattr(parent, child_name, new)
                 report.replaced.append(ReplacedModule(name, old_type, type(new).__name__))
                 continue

@@ -33,6 +33,8 @@ def test_replaces_and_keeps_everything():
     q, report = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
     assert [r.name for r in report.replaced] == ["0", "2", "4", "6", "9", "10"]
     assert report.replaced[0].old_type == "Conv2d" and report.replaced[0].new_type == "QuantConv2d"
+    name, old, new = report.replaced[0]
+    assert (name, old, new) == ("0", "Conv2d", "QuantConv2d")
     assert isinstance(q[2], qnn.QuantLIFNode) and isinstance(q[9], qnn.QuantLinear)
     assert torch.equal(q[0].weight, net[0].weight) and not q[0].weight.requires_grad
     assert q[2].surrogate_function is not net[2].surrogate_function  # deep copy by default
@@ -44,8 +46,10 @@ def test_replaces_and_keeps_everything():
 
 def test_inplace_and_dtype():
     net = csnn().double()
-    q, _ = quantize_model(net, QuantConfig(weight_bits=8, v_bits=8), inplace=True)
+    q, _ = quantize_model(net, QuantConfig(weight_bits=8, v_bits=8, membrane_quantizer="lsq"),
+                          inplace=True)
     assert q is net and q[0].weight.dtype == torch.float64
+    assert q[0].weight_quant.step.dtype == torch.float64 and q[2].v_quant.step.dtype == torch.float64
     y = q(torch.rand(2, 1, 2, 16, 16, dtype=torch.float64))
     assert y.dtype == torch.float64
 

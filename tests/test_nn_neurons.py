@@ -50,12 +50,14 @@ def test_no_quant_matches_spikingjelly(qcls, sjcls, kw, v_reset, detach_reset, m
 
 
 @pytest.mark.parametrize("qcls,sjcls,kw", PAIRS, ids=lambda p: getattr(p, "__name__", ""))
-@pytest.mark.parametrize("v_quant", [6, "lsq", "state"])
+@pytest.mark.parametrize("v_quant", [6, "lsq", "state", "minmax", "lsq_pc"])
 @pytest.mark.parametrize("v_reset", [0.0, None])
 def test_quantized_multi_step_equals_single_steps(qcls, sjcls, kw, v_quant, v_reset):
     torch.manual_seed(1)
     x = torch.randn(7, 2, 30)
-    vq = {6: 6, "lsq": qnn.LSQQuantizer(6), "state": qnn.StateQuant(num_bits=5, uniform=False)}[v_quant]
+    vq = {6: 6, "lsq": qnn.LSQQuantizer(6), "state": qnn.StateQuant(num_bits=5, uniform=False),
+          "minmax": qnn.MinMaxQuantizer(6),
+          "lsq_pc": qnn.LSQQuantizer(6, per_channel=True, channel_dim=-1)}[v_quant]
     m = qcls(v_reset=v_reset, step_mode="m", v_quant=vq, store_v_seq=True, **kw)
     s = copy.deepcopy(m)
     sjf.set_step_mode(s, "s")
@@ -202,3 +204,21 @@ def test_cuda_torch_backend_matches_cpu():
     sjf.reset_net(node)
     y_gpu = node.cuda()(x.cuda())
     assert torch.equal(y_cpu, y_gpu.cpu())
+
+
+def test_minmax_membrane_range_follows_the_data():
+    node = qnn.QuantLIFNode(step_mode="m", v_quant=qnn.MinMaxQuantizer(6, momentum=0.5))
+    ranges = []
+    for scale in (1.0, 4.0, 16.0):
+        node(torch.randn(4, 2, 30) * scale)
+        sjf.reset_net(node)
+        ranges.append(float(node.v_quant.max_val - node.v_quant.min_val))
+    assert ranges[0] < ranges[1] < ranges[2]
+
+
+def test_soft_reset_subtracts_grid_threshold_on_both_paths():
+    # the same uniform grid through the one-node path and through a per-step (MinMax eval) path
+    x = torch.tensor([[1.25], [0.0]])
+    a = qnn.QuantIFNode(step_mode="m", v_reset=None, v_quant=qnn.UniformQuantizer(8, 0.25))
+    a(x)
+    assert float(a.v) == 0.25  # 1.25 fires, minus theta_q = 1.0

@@ -15,6 +15,7 @@ def _all_quantizers():
         qnn.Round(), qnn.Clamp(-0.5, 0.7), qnn.StepQuantize(0.25), qnn.KBitQuantize(3),
         qnn.AffineKBitQuantize(3, w=2.0, b=-1.0), qnn.ClampByLinear(), qnn.StochasticRound(0.5),
         qnn.QuantizedBits(4, integer=1), qnn.StateQuant(num_bits=4), qnn.UniformQuantizer(4, 0.125),
+        qnn.Quantize(QF.clamp_by_linear),
         qnn.LSQQuantizer(4), qnn.LSQQuantizer(4, per_channel=True, channel_dim=1, num_channels=6),
         qnn.MinMaxQuantizer(4), qnn.Quantize(QF.step_quantize, step=0.5),
     ]
@@ -127,9 +128,11 @@ def test_minmax_ema_and_frozen_in_eval():
     y = q(torch.tensor([-10.0, 0.5, 10.0]))
     assert float(q.min_val) == -2.0 and float(q.max_val) == 2.0
     assert float(y.min()) == pytest.approx(-2.0, abs=0.02) and float(y.max()) == pytest.approx(2.0, abs=0.02)
-    fresh = qnn.MinMaxQuantizer(8)
-    with pytest.raises(RuntimeError, match="observed no data"):
-        fresh.eval()(torch.zeros(3))
+    # a quantizer that never saw data calibrates on its first input even in eval, then freezes
+    fresh = qnn.MinMaxQuantizer(8).eval()
+    fresh(torch.tensor([-1.0, 1.0]))
+    fresh(torch.tensor([-5.0, 5.0]))
+    assert float(fresh.min_val) == -1.0 and float(fresh.max_val) == 1.0
 
 
 def test_buffers_and_params_move_and_save():
@@ -190,3 +193,42 @@ def test_lsq_step_pushed_below_zero_stays_usable(power_of_two):
     assert torch.isfinite(y).all()
     y.sum().backward()
     assert torch.isfinite(q.step.grad).all()
+
+
+def test_nan_is_ignored_by_statistics_and_stays_nan():
+    m = qnn.MinMaxQuantizer(4)
+    y = m(torch.tensor([float("nan"), 0.3, 1.0]))
+    assert torch.isnan(y[0]) and torch.isfinite(y[1:]).all()
+    assert float(m.max_val) == 1.0
+    assert torch.isfinite(m(torch.tensor([0.5]))).all()
+    q = qnn.LSQQuantizer(4)
+    y = q(torch.tensor([float("nan"), 1.0, -1.0]))
+    assert torch.isnan(y[0]) and torch.isfinite(q.step).all() and bool(q.initialized)
+    q2 = qnn.LSQQuantizer(4)
+    q2(torch.full((3,), float("nan")))
+    assert not bool(q2.initialized)
+
+
+def test_bits_mismatch_for_quantized_bits_and_state_quant():
+    for a, b in [(qnn.QuantizedBits(8), qnn.QuantizedBits(4)),
+                 (qnn.StateQuant(num_bits=8), qnn.StateQuant(num_bits=4))]:
+        with pytest.raises(ValueError, match="8-bit.*4 bits"):
+            b.load_state_dict(a.state_dict())
+
+
+def test_quantized_bits_argument_order_matches_function():
+    import inspect
+    mod = list(inspect.signature(qnn.QuantizedBits).parameters)
+    fn = list(inspect.signature(QF.quantized_bits).parameters)[1:]
+    assert mod[:len(fn)] == fn
+
+
+def test_arguments_checked_at_construction():
+    with pytest.raises(ValueError):
+        qnn.QuantizedBits(4, alpha=-1.0)
+    with pytest.raises(ValueError, match="eps"):
+        qnn.ClampByLinear(eps=-1.0)
+    with pytest.raises(ValueError, match="step"):
+        qnn.StepQuantize(float("inf"))
+    with pytest.raises(ValueError, match="step"):
+        qnn.StochasticRound(-1.0)

@@ -18,8 +18,11 @@ neuron's surrogate gradient. The exact definition (reset values on the grid, ste
 SpikingJelly neuron it replaces). Quantizers with a uniform grid (``UniformQuantizer``,
 per-tensor ``LSQQuantizer``) run the whole sequence as one autograd node
 (:class:`~snnquant.functional.neuron.QuantNeuronFunction`) or the fused CUDA kernel; any other
-quantizer runs a per-step autograd loop with the same dynamics, except that a soft reset
-re-quantizes :math:`Q(H_q - S\,V_{th})` since the level set need not be a grid.
+quantizer runs a per-step autograd loop with the same dynamics (a soft reset subtracts
+:math:`\theta_q` whenever the quantizer has a uniform grid, and re-quantizes
+:math:`Q(H_q - S\,V_{th})` for level sets that are not a grid, such as ``StateQuant``). A
+``MinMaxQuantizer`` updates its range from every step's charge in training, and its range always
+contains :math:`V_{reset}` and :math:`V_{th}` (set through its ``include_values`` when not given).
 
 ``backend``: ``'torch'``, ``'cupy'`` (fused CUDA kernel, CUDA tensors and CuPy required) or
 ``'auto'`` (``'cupy'`` for CUDA tensors when CuPy imports and the configuration is supported,
@@ -36,7 +39,7 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import neuron, surrogate
 
 from ..functional.neuron import _charge, membrane_reset_values, quant_neuron_multi_step
-from .quantizers import LSQQuantizer, QuantizerBase, UniformQuantizer, check_bits
+from .quantizers import LSQQuantizer, MinMaxQuantizer, QuantizerBase, UniformQuantizer, check_bits
 
 __all__ = ["QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "make_membrane_quantizer",
            "BACKENDS"]
@@ -69,6 +72,9 @@ class _QuantNeuronMixin:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.v_quant = make_membrane_quantizer(v_quant, self.v_threshold)
+        if isinstance(self.v_quant, MinMaxQuantizer) and self.v_quant.include_values is None:
+            # an observed membrane range must reach the threshold, or the neuron can never fire
+            self.v_quant.include_values = (self.v_reset or 0.0, self.v_threshold)
         self.backend = backend
 
     # ---- parameters of the charge -------------------------------------------------------------
@@ -89,16 +95,30 @@ class _QuantNeuronMixin:
         raise NotImplementedError
 
     # ---- the quantized path ----------------------------------------------------------------------
-    def _membrane_grid(self, x_seq, v):
+    def _prime_quantizer(self, x_seq, v):
+        """Give a data-dependent membrane quantizer its first statistics from the first step's
+        unquantized charge (learned-step init of LSQ, first range of MinMax)."""
         q = self.v_quant
-        if isinstance(q, LSQQuantizer) and not q.per_channel and not bool(q.initialized):
-            # learned-step init from the first step's unquantized charge
-            with torch.no_grad():
-                vr = 0.0 if self.v_reset is None else self.v_reset
-                v0 = v if isinstance(v, torch.Tensor) else torch.full_like(x_seq[0], float(v))
-                k = torch.sigmoid(self._w().detach()).to(x_seq.dtype) if self._kind == "plif" else None
-                h0 = _charge(self._kind, v0, x_seq[0], self._tau(), k, self.decay_input_, vr)
+        needs_init = (isinstance(q, LSQQuantizer) and not bool(q.initialized)) or \
+            (isinstance(q, MinMaxQuantizer) and not bool(q.initialized))
+        if not needs_init:
+            return
+        with torch.no_grad():
+            vr = 0.0 if self.v_reset is None else self.v_reset
+            v0 = v if isinstance(v, torch.Tensor) and v.shape == x_seq.shape[1:] \
+                else torch.full_like(x_seq[0], float(vr))
+            k = torch.sigmoid(self._w().detach()).to(x_seq.dtype) if self._kind == "plif" else None
+            h0 = _charge(self._kind, v0, x_seq[0], self._tau(), k, self.decay_input_, vr)
+            if isinstance(q, LSQQuantizer):
                 q.initialize(h0)
+            else:
+                q.observe(h0)
+
+    def _membrane_grid(self, x_seq):
+        """``(step, qmin, qmax, grad_scale)`` for the one-node path, or None for the per-step path."""
+        q = self.v_quant
+        if isinstance(q, MinMaxQuantizer) and q.training:
+            return None  # its range moves with every step: per-step path
         grid = q.uniform_grid()
         if grid is None:
             return None
@@ -125,7 +145,8 @@ class _QuantNeuronMixin:
         return "torch"
 
     def _quant_multi(self, x_seq, v, store_v_seq):
-        grid = self._membrane_grid(x_seq, v)
+        self._prime_quantizer(x_seq, v)
+        grid = self._membrane_grid(x_seq)
         if grid is None:
             return self._generic_multi(x_seq, v, store_v_seq)
         step, qmin, qmax, grad_scale = grid
@@ -153,14 +174,33 @@ class _QuantNeuronMixin:
         inside = ((h >= rng[0]) & (h <= rng[1])).to(h.dtype)
         return hq.detach() + (h - h.detach()) * inside
 
+    @torch.no_grad()
+    def _on_grid(self, value: float, like: torch.Tensor) -> torch.Tensor:
+        """``Q(value)`` shaped like ``like``, without updating any statistics of the quantizer."""
+        q = self.v_quant
+        was_training = q.training
+        q.train(False)
+        try:
+            return q.quantize(torch.full_like(like, float(value)))
+        finally:
+            q.train(was_training)
+
+    def _reset_values(self, like):
+        """``(v_reset_q, theta_q)``: on the quantizer's uniform grid when it has one (as the one-node
+        path), else ``Q(v_reset)`` and ``None`` (soft reset then re-quantizes)."""
+        grid = self.v_quant.uniform_grid()
+        if grid is not None and isinstance(grid[0], torch.Tensor) and grid[0].dim() == 0:
+            vr_q, theta_q = membrane_reset_values(grid[0].to(device=like.device, dtype=like.dtype),
+                                                  int(grid[1]), int(grid[2]), self.v_threshold,
+                                                  self.v_reset)
+            return vr_q, theta_q
+        vr_q = torch.zeros((), dtype=like.dtype, device=like.device) if self.v_reset is None \
+            else self._on_grid(self.v_reset, like)
+        return vr_q, None
+
     def _generic_multi(self, x_seq, v, store_v_seq):
         dtype = x_seq.dtype
-        if self.v_reset is None:
-            vr_q = torch.zeros((), dtype=dtype, device=x_seq.device)
-        else:
-            with torch.no_grad():
-                vr_q = self.v_quant.quantize(torch.tensor(float(self.v_reset), dtype=dtype,
-                                                          device=x_seq.device))
+        vr_q, theta_q = self._reset_values(x_seq[0])
         if not isinstance(v, torch.Tensor) or v.shape != x_seq.shape[1:]:
             v = vr_q.expand_as(x_seq[0])
         k = torch.sigmoid(self._w()).to(dtype) if self._kind == "plif" else None
@@ -171,12 +211,22 @@ class _QuantNeuronMixin:
             spike = self.surrogate_function(hq - self.v_threshold)
             spike_r = spike.detach() if self.detach_reset else spike
             if self.v_reset is None:
-                v = self._quantize_membrane(hq - spike_r * self.v_threshold)
+                if theta_q is not None:
+                    v = hq - spike_r * theta_q
+                else:
+                    was_training = self.v_quant.training
+                    self.v_quant.train(False)  # re-quantizing must not update statistics
+                    try:
+                        v = self._quantize_membrane(hq - spike_r * self.v_threshold)
+                    finally:
+                        self.v_quant.train(was_training)
             else:
                 v = (1.0 - spike_r) * hq + spike_r * vr_q
             spikes.append(spike)
             if store_v_seq:
                 v_seq.append(v)
+            if isinstance(self.v_quant, MinMaxQuantizer) and t + 1 < x_seq.shape[0]:
+                vr_q, theta_q = self._reset_values(x_seq[0])  # the range moved
         return torch.stack(spikes), v, (torch.stack(v_seq) if store_v_seq else None)
 
     # ---- SpikingJelly's step contract -------------------------------------------------------------

@@ -166,8 +166,7 @@ class StepQuantize(QuantizerBase):
 
     def __init__(self, step: float = 1.0, step_mode: str = "s"):
         super().__init__(step_mode)
-        if not step > 0:
-            raise ValueError(f"step must be > 0, got {step!r}")
+        QF.step_quantize(torch.zeros(1), step)  # checks step here, not at the first forward
         self.step = step
 
     def quantize(self, x):
@@ -251,6 +250,7 @@ class ClampByLinear(QuantizerBase):
 
     def __init__(self, eps: float = 1e-5, per_sequence: bool = False, step_mode: str = "s"):
         super().__init__(step_mode)
+        QF.clamp_by_linear(torch.zeros(2), eps)  # checks eps here, not at the first forward
         self.eps = eps
         self.per_sequence = per_sequence
 
@@ -285,8 +285,7 @@ class StochasticRound(QuantizerBase):
     def __init__(self, step: float = 1.0, generator: Optional[torch.Generator] = None,
                  step_mode: str = "s"):
         super().__init__(step_mode)
-        if not step > 0:
-            raise ValueError(f"step must be > 0, got {step!r}")
+        QF.stochastic_round(torch.zeros(1), step)  # checks step here, not at the first forward
         self.step = step
         self.generator = generator
 
@@ -299,7 +298,7 @@ class StochasticRound(QuantizerBase):
         return f"step={self.step}, {super().extra_repr()}"
 
 
-class QuantizedBits(QuantizerBase):
+class QuantizedBits(_BitsCheckMixin, QuantizerBase):
     r"""QKeras ``quantized_bits`` as a module; see :func:`snnquant.functional.quantized_bits`.
 
     .. math::
@@ -312,10 +311,14 @@ class QuantizedBits(QuantizerBase):
 
     def __init__(self, bits: int = 8, integer: int = 0, symmetric: bool = False,
                  keep_negative: bool = True, alpha: Optional[float] = None,
-                 stochastic: bool = False, masked_grad: bool = False,
-                 generator: Optional[torch.Generator] = None, step_mode: str = "s"):
+                 stochastic: bool = False, generator: Optional[torch.Generator] = None,
+                 masked_grad: bool = False, step_mode: str = "s"):
         super().__init__(step_mode)
         self.bits = check_bits(bits)
+        # the functional checks every argument: run it once so bad arguments fail here
+        QF.quantized_bits(torch.zeros(1), bits=bits, integer=integer, symmetric=symmetric,
+                          keep_negative=keep_negative, alpha=alpha, masked_grad=masked_grad)
+        self._register_bits(bits)
         self.integer = integer
         self.symmetric = symmetric
         self.keep_negative = keep_negative
@@ -350,7 +353,7 @@ class QuantizedBits(QuantizerBase):
                 f"keep_negative={self.keep_negative}, alpha={self.alpha}, {super().extra_repr()}")
 
 
-class StateQuant(QuantizerBase):
+class StateQuant(_BitsCheckMixin, QuantizerBase):
     r"""snnTorch-style membrane quantizer over a fixed level set; see :func:`snnquant.functional.state_quant`.
 
     :math:`y` is the level nearest to :math:`x` (uniform, or threshold-centred exponential levels),
@@ -371,6 +374,7 @@ class StateQuant(QuantizerBase):
         self._fn = QF.state_quant(num_bits=num_bits, uniform=uniform, thr_centered=thr_centered,
                                   threshold=threshold, lower_limit=lower_limit,
                                   upper_limit=upper_limit, multiplier=multiplier)
+        self._register_bits(num_bits)
 
     @property
     def levels(self) -> torch.Tensor:
@@ -394,12 +398,13 @@ class Quantize(QuantizerBase):
 
     Args:
         fn: a function of a tensor (for example from :mod:`snnquant.functional`).
-        data_dependent: set True when ``fn`` computes statistics of its input, so that 'm' mode
-            applies it per time step.
+        data_dependent: True (default) applies ``fn`` to each time step in 'm' mode, so that
+            'm' output equals stacking single steps for any ``fn``; set False for an element-wise
+            ``fn`` to apply it to the whole sequence at once (faster, same result).
         **kwargs: extra keyword arguments passed to ``fn``.
     """
 
-    def __init__(self, fn: Callable, *, data_dependent: bool = False, step_mode: str = "s",
+    def __init__(self, fn: Callable, *, data_dependent: bool = True, step_mode: str = "s",
                  **kwargs):
         super().__init__(step_mode)
         if not callable(fn):
@@ -531,7 +536,8 @@ class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
                                                   device=self.step.device)
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
-        self.initialized.fill_(True)
+        if key in state_dict:
+            self.initialized.fill_(True)
 
     def _reduce_dims(self, x):
         return [d for d in range(x.dim()) if d != self.channel_dim % x.dim()]
@@ -545,10 +551,15 @@ class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
     def initialize(self, x: torch.Tensor) -> None:
         """Set the step from ``x``: :math:`2\\,\\mathrm{mean}|x| / \\sqrt{q_{max}}` (per channel)."""
         xa = x.detach().abs().float()
+        finite = torch.isfinite(xa)
+        if not bool(finite.any()):
+            return  # nothing to learn from (all NaN/inf): stay uninitialised
+        xa = torch.where(finite, xa, torch.nan)
         if self.per_channel:
-            init = 2 * xa.mean(dim=self._reduce_dims(x)) / math.sqrt(self.qmax)
+            init = 2 * torch.nanmean(xa, dim=self._reduce_dims(x)) / math.sqrt(self.qmax)
+            init = torch.nan_to_num(init, nan=1.0)
         else:
-            init = 2 * xa.mean() / math.sqrt(self.qmax)
+            init = 2 * torch.nanmean(xa) / math.sqrt(self.qmax)
         init = torch.clamp(init, min=torch.finfo(torch.float32).tiny * 2 ** 30)
         if self.training:
             init = _dist_mean_(init)
@@ -585,6 +596,9 @@ class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
         if not bool(self.initialized):
             self.initialize(x)
         step = self.effective_step().to(x.dtype)
+        if self.per_channel and step.dim() == 0:
+            raise ValueError(f"LSQQuantizer(per_channel=True) needs a tensor with a channel "
+                             f"dimension {self.channel_dim}, got shape {tuple(x.shape)}")
         if self.per_channel:
             step = step.reshape(self._step_shape(x))
         return QF.lsq_quantize(x, step, self.qmin, self.qmax, grad_scale=self.grad_scale(x))
@@ -621,6 +635,9 @@ class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
 
     with the masked straight-through gradient of :func:`snnquant.functional.lsq_quantize` for
     :math:`x` (the range receives no gradient). The range always contains 0 so that 0 is exact.
+    In eval mode the range is frozen; a quantizer that has never seen data takes its range from
+    its first input even in eval mode (so a weight quantizer works on a fresh model). NaN and
+    infinite values are ignored by the statistics (and NaN stays NaN in the output).
     ``symmetric=True`` uses :math:`r = \max|x|` and the signed range :math:`[-2^{b-1}+1, 2^{b-1}-1]`.
     In 'm' mode the range is updated once per time step, in order. Ranges are buffers: they are in
     ``state_dict``, move with ``.to()`` and are broadcast from rank 0 by DDP.
@@ -631,14 +648,18 @@ class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
         symmetric: symmetric signed range.
         per_channel: one range per channel along ``channel_dim``.
         channel_dim: the channel dimension.
+        include_values: values the range always contains (a quantized neuron sets
+            :math:`(V_{reset}, V_{th})` so that its membrane can reach the threshold).
     """
 
     data_dependent = True
 
     def __init__(self, bits: int = 8, momentum: float = 0.1, symmetric: bool = False,
-                 per_channel: bool = False, channel_dim: int = 0, step_mode: str = "s"):
+                 per_channel: bool = False, channel_dim: int = 0,
+                 include_values: Optional[tuple] = None, step_mode: str = "s"):
         super().__init__(step_mode)
         self.bits = check_bits(bits, "bits", 2 if symmetric else 1)
+        self.include_values = None if include_values is None else tuple(float(v) for v in include_values)
         if not 0 < momentum <= 1:
             raise ValueError(f"momentum must be in (0, 1], got {momentum!r}")
         self.momentum = momentum
@@ -662,11 +683,18 @@ class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
     def observe(self, x: torch.Tensor) -> None:
         """Update the EMA range with the min and max of ``x``."""
         xd = x.detach().float()
+        finite = torch.isfinite(xd)
+        if not bool(finite.any()):
+            return  # NaN/inf carry no range information
+        lo_src = torch.where(finite, xd, torch.inf)
+        hi_src = torch.where(finite, xd, -torch.inf)
         if self.per_channel:
             dims = [d for d in range(x.dim()) if d != self.channel_dim % x.dim()]
-            lo, hi = xd.amin(dim=dims), xd.amax(dim=dims)
+            lo, hi = lo_src.amin(dim=dims), hi_src.amax(dim=dims)
+            lo = torch.where(torch.isfinite(lo), lo, torch.zeros_like(lo))
+            hi = torch.where(torch.isfinite(hi), hi, torch.zeros_like(hi))
         else:
-            lo, hi = xd.min(), xd.max()
+            lo, hi = lo_src.min(), hi_src.max()
         if not bool(self.initialized):
             self.min_val.data, self.max_val.data = lo.clone(), hi.clone()
             self.initialized.fill_(True)
@@ -677,8 +705,12 @@ class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
 
     def grid(self, x_dim: Optional[int] = None):
         """``(step, qmin, qmax)`` of the current range (per-channel step reshaped for ``x_dim``)."""
-        lo = torch.clamp(self.min_val, max=0.0)
-        hi = torch.clamp(self.max_val, min=0.0)
+        low_bound, high_bound = 0.0, 0.0
+        if self.include_values:
+            low_bound = min(0.0, *self.include_values)
+            high_bound = max(0.0, *self.include_values)
+        lo = torch.clamp(self.min_val, max=low_bound)
+        hi = torch.clamp(self.max_val, min=high_bound)
         if self.symmetric:
             r = torch.maximum(-lo, hi)
             n = 2 ** (self.bits - 1) - 1
@@ -693,11 +725,8 @@ class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
         return step, -zero, levels - zero
 
     def quantize(self, x):
-        if self.training:
-            self.observe(x)
-        elif not bool(self.initialized):
-            raise RuntimeError("MinMaxQuantizer has observed no data: run it in training mode "
-                               "first or load a state_dict")
+        if self.training or not bool(self.initialized):
+            self.observe(x)  # in eval mode only the very first batch sets the range (calibration)
         step, qmin, qmax = self.grid()
         step = step.to(x.dtype)
         if self.per_channel:
