@@ -63,7 +63,7 @@ def parse_args(argv=None):
                     help="built-in data only: a small subset (quick runs and tests)")
     ap.add_argument("--no-integer-check", action="store_true",
                     help="skip BN folding, integer export and the agreement check at the end")
-    ap.add_argument("--finetune-epochs", type=int, default=5,
+    ap.add_argument("--finetune-epochs", type=int, default=10,
                     help="epochs of fine-tuning after folding BN, before integer export")
     ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: simulate an interruption
     args = ap.parse_args(argv)
@@ -177,7 +177,8 @@ def make_loaders(train_set, test_set, args, rank, world, epoch):
         train_sampler = DistributedSampler(train_set, num_replicas=world, rank=rank, shuffle=True,
                                            seed=args.seed)
         train_sampler.set_epoch(epoch)
-        test_sampler = DistributedSampler(test_set, num_replicas=world, rank=rank, shuffle=False)
+        # every test sample exactly once over all ranks (DistributedSampler would pad)
+        test_sampler = list(range(rank, len(test_set), world))
     else:
         # the order of epoch e depends only on (seed, e): a resumed run sees the same batches
         g = torch.Generator().manual_seed(args.seed * 100003 + epoch)
@@ -218,7 +219,7 @@ class FiringRates:
 
 
 def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, epoch: int,
-              label: str = ""):
+              label: str = "", reduce: bool = True):
     from spikingjelly.activation_based import functional
     from tqdm import tqdm
 
@@ -247,7 +248,8 @@ def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, 
         total_loss += loss.item() * y.numel()
         correct += int((rate.argmax(1) == y).sum())
         count += y.numel()
-    total_loss, correct, count = all_sum([total_loss, correct, count], device)
+    if reduce:
+        total_loss, correct, count = all_sum([total_loss, correct, count], device)
     return total_loss / count, correct / count
 
 
@@ -302,7 +304,7 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
 
     BN folding changes every weight (and re-initialises the learned weight steps), so the folded
     network is fine-tuned for ``--finetune-epochs`` epochs (quantization in the loop, same data
-    order rule, learning rate ``--lr / 5``). Returns the folded network's test accuracy (the
+    order rule, learning rate ``--lr`` with a cosine schedule). Returns the folded network's test accuracy (the
     network that is deployed) and the integer agreement: the fraction of ``max_samples`` test
     samples whose whole output spike train is identical in the integer simulator and in the
     fake-quantized float model (the simulator runs on the CPU). Writes ``model_int.safetensors``
@@ -320,15 +322,17 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
     functional.reset_net(folded)
     history = []
     if args.finetune_epochs:
-        opt = torch.optim.Adam(folded.parameters(), lr=args.lr / 5)
+        opt = torch.optim.Adam(folded.parameters(), lr=args.lr)
+        sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=args.finetune_epochs)
         for e in range(args.finetune_epochs):
             train_loader, _ = make_loaders(train_set, test_set, args, 0, 1, args.epochs + e)
             loss, acc = run_epoch(folded, train_loader, opt, None, args, device, True, 0, e,
-                                  label="fine-tune folded")
+                                  label="fine-tune folded", reduce=False)
+            sched.step()
             history.append(dict(epoch=e + 1, train_loss=loss, train_acc=acc))
     _, test_loader = make_loaders(train_set, test_set, args, 0, 1, 0)
     _, folded_acc = run_epoch(folded, test_loader, None, None, args, device, False, 0, 0,
-                              label="test folded")
+                              label="test folded", reduce=False)
     xs, n = [], 0
     for frames, _label in test_loader:
         xs.append(frames.float().transpose(0, 1))
@@ -375,12 +379,14 @@ def main(argv=None):
     if args.resume:
         if not ckpt_path.exists():
             raise SystemExit(f"--resume: no checkpoint at {ckpt_path}")
-        ckpt = torch.load(ckpt_path, map_location=device, weights_only=True)
+        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
         check_resume_flags(ckpt["flags"], args)
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         sched.load_state_dict(ckpt["scheduler"])
         torch.set_rng_state(ckpt["torch_rng"])
+        if scaler is not None and ckpt.get("scaler"):
+            scaler.load_state_dict(ckpt["scaler"])
         start_epoch, history = ckpt["epoch"], json.loads(ckpt["history"])
         if rank == 0:
             print(f"resumed from {ckpt_path} after epoch {start_epoch}")
@@ -404,6 +410,8 @@ def main(argv=None):
         t0 = time.time()
         train_loss, train_acc = run_epoch(net, train_loader, opt, scaler, args, device, True, rank, epoch)
         train_rates = rates.pop()
+        names = sorted(train_rates)
+        train_rates = {k: v / world for k, v in zip(names, all_sum([train_rates[k] for k in names], device))}
         test_loss, test_acc = run_epoch(net, test_loader, None, None, args, device, False, rank, epoch)
         test_rates = rates.pop()
         rate_names = sorted(test_rates)
@@ -429,6 +437,7 @@ def main(argv=None):
             ckpt = dict(model=model.state_dict(), optimizer=opt.state_dict(),
                         scheduler=sched.state_dict(), epoch=epoch + 1,
                         torch_rng=torch.get_rng_state(), history=json.dumps(history),
+                        scaler=scaler.state_dict() if scaler is not None else {},
                         flags={k: getattr(args, k) for k in RESULT_FLAGS})
             atomic_torch_save(ckpt, ckpt_path)
             atomic_write_text(out / "metrics.json", json.dumps(
@@ -442,9 +451,17 @@ def main(argv=None):
 
     result = dict(test_acc=history[-1]["test_acc"] if history else None,
                   train_seconds=time.time() - t_start)
+    # the end-of-run work (summary, BN folding, fine-tuning, integer export) runs on rank 0 alone:
+    # leave the process group first, so that no rank waits in a collective meanwhile
+    import torch.distributed as dist
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
     if rank == 0:
         print(f"test accuracy: {100 * result['test_acc']:.2f}%")
-        summ = snnquant.summary(model)
+        frames = torch.stack([torch.as_tensor(test_set[i][0]) for i in range(min(16, len(test_set)))])
+        functional.reset_net(model)
+        summ = snnquant.summary(model, frames.float().transpose(0, 1).to(device))
         print(summ)
         atomic_write_text(out / "summary.txt", str(summ) + "\n")
         atomic_torch_save(model.state_dict(), out / "model.pt")
@@ -464,10 +481,6 @@ def main(argv=None):
         atomic_write_text(out / "metrics.json", json.dumps(metrics, indent=2, default=str))
         if writer is not None:
             writer.close()
-    barrier()
-    import torch.distributed as dist
-    if dist.is_initialized():
-        dist.destroy_process_group()
     return result
 
 

@@ -19,7 +19,7 @@ from spikingjelly.activation_based import neuron
 from .nn.layers import QuantConv1d, QuantConv2d, QuantLinear
 from .nn.neurons import BACKENDS, QuantIFNode, QuantLIFNode, QuantParametricLIFNode
 from .nn.quantizers import (LSQQuantizer, MinMaxQuantizer, QuantizedBits, QuantizerBase,
-                            StateQuant, UniformQuantizer, check_bits)
+                            StateQuant, UniformQuantizer, WeightGridBiasQuantizer, check_bits)
 
 __all__ = ["QuantConfig", "QuantReport", "ReplacedModule", "SkippedModule", "quantize_model",
            "summary", "Summary", "WEIGHT_QUANTIZERS", "MEMBRANE_QUANTIZERS"]
@@ -34,12 +34,15 @@ class QuantConfig:
 
     Args:
         weight_bits: bit width of synaptic weights (2..32), or ``None`` to leave layers as they are.
-        weight_quantizer: ``'lsq'`` (learned step, Esser et al. 2020), ``'lsq_pow2'`` (learned step
-            restricted to powers of two, exact integer export without rescaling), ``'minmax'``
-            (EMA min/max range) or ``'quantized_bits'`` (QKeras, fixed range
-            :math:`[-1, 1)`).
+        weight_quantizer: ``'lsq_pow2'`` (default: learned step restricted to powers of two, so
+            that the network exports to integers exactly, see :mod:`snnquant.export`), ``'lsq'``
+            (learned step, Esser et al. 2020, any positive step), ``'minmax'`` (EMA min/max range)
+            or ``'quantized_bits'`` (QKeras, fixed range :math:`[-1, 1)`).
         per_channel: one step/range per output channel (``'lsq'``, ``'lsq_pow2'``, ``'minmax'``).
-        bias_bits: bit width of biases, or ``None`` to keep float biases.
+        bias_bits: bit width of biases (default 16), quantized on the layer's weight grid
+            (:class:`~snnquant.nn.WeightGridBiasQuantizer`: integer biases in accumulator units),
+            or ``None`` to keep float biases (which the integer export refuses: a float bias is
+            not an integer on any grid).
         v_bits: bit width of membrane potentials (2..32), or ``None`` to leave neurons as they are.
         membrane_quantizer: ``'uniform'`` (:math:`2^b` levels on :math:`[-2V_{th}, 2V_{th})`),
             ``'threshold_centered'`` (snnTorch/SQUAT exponential levels centred on the
@@ -51,9 +54,9 @@ class QuantConfig:
     """
 
     weight_bits: Optional[int] = 8
-    weight_quantizer: str = "lsq"
+    weight_quantizer: str = "lsq_pow2"
     per_channel: bool = False
-    bias_bits: Optional[int] = None
+    bias_bits: Optional[int] = 16
     v_bits: Optional[int] = None
     membrane_quantizer: str = "uniform"
     backend: str = "torch"
@@ -189,7 +192,7 @@ def _convert_layer(module, q_cls, cfg: QuantConfig):
     new.bias = module.bias
     new.weight_quant = _weight_quantizer(cfg, cfg.weight_bits, w.shape[0])
     if cfg.bias_bits is not None and module.bias is not None:
-        new.bias_quant = LSQQuantizer(cfg.bias_bits, signed=True)
+        new.bias_quant = WeightGridBiasQuantizer(cfg.bias_bits).bind(new)
     for q in (new.weight_quant, new.bias_quant):
         if q is not None:  # quantizer parameters and buffers follow the layer's device and dtype
             q.to(device=w.device, dtype=w.dtype if w.is_floating_point() else None)

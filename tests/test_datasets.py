@@ -453,6 +453,15 @@ def test_root_with_only_extract_is_converted(small_root, tmp_path):
     victim.write_bytes(victim.read_bytes()[:-1])
     with pytest.raises(D.CorruptEventFileError, match=victim.name):
         D.load_nmnist_frames(root2, train=False, frames_number=2)
+    # A byte lost mid-file, with the size still a multiple of 5, is named with its offset too.
+    root3 = tmp_path / "r3"
+    shutil.copytree(small_root / "extract", root3 / "extract")
+    victim = _bins(root3, "Test")[1]
+    data = victim.read_bytes()
+    victim.write_bytes(data[:52] + data[53:-4])
+    with pytest.raises(D.CorruptEventFileError, match=rf"{victim.name}.*offset"):
+        D.load_nmnist_frames(root3, train=False, frames_number=2)
+    assert not (root3 / "events_np").exists()
 
 
 @pytest.mark.parametrize(

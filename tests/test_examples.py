@@ -57,7 +57,7 @@ def _train(env, out, *extra, check=True):
 
 
 def test_train_nmnist_outputs_and_resume(data_env, tmp_path):
-    full = _train(data_env, tmp_path / "full", "--epochs", "2")
+    full = _train(data_env, tmp_path / "full", "--epochs", "2", "--finetune-epochs", "1")
     assert "built-in digits dataset" in full.stdout
     assert "test accuracy:" in full.stdout and "compression ratio" in full.stdout
     assert "integer model agreement: 100.00%" in full.stdout
@@ -99,9 +99,10 @@ def test_train_nmnist_ddp_two_processes_gloo(data_env, tmp_path):
     assert torchrun, "torchrun is installed with torch"
     out = tmp_path / "ddp"
     cmd = [torchrun, "--standalone", "--nproc_per_node=2", str(EXAMPLES / "train_nmnist.py"),
-           *SMALL, "--epochs", "1", "--out", str(out), "--device", "cpu", "--no-integer-check"]
+           *SMALL, "--epochs", "1", "--finetune-epochs", "1", "--out", str(out), "--device", "cpu"]
     res = subprocess.run(cmd, env=data_env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert res.stdout.count("test accuracy:") == 1  # only rank 0 reports and writes
+    assert "integer model agreement: 100.00%" in res.stdout
     hist = json.loads((out / "metrics.json").read_text())["history"]
     assert len(hist) == 1 and 0.0 <= hist[0]["test_acc"] <= 1.0

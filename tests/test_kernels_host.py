@@ -10,6 +10,8 @@ ties and both ends of the quantization range: spikes and membranes must be equal
 import itertools
 import math
 
+import os
+
 import pytest
 import torch
 from spikingjelly.activation_based import surrogate
@@ -18,7 +20,9 @@ from snnquant.functional.neuron import quant_neuron_multi_step as reference_mult
 from snnquant.kernels import _fused
 from snnquant.kernels.host import HostKernels, host_compiler
 
-pytestmark = pytest.mark.skipif(host_compiler() is None,
+# In CI (CI=true) the host build is the only check of the kernel arithmetic: a missing compiler
+# is a failure there, not a skip.
+pytestmark = pytest.mark.skipif(host_compiler() is None and not os.environ.get("CI"),
                                 reason="no C++ compiler (g++ or $CXX) for the host build")
 
 

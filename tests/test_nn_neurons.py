@@ -222,3 +222,12 @@ def test_soft_reset_subtracts_grid_threshold_on_both_paths():
     a = qnn.QuantIFNode(step_mode="m", v_reset=None, v_quant=qnn.UniformQuantizer(8, 0.25))
     a(x)
     assert float(a.v) == 0.25  # 1.25 fires, minus theta_q = 1.0
+
+
+@pytest.mark.parametrize("v_quant", [None, 8, "state"])
+@pytest.mark.parametrize("mode", ["s", "m"])
+def test_cupy_backend_refuses_cpu_tensors_on_every_path(v_quant, mode):
+    vq = qnn.StateQuant(num_bits=4) if v_quant == "state" else v_quant
+    node = qnn.QuantLIFNode(step_mode=mode, v_quant=vq, backend="cupy")
+    with pytest.raises((RuntimeError, ImportError, ValueError), match="(?i)cuda|cupy"):
+        node(torch.rand(2, 3))

@@ -223,7 +223,9 @@ def load_nmnist_frames(
 def convert_extracted(root: PathLike) -> Path:
     """Convert ``<root>/extract/`` to ``<root>/events_np/`` with SpikingJelly, atomically.
 
-    Runs ``NMNIST.create_raw_from_extracted(<root>/extract, <tmp>)`` into a temporary folder next
+    Every ``.bin`` file is read first with :func:`read_nmnist_bin` (34 x 34 sensor, time order),
+    so a corrupt file is reported by name and byte offset before SpikingJelly sees it. Then runs
+    ``NMNIST.create_raw_from_extracted(<root>/extract, <tmp>)`` into a temporary folder next
     to ``events_np/`` and renames it to ``events_np/`` only when complete, so an interrupted run
     never leaves a folder that SpikingJelly would later load. When another process finished first,
     its result is kept and ours discarded.
@@ -236,7 +238,11 @@ def convert_extracted(root: PathLike) -> Path:
     """
     from spikingjelly.datasets.n_mnist import NMNIST
 
+    from .nmnist_format import read_nmnist_bin
+
     root = Path(root)
+    for path in sorted((root / "extract").rglob("*.bin")):
+        read_nmnist_bin(path, sensor_size=(34, 34))  # raises CorruptEventFileError(path, offset)
     target = root / "events_np"
     tmp = root / f".events_np.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()

@@ -348,7 +348,7 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2):
     vq = module.v_quant
     if vq is None:
         _fail(name, module, "the membrane is not quantized (v_quant is None)")
-    if isinstance(vq, LSQQuantizer) and not bool(vq.initialized):
+    if isinstance(vq, LSQQuantizer) and not vq.is_initialized:
         _fail(name, module, "the membrane LSQ step was never initialised; run the model on data "
                             "first (or load a trained state_dict)")
     grid = vq.uniform_grid()

@@ -37,7 +37,7 @@ def _membrane_step(neuron_module) -> Optional[float]:
     if vq is None:
         return None
     from ..nn.quantizers import LSQQuantizer
-    if isinstance(vq, LSQQuantizer) and not bool(vq.initialized):
+    if isinstance(vq, LSQQuantizer) and not vq.is_initialized:
         return None
     grid = vq.uniform_grid()
     if grid is None or not isinstance(grid[0], torch.Tensor) or grid[0].dim() != 0:
@@ -51,7 +51,7 @@ def _weight_step(layer) -> Optional[float]:
     from ..nn.quantizers import LSQQuantizer, UniformQuantizer
     wq = getattr(layer, "weight_quant", None)
     if isinstance(wq, LSQQuantizer):
-        if not bool(wq.initialized):
+        if not wq.is_initialized:
             _reinit_weight_quantizer(layer)  # what the first forward pass would do
         steps = wq.effective_step().detach().reshape(-1)
     elif isinstance(wq, UniformQuantizer):
@@ -75,7 +75,7 @@ def _reinit_weight_quantizer(layer) -> str:
         wq.train(was)
         return "LSQ step re-initialised from the folded weight"
     if isinstance(wq, MinMaxQuantizer):
-        wq.initialized.fill_(False)
+        wq.mark_uninitialized()
         wq.observe(layer.weight.detach())
         return "min/max range re-observed from the folded weight"
     return "weight quantizer kept as it is"

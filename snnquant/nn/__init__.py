@@ -2,14 +2,14 @@
 
 from .quantizers import (QuantizerBase, Round, Clamp, StepQuantize, KBitQuantize, AffineKBitQuantize,
                          ClampByLinear, StochasticRound, QuantizedBits, StateQuant, Quantize,
-                         UniformQuantizer, LSQQuantizer, MinMaxQuantizer)
+                         UniformQuantizer, LSQQuantizer, MinMaxQuantizer, WeightGridBiasQuantizer)
 from .layers import QuantLinear, QuantConv1d, QuantConv2d
 from .neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode
 
 __all__ = [
     "QuantizerBase", "Round", "Clamp", "StepQuantize", "KBitQuantize", "AffineKBitQuantize",
     "ClampByLinear", "StochasticRound", "QuantizedBits", "StateQuant", "Quantize",
-    "UniformQuantizer", "LSQQuantizer", "MinMaxQuantizer",
+    "UniformQuantizer", "LSQQuantizer", "MinMaxQuantizer", "WeightGridBiasQuantizer",
     "QuantLinear", "QuantConv1d", "QuantConv2d",
     "QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode",
 ]

@@ -19,7 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 from spikingjelly.activation_based import layer
 
-from .quantizers import LSQQuantizer, QuantizerBase, check_bits
+from .quantizers import LSQQuantizer, QuantizerBase, WeightGridBiasQuantizer, check_bits
 
 __all__ = ["QuantLinear", "QuantConv1d", "QuantConv2d", "make_weight_quantizer"]
 
@@ -31,7 +31,8 @@ def make_weight_quantizer(spec: QuantArg, name: str, num_channels: Optional[int]
     """Turn a ``weight_quant``/``bias_quant`` argument into a quantizer module.
 
     A module is used as is; an int ``b`` means ``LSQQuantizer(b)`` (signed, per tensor unless
-    ``per_channel``); ``None`` means no quantization.
+    ``per_channel``); ``None`` means no quantization. (For ``bias_quant`` the layers turn an int
+    into a :class:`~snnquant.nn.WeightGridBiasQuantizer` on their weight grid.)
     """
     if spec is None or isinstance(spec, QuantizerBase):
         return spec
@@ -51,7 +52,14 @@ class _QuantLayerMixin:
             raise ValueError(f"bias_quant={bias_quant!r} was given but the layer has bias=False")
         out_channels = self.weight.shape[0]
         self.weight_quant = make_weight_quantizer(weight_quant, "weight_quant", out_channels)
+        if isinstance(bias_quant, int) and not isinstance(bias_quant, bool):
+            if self.weight_quant is None:
+                raise ValueError(f"bias_quant={bias_quant} (bits on the weight grid) needs a weight "
+                                 "quantizer; pass a quantizer module instead")
+            bias_quant = WeightGridBiasQuantizer(check_bits(bias_quant, "bias_quant", 2, 32))
         self.bias_quant = make_weight_quantizer(bias_quant, "bias_quant")
+        if isinstance(self.bias_quant, WeightGridBiasQuantizer):
+            self.bias_quant.bind(self)
         # quantizers must follow the layer's device/dtype
         for q in (self.weight_quant, self.bias_quant):
             if q is not None:
@@ -87,7 +95,8 @@ class QuantLinear(_QuantLayerMixin, layer.Linear):
     Args:
         in_features: as ``layer.Linear`` (and so are ``out_features``, ``bias``, ``step_mode``).
         weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
-        bias_quant: same for the bias.
+        bias_quant: a quantizer module, a bit width (the bias on the weight grid,
+            :class:`~snnquant.nn.WeightGridBiasQuantizer`) or ``None``.
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, step_mode="s",
@@ -138,7 +147,8 @@ class QuantConv1d(_QuantConvNd, layer.Conv1d):
     Args:
         in_channels: as ``layer.Conv1d`` (and so are the other arguments up to ``step_mode``).
         weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
-        bias_quant: same for the bias.
+        bias_quant: a quantizer module, a bit width (the bias on the weight grid,
+            :class:`~snnquant.nn.WeightGridBiasQuantizer`) or ``None``.
     """
 
     _expected_dim = 4
@@ -164,7 +174,8 @@ class QuantConv2d(_QuantConvNd, layer.Conv2d):
     Args:
         in_channels: as ``layer.Conv2d`` (and so are the other arguments up to ``step_mode``).
         weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
-        bias_quant: same for the bias.
+        bias_quant: a quantizer module, a bit width (the bias on the weight grid,
+            :class:`~snnquant.nn.WeightGridBiasQuantizer`) or ``None``.
     """
 
     _expected_dim = 5

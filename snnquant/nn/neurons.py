@@ -99,8 +99,8 @@ class _QuantNeuronMixin:
         """Give a data-dependent membrane quantizer its first statistics from the first step's
         unquantized charge (learned-step init of LSQ, first range of MinMax)."""
         q = self.v_quant
-        needs_init = (isinstance(q, LSQQuantizer) and not bool(q.initialized)) or \
-            (isinstance(q, MinMaxQuantizer) and not bool(q.initialized))
+        needs_init = (isinstance(q, LSQQuantizer) and not q.is_initialized) or \
+            (isinstance(q, MinMaxQuantizer) and not q.is_initialized)
         if not needs_init:
             return
         with torch.no_grad():
@@ -229,7 +229,27 @@ class _QuantNeuronMixin:
                 vr_q, theta_q = self._reset_values(x_seq[0])  # the range moved
         return torch.stack(spikes), v, (torch.stack(v_seq) if store_v_seq else None)
 
+    def _check_backend(self, x: torch.Tensor) -> None:
+        """``backend='cupy'`` is a request for the fused kernel: refuse what it cannot run."""
+        if self.backend != "cupy":
+            return
+        from ..kernels.cupy_backend import _check_cuda, import_cupy
+        _check_cuda("x", x)
+        import_cupy()
+        if self.v_quant is None:
+            raise ValueError(f"{type(self).__name__}(backend='cupy') needs a quantized membrane "
+                             "(v_quant): with v_quant=None it is SpikingJelly's own neuron; use "
+                             "backend='torch' or 'auto'")
+        if not self.v_quant.uniform_grid() and not isinstance(self.v_quant, LSQQuantizer):
+            raise ValueError(f"backend='cupy' runs membrane quantizers with a uniform per-tensor "
+                             f"grid; {type(self.v_quant).__name__} has none: use backend='auto' "
+                             "(falls back to torch) or 'torch'")
+
     # ---- SpikingJelly's step contract -------------------------------------------------------------
+    def single_step_forward(self, x: torch.Tensor, *args, **kwargs):
+        self._check_backend(x)
+        return super().single_step_forward(x, *args, **kwargs)
+
     def materialize_states(self, inputs, states, step_mode):
         if self.v_quant is not None and not isinstance(states[0], torch.Tensor):
             return states  # the quantized path starts from the on-grid reset value
@@ -251,6 +271,7 @@ class _QuantNeuronMixin:
         if not isinstance(x_seq, torch.Tensor) or x_seq.dim() < 2:
             raise ValueError(f"{type(self).__name__} in step_mode='m' expects x_seq with shape "
                              f"[T, N, ...], got shape {tuple(getattr(x_seq, 'shape', ()))}")
+        self._check_backend(x_seq)
         states = self.materialize_states((x_seq,), tuple(self._memories.values()), "m")
         if self.v_quant is None:
             spikes, v, v_seq = self._sj_multi_step(x_seq, states[0], self.store_v_seq)

@@ -40,6 +40,7 @@ __all__ = [
     "UniformQuantizer",
     "LSQQuantizer",
     "MinMaxQuantizer",
+    "WeightGridBiasQuantizer",
     "check_bits",
 ]
 
@@ -428,6 +429,30 @@ def _signed_range(bits: int, signed: bool):
     return 0, 2 ** bits - 1
 
 
+class _InitFlagMixin:
+    """An ``initialized`` buffer (saved, broadcast by DDP) mirrored by a Python flag, so that the
+    hot path does not read a device tensor (a CUDA synchronisation) on every call."""
+
+    def _register_init_flag(self):
+        self.register_buffer("initialized", torch.zeros((), dtype=torch.bool))
+        self._init_cache = False
+
+    @property
+    def is_initialized(self) -> bool:
+        """Whether the quantizer has its statistics (learned step or observed range)."""
+        if not self._init_cache:
+            self._init_cache = bool(self.initialized)
+        return self._init_cache
+
+    def _set_initialized(self, value: bool = True):
+        self.initialized.fill_(value)
+        self._init_cache = value
+
+    def mark_uninitialized(self) -> None:
+        """Forget the statistics: the next call initialises them again from its input."""
+        self._set_initialized(False)
+
+
 class UniformQuantizer(_BitsCheckMixin, QuantizerBase):
     r"""Fixed uniform grid with a masked straight-through gradient.
 
@@ -480,7 +505,7 @@ def _dist_mean_(t: torch.Tensor) -> torch.Tensor:
     return t
 
 
-class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
+class LSQQuantizer(_InitFlagMixin, _BitsCheckMixin, QuantizerBase):
     r"""Learned Step Size Quantization (Esser et al., 2020).
 
     .. math::
@@ -524,7 +549,7 @@ class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
         # DDP or an optimizer sees it
         shape = (num_channels,) if per_channel and num_channels else ()
         self.step = nn.Parameter(torch.ones(shape))
-        self.register_buffer("initialized", torch.zeros((), dtype=torch.bool))
+        self._register_init_flag()
         self._register_bits(bits)
 
     def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys,
@@ -537,7 +562,7 @@ class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         if key in state_dict:
-            self.initialized.fill_(True)
+            self._set_initialized(True)
 
     def _reduce_dims(self, x):
         return [d for d in range(x.dim()) if d != self.channel_dim % x.dim()]
@@ -560,7 +585,8 @@ class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
             init = torch.nan_to_num(init, nan=1.0)
         else:
             init = 2 * torch.nanmean(xa) / math.sqrt(self.qmax)
-        init = torch.clamp(init, min=torch.finfo(torch.float32).tiny * 2 ** 30)
+        # an all-zero input (e.g. a zero-initialised bias) says nothing about the scale: step 1
+        init = torch.where(init > 0, init, torch.ones_like(init))
         if self.training:
             init = _dist_mean_(init)
         init = init.to(device=self.step.device, dtype=self.step.dtype)
@@ -568,7 +594,7 @@ class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
             self.step.copy_(init)
         else:
             self.step.data = init
-        self.initialized.fill_(True)
+        self._set_initialized(True)
 
     def effective_step(self) -> torch.Tensor:
         """The step used in forward (rounded to a power of two when ``power_of_two``).
@@ -593,7 +619,7 @@ class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
         return 1.0 / math.sqrt(n * self.qmax)
 
     def quantize(self, x):
-        if not bool(self.initialized):
+        if not self.is_initialized:
             self.initialize(x)
         step = self.effective_step().to(x.dtype)
         if self.per_channel and step.dim() == 0:
@@ -606,7 +632,7 @@ class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
     def forward(self, x):
         if self.step_mode == "m":
             _check_step_mode_input(x, type(self).__name__)
-            if not bool(self.initialized):
+            if not self.is_initialized:
                 self.initialize(x[0])
             # the step is shared by all time steps; the gradient scale is the single-step one
             return torch.stack([self.quantize(x[t]) for t in range(x.shape[0])])
@@ -622,7 +648,7 @@ class LSQQuantizer(_BitsCheckMixin, QuantizerBase):
                 f"power_of_two={self.power_of_two}, {super().extra_repr()}")
 
 
-class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
+class MinMaxQuantizer(_InitFlagMixin, _BitsCheckMixin, QuantizerBase):
     r"""Affine quantizer over an observed min/max range with EMA, frozen in eval mode.
 
     In training each call updates the range with the batch's min and max
@@ -668,7 +694,7 @@ class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
         self.channel_dim = channel_dim
         self.register_buffer("min_val", torch.zeros(()))
         self.register_buffer("max_val", torch.zeros(()))
-        self.register_buffer("initialized", torch.zeros((), dtype=torch.bool))
+        self._register_init_flag()
         self._register_bits(bits)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -678,6 +704,7 @@ class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
                 getattr(self, name).data = torch.empty_like(state_dict[key],
                                                             device=getattr(self, name).device)
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._init_cache = False  # re-read from the loaded buffer
 
     @torch.no_grad()
     def observe(self, x: torch.Tensor) -> None:
@@ -695,9 +722,9 @@ class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
             hi = torch.where(torch.isfinite(hi), hi, torch.zeros_like(hi))
         else:
             lo, hi = lo_src.min(), hi_src.max()
-        if not bool(self.initialized):
+        if not self.is_initialized:
             self.min_val.data, self.max_val.data = lo.clone(), hi.clone()
-            self.initialized.fill_(True)
+            self._set_initialized(True)
         else:
             m = self.momentum
             self.min_val.data = (1 - m) * self.min_val + m * lo
@@ -725,7 +752,7 @@ class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
         return step, -zero, levels - zero
 
     def quantize(self, x):
-        if self.training or not bool(self.initialized):
+        if self.training or not self.is_initialized:
             self.observe(x)  # in eval mode only the very first batch sets the range (calibration)
         step, qmin, qmax = self.grid()
         step = step.to(x.dtype)
@@ -743,7 +770,7 @@ class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
         return QF.lsq_quantize(x, step.detach(), qmin, qmax)
 
     def uniform_grid(self):
-        if self.per_channel or not bool(self.initialized):
+        if self.per_channel or not self.is_initialized:
             return None
         step, qmin, qmax = self.grid()
         return step, qmin, qmax, 0.0
@@ -751,3 +778,70 @@ class MinMaxQuantizer(_BitsCheckMixin, QuantizerBase):
     def extra_repr(self):
         return (f"bits={self.bits}, momentum={self.momentum}, symmetric={self.symmetric}, "
                 f"per_channel={self.per_channel}, {super().extra_repr()}")
+
+
+class WeightGridBiasQuantizer(_BitsCheckMixin, QuantizerBase):
+    r"""Bias quantizer on the grid of its layer's weight step (the accumulator unit of binary
+    spike inputs), as integer SNN hardware stores biases.
+
+    .. math::
+
+        \hat b = s_w\,\mathrm{clamp}(\mathrm{round}(b / s_w), -2^{B-1}, 2^{B-1} - 1),\qquad
+        \frac{\partial \hat b}{\partial b} = [-2^{B-1} \le b/s_w \le 2^{B-1} - 1]
+
+    with :math:`s_w = 2^{\lfloor \log_2 s \rfloor}`, :math:`s` the layer's current weight step
+    (the smallest one with per-channel steps; no gradient flows to it): the weight step itself
+    when it is a power of two, else the power of two just below it, so that the bias is always an
+    integer on a binary grid (exact integer export). It has no parameter of its own, so no
+    optimizer can push its step to zero.
+    The layer binds itself with :meth:`bind`.
+
+    Args:
+        bits: bit width :math:`B` of the integer bias (2..32).
+    """
+
+    def __init__(self, bits: int = 16, step_mode: str = "s"):
+        super().__init__(step_mode)
+        self.bits = check_bits(bits, "bits", 2)
+        self.qmin, self.qmax = _signed_range(bits, True)
+        self._register_bits(bits)
+        self.__dict__["_layer"] = None  # a plain reference, not a submodule
+
+    def bind(self, layer: nn.Module) -> "WeightGridBiasQuantizer":
+        """Use the weight quantizer of ``layer`` (which must have ``weight`` and ``weight_quant``)."""
+        self.__dict__["_layer"] = layer
+        return self
+
+    def weight_step(self) -> torch.Tensor:
+        """:math:`s_w`, detached (initialising the weight quantizer from the weight if needed)."""
+        layer = self.__dict__["_layer"]
+        if layer is None or getattr(layer, "weight_quant", None) is None:
+            raise RuntimeError("WeightGridBiasQuantizer is not bound to a layer with a weight "
+                               "quantizer (call .bind(layer))")
+        wq = layer.weight_quant
+        if isinstance(wq, LSQQuantizer):
+            if not wq.is_initialized:
+                wq.quantize(layer.weight)
+            step = wq.effective_step()
+        elif isinstance(wq, MinMaxQuantizer):
+            if not wq.is_initialized:
+                wq.observe(layer.weight)
+            step = wq.grid()[0]
+        else:
+            grid = wq.uniform_grid()
+            if grid is None:
+                raise ValueError(f"bias on the weight grid needs a uniform weight quantizer, got "
+                                 f"{type(wq).__name__}")
+            step = torch.as_tensor(grid[0])
+        step = step.detach().min()
+        return torch.exp2(torch.floor(torch.log2(step)))
+
+    def quantize(self, x):
+        step = self.weight_step().to(device=x.device, dtype=x.dtype)
+        return QF.lsq_quantize(x, step, self.qmin, self.qmax)
+
+    def uniform_grid(self):
+        return self.weight_step(), self.qmin, self.qmax, 0.0
+
+    def extra_repr(self):
+        return f"bits={self.bits}, {super().extra_repr()}"
