@@ -232,3 +232,10 @@ def test_arguments_checked_at_construction():
         qnn.StepQuantize(float("inf"))
     with pytest.raises(ValueError, match="step"):
         qnn.StochasticRound(-1.0)
+
+
+def test_layer_quantizers_follow_layer_dtype():
+    lin = qnn.QuantLinear(4, 3, weight_quant=4, bias_quant=8, dtype=torch.float64)
+    assert lin.weight.dtype == torch.float64 and lin.weight_quant.step.dtype == torch.float64
+    y = lin(torch.rand(2, 4, dtype=torch.float64))
+    assert y.dtype == torch.float64

@@ -63,7 +63,7 @@ class _QuantLayerMixin:
         # quantizers must follow the layer's device/dtype
         for q in (self.weight_quant, self.bias_quant):
             if q is not None:
-                q.to(self.weight.device)
+                q.to(device=self.weight.device, dtype=self.weight.dtype)
 
     def quantized_weight(self) -> torch.Tensor:
         """The weight used in forward: :math:`Q_w(W)` (or :math:`W` without a weight quantizer)."""
