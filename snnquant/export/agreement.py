@@ -7,7 +7,7 @@ r"""Check that the integer network and the fake-quantized float model spike iden
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 import torch
 import torch.nn as nn
@@ -35,6 +35,8 @@ class IntegerAgreement:
             output summed over time (spike count; ties go to the lowest index in both models).
         first_mismatch: where the first difference is (layer, step, sample, flat neuron index),
             or ``None``.
+        approximate_layers: the description's layers with a fixed-point leak
+            (``exact=False``); when not empty, agreement is measured, not guaranteed.
     """
 
     layers: Dict[str, float] = field(default_factory=dict)
@@ -42,6 +44,7 @@ class IntegerAgreement:
     samples: float = 1.0
     predictions: float = 1.0
     first_mismatch: Optional[str] = None
+    approximate_layers: List[str] = field(default_factory=list)
 
     @property
     def exact(self) -> bool:
@@ -51,6 +54,9 @@ class IntegerAgreement:
     def __str__(self):
         lines = [f"integer vs float: samples identical {100 * self.samples:.2f}%, output values "
                  f"{100 * self.output:.4f}%, predictions {100 * self.predictions:.2f}%"]
+        if self.approximate_layers:
+            lines.append(f"  approximate export (fixed-point leak in "
+                         f"{', '.join(self.approximate_layers)}): agreement is not guaranteed")
         lines += [f"  {name}: {100 * v:.4f}% identical spikes" for name, v in self.layers.items()]
         if self.first_mismatch:
             lines.append(f"  first mismatch: {self.first_mismatch}")
@@ -103,7 +109,7 @@ def run_float_reference(model: nn.Module, x_seq: torch.Tensor, names, dtype: tor
 
 def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[IntegerNetwork] = None,
                     *, reference_dtype: Optional[torch.dtype] = None,
-                    device="cpu") -> IntegerAgreement:
+                    device="cpu", leak_bits: Optional[int] = None) -> IntegerAgreement:
     r"""Run the fake-quantized model and its integer export on ``x_seq`` and compare them.
 
     .. math::
@@ -116,6 +122,10 @@ def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[Intege
     export's bounds guarantee; cuDNN may choose Winograd or FFT convolutions, and TF32, that do
     not); the integer network runs on CPU with ``x_seq`` converted to ``int64``.
 
+    For an exact description (``desc.exact``) every number is 1.0 by construction. For one with
+    a fixed-point leak (``to_integer(..., leak_bits=F)``, ``desc.exact`` false) the numbers are
+    measured agreement, not guaranteed; ``approximate_layers`` names those layers.
+
     Args:
         model: the quantized model (not modified).
         x_seq: input ``[T, N, ...]`` of integer values (event counts or spikes; float or integer
@@ -123,20 +133,21 @@ def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[Intege
         desc: the exported network; default: ``to_integer(model, reference_dtype=...)``.
         reference_dtype: dtype of the float run when ``desc`` is not given.
         device: device of the float run.
+        leak_bits: passed to :func:`~snnquant.export.to_integer` when ``desc`` is not given.
 
     Returns:
         An :class:`IntegerAgreement`.
     """
     x_int = _integer_input(x_seq)
     if desc is None:
-        desc = to_integer(model, reference_dtype=reference_dtype)
+        desc = to_integer(model, reference_dtype=reference_dtype, leak_bits=leak_bits)
     elif not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork, got {type(desc).__name__}")
     dtype = getattr(torch, desc.reference_dtype)
     names = desc.neuron_names
     out_f, rec_f = run_float_reference(model, x_int, names, dtype, device)
     out_i, rec_i = IntegerSNN(desc)(x_int, record=True)
-    report = IntegerAgreement()
+    report = IntegerAgreement(approximate_layers=desc.approximate_layers)
     T, N = x_int.shape[0], x_int.shape[1]
     for name in names:
         if name not in rec_f:
@@ -181,13 +192,15 @@ def integer_agreement(model: nn.Module, x_seq: torch.Tensor,
 
     A sample counts as agreeing only when its whole output sequence (every time step and every
     output neuron; currents compared exactly for a synaptic readout) is identical, so 1.0 also
-    means identical predictions. Per-layer, per-step details: :func:`compare_integer`.
+    means identical predictions (for an exact description it is 1.0 by construction; with a
+    fixed-point leak it is measured, not guaranteed). Per-layer, per-step details:
+    :func:`compare_integer`.
 
     Args:
         model: the quantized model (eval-mode behaviour is compared; it is not modified).
         x_seq: integer-valued input ``[T, N, ...]``.
         desc: the exported network (default: exported from ``model`` here).
-        **kwargs: ``reference_dtype``, ``device`` as in :func:`compare_integer`.
+        **kwargs: ``reference_dtype``, ``device``, ``leak_bits`` as in :func:`compare_integer`.
 
     Returns:
         A float in :math:`[0, 1]`.

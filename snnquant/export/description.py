@@ -12,6 +12,12 @@ of the membrane step :math:`s_v = 2^{E_v}`, with ``v_bits`` bits. Inside a neuro
 on the shared grid :math:`2^{-F_0}` (MINT-style: one scale for currents and membrane, so the update
 needs shifts only): :math:`F_0 = F + ` ``input_shift`` and :math:`v 2^{d}` with ``grid_shift``
 :math:`d = F_0 + E_v`.
+
+Exactness. By default every layer is exact (the integer network reproduces the float model bit
+for bit). A LIF layer whose :math:`\tau` is not a power of two can be exported only on request
+(``to_integer(..., leak_bits=F)``), with its leak as a fixed-point multiplier
+:math:`M / 2^F \approx 1/\tau`; such a layer has ``exact=False``, and so has the network
+(:attr:`IntegerNetwork.exact`): agreement with the float model is then not guaranteed.
 """
 
 from __future__ import annotations
@@ -24,11 +30,17 @@ import torch
 
 from .integer_ops import PACKABLE_BITS, pack_int
 
-__all__ = ["FORMAT_VERSION", "SynapseOp", "NeuronOp", "PoolOp", "FlattenOp", "IntegerNetwork",
+__all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "SynapseOp", "NeuronOp", "PoolOp", "FlattenOp", "IntegerNetwork",
            "ExportError"]
 
 #: Version of the description and of the file format of :func:`~snnquant.export.save_integer`.
-FORMAT_VERSION = 1
+#: Version 2 adds the neuron fields ``leak_multiplier``, ``leak_round_shift``, ``exact`` and
+#: ``tau`` (fixed-point leak);
+#: a version-1 file is read with their defaults (1, 0, ``True``, ``None``): every layer exact.
+FORMAT_VERSION = 2
+
+#: Format versions that :func:`~snnquant.export.load_integer` reads.
+READABLE_FORMAT_VERSIONS = (1, 2)
 
 
 class ExportError(ValueError):
@@ -115,39 +127,65 @@ class NeuronOp:
     r"""A layer of integer IF or LIF neurons on the membrane grid :math:`s_v`.
 
     With the incoming current :math:`X` (units :math:`2^{-F}`), :math:`X_0 = X \ll` ``input_shift``
-    (units :math:`2^{-F_0}`), grid shift :math:`d`, leak shift :math:`k` (:math:`\tau = 2^k`),
+    (units :math:`2^{-F_0}`), grid shift :math:`d`, leak shift :math:`k`, leak multiplier
+    :math:`M` (the leak :math:`1/\tau` is :math:`M / 2^k`), leak rounding shift :math:`r`,
     reset value :math:`v_r` (0 for soft reset) and :math:`\mathrm{rhe}` =
-    :func:`~snnquant.export.round_half_even_shift`, each step computes
+    :func:`~snnquant.export.round_half_even_shift`, each step computes, with
+    :math:`D = X_0 - ((v - v_r) \ll d)` (``decay_input``) or :math:`D = (v - v_r) \ll d` (not)
+    and :math:`L = \mathrm{rhe}(M D, r)`,
 
     .. math::
 
         \text{IF:}\quad & q = \mathrm{rhe}((v \ll d) + X_0,\ d)\\
-        \text{LIF, decay\_input:}\quad & q = \mathrm{rhe}((v \ll (d+k)) + X_0 - ((v - v_r) \ll d),\
-            d + k)\\
-        \text{LIF, not decay\_input:}\quad & q = \mathrm{rhe}((v \ll (d+k)) - ((v - v_r) \ll d)
-            + (X_0 \ll k),\ d + k)\\
+        \text{LIF, decay\_input:}\quad & q = \mathrm{rhe}((v \ll (d+k-r)) + L,\ d + k - r)\\
+        \text{LIF, not decay\_input:}\quad & q = \mathrm{rhe}((v \ll (d+k-r)) - L
+            + (X_0 \ll (k - r)),\ d + k - r)\\
         q &\leftarrow \mathrm{clamp}(q, v_{min}, v_{max}),\qquad S = [q \ge \theta]\\
         v &\leftarrow \begin{cases} v_r & S = 1 \text{ (hard reset)}\\ q & S = 0\end{cases}
             \quad\text{or}\quad v \leftarrow q - \theta S \ \text{(soft reset)}
 
-    For :math:`d = 0` the LIF update is :math:`v + \mathrm{rhe}(X_0 - (v - v_r), k)`: a right shift
-    (``tau = 2``: ``v + ((x - v) >> 1)``) with ties to even instead of floor.
+    Exact leak (``exact=True``): :math:`\tau = 2^k`, :math:`M = 1` and :math:`r = 0`, so
+    :math:`L = D` and the charge is rounded once, to the membrane grid (ties to even), as the
+    float model rounds :math:`H / s_v`. For :math:`d = 0` the LIF update is
+    :math:`v + \mathrm{rhe}(X_0 - (v - v_r), k)`: a right shift (``tau = 2``:
+    ``v + ((x - v) >> 1)``) with ties to even instead of floor.
+
+    Fixed-point leak (``exact=False``, only with ``to_integer(..., leak_bits=F)``): :math:`k = F`,
+    :math:`M = \mathrm{round}(2^F / \tau)` (LIF) or :math:`M = \mathrm{round}(2^F
+    \mathrm{sigmoid}(w))` (parametric LIF), rounded half to even from the exact value of the
+    float :math:`\tau` (or of :math:`\mathrm{sigmoid}(w)` in the reference dtype), and
+    :math:`r = \lceil F/2 \rceil`. Two roundings, both ties to even: the leak product
+    :math:`M D / 2^F` is first rounded to :math:`g = \lfloor F/2 \rfloor` guard bits below the
+    shared grid (:math:`L`, units :math:`2^{-(F_0 + g)}`), then the charge to the membrane grid.
+    The float model also rounds its quotient :math:`D / \tau` (to its significand) before the
+    charge is rounded; the first rounding absorbs the multiplier error
+    :math:`|D|\,|M/2^F - 1/\tau|` whenever it is below :math:`2^{-(g+1)}` grid units, so a
+    quotient that is exactly a grid value, and a tie that follows from it, comes out the same as
+    in the float model (a single rounding would send such ties to the side of the multiplier
+    error). The integer network implements :math:`\tau_{eff} = 2^F / M`, not the float model's
+    :math:`\tau`: its spikes may differ from the float model's.
 
     Attributes:
         name: qualified module name in the source model.
-        kind: ``'if'`` or ``'lif'`` (a parametric LIF whose :math:`1/\tau` is a power of two is
-            exported as ``'lif'``).
+        kind: ``'if'`` or ``'lif'`` (a parametric LIF is exported as ``'lif'`` with its current
+            :math:`1/\tau = \mathrm{sigmoid}(w)`).
         v_bits: membrane bit width; ``v_min``, ``v_max``: integer membrane range.
         membrane_scale: :math:`s_v`, real membrane = ``v * membrane_scale``.
         threshold: :math:`\theta`, the smallest integer with :math:`\theta s_v \ge V_{th}`.
         reset_mode: ``'hard'`` or ``'soft'``.
         v_reset: :math:`v_r` (``'hard'``), 0 for ``'soft'``.
         v_init: membrane before the first step (:math:`v_r`, or 0 for soft reset).
-        leak_shift: :math:`k` (0 for IF).
+        leak_shift: :math:`k` (0 for IF; :math:`F` of a fixed-point leak).
         decay_input: LIF ``decay_input``.
         input_shift: left shift of the incoming current onto the shared grid.
         grid_shift: :math:`d`.
         in_frac_bits: :math:`F`; ``grid_frac_bits``: :math:`F_0`.
+        leak_multiplier: :math:`M` (1 for IF and for the exact shift).
+        leak_round_shift: :math:`r` (0 for IF and for the exact shift).
+        exact: whether this layer reproduces the float model exactly (``False`` for a
+            fixed-point leak).
+        tau: the float model's :math:`\tau` (LIF ``tau``, or :math:`1/\mathrm{sigmoid}(w)`), or
+            ``None`` (IF, or a version-1 description).
     """
 
     name: str
@@ -166,15 +204,43 @@ class NeuronOp:
     grid_shift: int
     in_frac_bits: int
     grid_frac_bits: int
+    leak_multiplier: int = 1
+    leak_round_shift: int = 0
+    exact: bool = True
+    tau: Optional[float] = None
 
     op_type = "neuron"
+
+    def __post_init__(self):
+        m = self.leak_multiplier
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"leak_multiplier must be an int >= 1, got {m!r}")
+        r = self.leak_round_shift
+        if isinstance(r, bool) or not isinstance(r, int) or not 0 <= r <= self.leak_shift:
+            raise ValueError(f"leak_round_shift must be an int in [0, leak_shift="
+                             f"{self.leak_shift}], got {r!r}")
+        if not isinstance(self.exact, bool):
+            raise ValueError(f"exact must be a bool, got {self.exact!r}")
+
+    @property
+    def effective_tau(self) -> Optional[float]:
+        r"""The time constant the integer layer implements, :math:`2^k / M` (``None`` for IF)."""
+        if self.kind == "if":
+            return None
+        return (1 << self.leak_shift) / self.leak_multiplier
 
     def leak_text(self) -> str:
         """The leak as an integer operation, in words."""
         if self.kind == "if":
             return "none (IF)"
-        return (f"right shift by {self.leak_shift} (tau = {2 ** self.leak_shift}), ties to even, "
-                f"{'decay_input' if self.decay_input else 'no decay_input'}")
+        di = 'decay_input' if self.decay_input else 'no decay_input'
+        if self.leak_multiplier == 1 and self.exact:
+            return (f"right shift by {self.leak_shift} (tau = {2 ** self.leak_shift}), ties to "
+                    f"even, {di}")
+        src = "" if self.tau is None else f" for tau = {self.tau:.6g}"
+        return (f"fixed-point multiplier {self.leak_multiplier} / 2^{self.leak_shift}, product "
+                f"rounded by {self.leak_round_shift} bits then to the membrane grid (tau_eff = {self.effective_tau:.6g}{src}), ties to even, {di}"
+                f"{'' if self.exact else ', APPROXIMATE'}")
 
 
 @dataclass
@@ -262,6 +328,17 @@ class IntegerNetwork:
         raise KeyError(f"no layer named {name!r}; layers: {[op.name for op in self.ops]}")
 
     @property
+    def exact(self) -> bool:
+        """True when every layer is exact (no fixed-point leak): the network then reproduces the
+        float model bit for bit; ``False`` means agreement is not guaranteed."""
+        return all(getattr(op, "exact", True) for op in self.ops)
+
+    @property
+    def approximate_layers(self) -> List[str]:
+        """Names of the layers with ``exact=False`` (fixed-point leak)."""
+        return [op.name for op in self.ops if not getattr(op, "exact", True)]
+
+    @property
     def neuron_names(self) -> List[str]:
         """Names of the neuron layers, in order."""
         return [op.name for op in self.ops if isinstance(op, NeuronOp)]
@@ -277,9 +354,11 @@ class IntegerNetwork:
         return out
 
     def __str__(self) -> str:
-        lines = [f"IntegerNetwork (format {self.format_version}, exact against the "
-                 f"{self.reference_dtype} model, input |x| <= {self.input_max}, output: "
-                 f"{self.output_kind})"]
+        rel = (f"exact against the {self.reference_dtype} model" if self.exact else
+               f"APPROXIMATE against the {self.reference_dtype} model (fixed-point leak in "
+               f"{', '.join(self.approximate_layers)}; agreement not guaranteed)")
+        lines = [f"IntegerNetwork (format {self.format_version}, {rel}, input |x| <= "
+                 f"{self.input_max}, output: {self.output_kind})"]
         for op in self.ops:
             if isinstance(op, SynapseOp):
                 pow2 = bool((op.multiplier == 1).all())
@@ -325,6 +404,7 @@ class IntegerNetwork:
                                               "format_version", "notes")}
         meta["ops"] = meta_ops
         meta["bits"] = self.bits()
+        meta["exact"] = self.exact
         return meta, tensors
 
     @classmethod

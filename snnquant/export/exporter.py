@@ -29,6 +29,11 @@ Bounds checked at export (each refusal names the layer and the numbers):
   whenever the result lies inside the membrane range; outside it both models saturate to the same
   end of the range, since float rounding is monotone and the rounding boundaries are
   representable.
+
+The one exception is opt-in: ``to_integer(..., leak_bits=F)`` exports a :math:`\tau` that is not
+a power of two with a fixed-point leak :math:`M / 2^F` (see :func:`to_integer`); such a layer has
+``exact=False``, its float-exactness bound is not checked (the int64 bound is), and its agreement
+with the float model is measured, not guaranteed.
 """
 
 from __future__ import annotations
@@ -338,7 +343,7 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
 # --------------------------------------------------------------------------------------------------
 # neurons
 
-def _export_neuron(name, module, dtype, p, in_frac, cur_log2):
+def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
     from ..nn.neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode
     from ..nn.quantizers import LSQQuantizer
 
@@ -367,25 +372,45 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2):
                             f"model's division by it rounds; with v_quant=b the step is "
                             f"v_threshold * 2^(2-b): use a v_threshold that is a power of two")
     # leak
+    multiplier, round_shift, exact, tau_src = 1, 0, True, None
     if isinstance(module, QuantIFNode):
         kind, k, decay_input = "if", 0, True
     else:
         decay_input = bool(module.decay_input)
         if isinstance(module, QuantParametricLIFNode):
             kval = float(torch.sigmoid(module.w.detach()).to(dtype))
+            tau_src = 1.0 / kval
             inv = _pow2_exponent(kval)
             if inv is None or inv > 0:
-                _fail(name, module, f"the learned tau = 1/sigmoid(w) = {1 / kval:.6g} is not a power "
-                                    f"of two, so the float model's leak rounds and no integer shift "
-                                    f"reproduces it")
-            k = -inv
+                if leak_bits is None:
+                    _fail(name, module, f"the learned tau = 1/sigmoid(w) = {1 / kval:.6g} is not a "
+                                        f"power of two, so the float model's leak rounds and no "
+                                        f"integer shift reproduces it. To export it approximately "
+                                        f"(fixed-point leak, agreement not guaranteed), pass "
+                                        f"to_integer(..., leak_bits=F), e.g. leak_bits=12")
+                k, multiplier = leak_bits, _leak_multiplier(name, module, Fraction(kval), leak_bits,
+                                                            f"sigmoid(w) = {kval!r}")
+                exact, round_shift = False, leak_bits - leak_bits // 2
+            else:
+                k = -inv
         else:
+            tau_src = float(module.tau)
             tau = _as_dtype_float(module.tau, dtype)
             e = _pow2_exponent(tau)
             if e is None or e < 0 or tau != float(module.tau):
-                _fail(name, module, f"tau = {module.tau!r} is not a power of two >= 1; the leak "
-                                    f"is exported as a right shift, which needs tau = 2^k")
-            k = e
+                if leak_bits is None:
+                    _fail(name, module, f"tau = {module.tau!r} is not a power of two >= 1; the leak "
+                                        f"is exported exactly as a right shift, which needs "
+                                        f"tau = 2^k. To export it approximately (fixed-point leak "
+                                        f"round(2^F / tau) / 2^F, agreement not guaranteed), pass "
+                                        f"to_integer(..., leak_bits=F), e.g. leak_bits=12")
+                if not (math.isfinite(tau_src) and tau_src > 0):
+                    _fail(name, module, f"tau = {module.tau!r} must be finite and > 0")
+                k, multiplier = leak_bits, _leak_multiplier(name, module, 1 / Fraction(tau_src),
+                                                            leak_bits, f"1/tau = 1/{tau_src!r}")
+                exact, round_shift = False, leak_bits - leak_bits // 2
+            else:
+                k = e
         kind = "lif"
     # threshold and reset, in membrane units, as the float model computes them
     step_f = Fraction(s_v)
@@ -409,13 +434,14 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2):
     d = grid_frac + e_v
     R = max(abs(qmin), abs(qmax)) + abs(threshold) + 1
     need = ((1 << (k + 2)) + 4) * R * (1 << d)
-    if need > (1 << p):
+    if exact and need > (1 << p):
         _fail(name, module, f"the charge of a {qmax - qmin + 1}-level membrane on the shared grid "
                             f"2^-{grid_frac} (membrane step 2^{e_v}, currents with {in_frac} "
                             f"fractional bits, leak shift {k}) needs {math.log2(need):.1f} "
                             f"significand bits, more than {dtype}'s {p}: the float model's charge "
                             f"is not exact. Use fewer v_bits or a coarser weight/bias step")
-    h_bits = max(cur_log2 + input_shift + k, math.log2(R) + d + k) + 2
+    lm = max(k, math.log2(multiplier))  # |M * y| <= 2^lm |y|
+    h_bits = max(cur_log2 + input_shift + lm, math.log2(R) + d + lm) + 2
     if h_bits > _INT64_LIMIT_BITS:
         _fail(name, module, f"the integer charge needs {h_bits:.0f} bits, more than int64 holds")
     return NeuronOp(name=name, kind=kind, v_bits=int(getattr(vq, "num_bits", None)
@@ -424,7 +450,19 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2):
                     reset_mode=reset_mode, v_reset=int(v_reset),
                     v_init=int(v_reset) if reset_mode == "hard" else 0, leak_shift=int(k),
                     decay_input=decay_input, input_shift=int(input_shift), grid_shift=int(d),
-                    in_frac_bits=int(in_frac), grid_frac_bits=int(grid_frac))
+                    in_frac_bits=int(in_frac), grid_frac_bits=int(grid_frac),
+                    leak_multiplier=int(multiplier), leak_round_shift=int(round_shift),
+                    exact=exact, tau=tau_src)
+
+
+def _leak_multiplier(name, module, decay: Fraction, leak_bits: int, what: str) -> int:
+    r"""``M = round(2^F * decay)``, half to even on the exact rational; refused when it is 0."""
+    m = round(decay * (1 << leak_bits))
+    if m < 1:
+        _fail(name, module, f"{what} rounds to the multiplier 0 on leak_bits={leak_bits} "
+                            f"fractional bits (round(2^{leak_bits} * {float(decay):.6g}) = 0): "
+                            f"use more leak_bits")
+    return int(m)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -483,8 +521,12 @@ def _export_flatten(name, module, lead):
 
 # --------------------------------------------------------------------------------------------------
 
+#: Accepted range of ``leak_bits`` (fractional bits of a fixed-point leak multiplier).
+LEAK_BITS_RANGE = (1, 32)
+
+
 def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = None,
-               input_max: Optional[int] = None) -> IntegerNetwork:
+               input_max: Optional[int] = None, leak_bits: Optional[int] = None) -> IntegerNetwork:
     r"""Export a quantized spiking network as an exact integer network.
 
     The network must be a sequence (``nn.Sequential``, SpikingJelly ``SeqToANNContainer`` /
@@ -514,6 +556,29 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     ``reference_dtype=torch.float64`` (exact against the model run in float64, the multiplier
     :math:`m` is the step's odd significand).
 
+    A LIF :math:`\tau` (or parametric LIF :math:`1/\mathrm{sigmoid}(w)`) that is not a power of
+    two is refused by default: the float division rounds and no integer operation reproduces it.
+    With ``leak_bits=F`` such a layer is exported *approximately* instead, its leak as the
+    fixed-point multiplier
+
+    .. math::
+
+        \frac{1}{\tau} \approx \frac{M}{2^F},\qquad M = \mathrm{round}\Big(\frac{2^F}{\tau}
+        \Big)\ \text{or}\ \mathrm{round}\big(2^F\,\mathrm{sigmoid}(w)\big)
+        \quad\text{(half to even, on the exact value)},
+
+        L = \mathrm{rhe}\big(M\,(X_0 - ((v - v_r) \ll d)),\ r\big),\qquad
+        q = \mathrm{clamp}\big(\mathrm{rhe}((v \ll (d + F - r)) + L,\ d + F - r),\
+        v_{min}, v_{max}\big),\qquad r = \lceil F/2 \rceil
+
+    (``decay_input``; see :class:`~snnquant.export.NeuronOp` for the other form and why the
+    leak product is rounded first, to :math:`\lfloor F/2 \rfloor` guard bits below the shared
+    grid): two roundings per step, both with the same tie rule. The layer and the network get ``exact=False``:
+    the spikes may differ from the float model's (measure it with
+    :func:`~snnquant.export.compare_integer`). A power-of-two :math:`\tau` keeps the exact shift
+    even when ``leak_bits`` is given. The float-exactness bound is not checked for such a layer;
+    the int64 bound is.
+
     Args:
         model: the quantized network (from :func:`snnquant.quantize_model`, trained or not). It
             is not modified.
@@ -522,12 +587,16 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         input_max: largest input magnitude the network must accept exactly (event counts per
             pixel and step); default: the largest that the first layer's accumulator bound
             allows. Inputs of binary spikes need 1.
+        leak_bits: ``None`` (default: refuse a :math:`\tau` that is not a power of two), or the
+            fractional bits :math:`F` (an int in ``[1, 32]``, e.g. 8..16) of the fixed-point
+            leak multiplier of such layers (approximate export).
 
     Returns:
         An :class:`~snnquant.export.IntegerNetwork`.
 
     Raises:
         ExportError: a layer cannot be represented exactly (the message names it and why).
+        ValueError: a bad argument (``reference_dtype``, ``input_max``, ``leak_bits``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -540,6 +609,10 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     if input_max is not None and (isinstance(input_max, bool) or not isinstance(input_max, int)
                                   or input_max < 1):
         raise ValueError(f"input_max must be None or an int >= 1, got {input_max!r}")
+    lo, hi = LEAK_BITS_RANGE
+    if leak_bits is not None and (isinstance(leak_bits, bool) or not isinstance(leak_bits, int)
+                                  or not lo <= leak_bits <= hi):
+        raise ValueError(f"leak_bits must be None or an int in [{lo}, {hi}], got {leak_bits!r}")
     p = _MANTISSA_BITS[reference_dtype]
     work = copy_model(model).to(reference_dtype).cpu()
     _, sj_layer, sj_neuron = _sj()
@@ -573,7 +646,12 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
             if domain != "current":
                 _fail(name, module, "a neuron layer must follow a synaptic layer (its input must "
                                     "be a synaptic current)")
-            ops.append(_export_neuron(name, module, reference_dtype, p, frac, cur_log2))
+            op = _export_neuron(name, module, reference_dtype, p, frac, cur_log2, leak_bits)
+            if not op.exact:
+                notes.append(f"{name}: tau = {op.tau:.6g} approximated by the fixed-point leak "
+                             f"{op.leak_multiplier} / 2^{op.leak_shift} (tau_eff = "
+                             f"{op.effective_tau:.6g}); this layer is not exact")
+            ops.append(op)
             domain, frac, x_bound = "event", 0, ("abs", 1)
         elif isinstance(module, (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d)):
             op, growth = _export_pool(name, module, domain)

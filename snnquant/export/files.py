@@ -16,7 +16,7 @@ from typing import Union
 
 import torch
 
-from .description import FORMAT_VERSION, IntegerNetwork
+from .description import FORMAT_VERSION, READABLE_FORMAT_VERSIONS, IntegerNetwork
 
 __all__ = ["save_integer", "load_integer", "FILE_FORMAT"]
 
@@ -61,6 +61,10 @@ def save_integer(desc: IntegerNetwork, path: PathLike) -> None:
     """
     if not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork, got {type(desc).__name__}")
+    if not desc.exact and desc.format_version < 2:
+        raise ValueError(f"desc has layers with a fixed-point leak ({desc.approximate_layers}), "
+                         f"which format_version {desc.format_version} cannot hold; set "
+                         f"desc.format_version = {FORMAT_VERSION}")
     st = _safetensors()
     meta, tensors = desc.to_record()
     tensors = {k: v.clone() for k, v in tensors.items()}
@@ -118,7 +122,9 @@ def load_integer(path: PathLike) -> IntegerNetwork:
 
     Raises:
         ValueError: the file is not such a file, is corrupt (header, tensors or checksum), or
-            has another ``format_version`` than this snnquant reads.
+            has a ``format_version`` this snnquant does not read
+            (:data:`~snnquant.export.description.READABLE_FORMAT_VERSIONS`: 1 and 2; a
+            version-1 file has no fixed-point leak and loads with every layer exact).
     """
     st = _safetensors()
     path_s = os.fspath(path)
@@ -126,9 +132,11 @@ def load_integer(path: PathLike) -> IntegerNetwork:
         data = f.read()
     meta = _read_header(data, path_s)
     version = meta.get("format_version")
-    if version != str(FORMAT_VERSION):
+    readable = [str(v) for v in READABLE_FORMAT_VERSIONS]
+    if version not in readable:
         raise ValueError(f"{path_s!r} has format_version {version!r}; this snnquant reads "
-                         f"format_version {FORMAT_VERSION}. Re-export the model with this version")
+                         f"format_version {' and '.join(readable)}. Re-export the model with "
+                         f"this version")
     try:
         tensors = st.load(data)
     except Exception as exc:  # safetensors raises its own error types
@@ -138,6 +146,9 @@ def load_integer(path: PathLike) -> IntegerNetwork:
     try:
         record = json.loads(meta["description"])
         desc = IntegerNetwork.from_record(record, tensors)
+        if str(desc.format_version) != version:
+            raise ValueError(f"the description says format_version {desc.format_version}, the "
+                             f"file metadata {version!r}")
     except (KeyError, TypeError, ValueError, AttributeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path_s!r} is corrupt: its description cannot be read ({exc!r})") from None
     return desc

@@ -11,7 +11,10 @@ Mapping (as SpikingJelly's own NIR export, with time step ``dt``):
 * synaptic layer: ``Affine``/``Linear``, ``Conv1d``, ``Conv2d`` with weights :math:`c\,\hat W`
   and bias :math:`c\,\hat b`, :math:`c = 2^{F_0}` of the next neuron layer (integer units) or 1;
 * IF: ``IF(r = 1/dt, v_threshold, v_reset)``; LIF with :math:`\tau = 2^k`:
-  ``LIF(tau = tau * dt, r = 1 if decay_input else tau, v_leak = v_reset, v_threshold, v_reset)``,
+  ``LIF(tau = tau * dt, r = 1 if decay_input else tau, v_leak = v_reset, v_threshold, v_reset)``;
+  a fixed-point leak :math:`M / 2^F` (``exact=False``) gives the :math:`\tau` the integer layer
+  implements, :math:`\tau_{eff} = 2^F / M`, and the metadata records ``leak_multiplier``,
+  ``leak_shift``, ``exact`` and the float model's ``source_tau``;
   all membrane values times :math:`c`; ``v_threshold`` is the smallest membrane level that fires
   (the model fires at :math:`v \ge \theta`);
 * max pooling of spikes: ``SumPool2d`` then ``Threshold(0)`` (the maximum of binary spikes is
@@ -173,8 +176,13 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
                 node = nir.IF(r=full(1.0 / dt), v_threshold=full(op.threshold * unit),
                               v_reset=full(op.v_reset * unit), metadata=meta)
             else:
-                tau = float(2 ** op.leak_shift)
+                # the time constant the integer layer implements: 2^k / M (= 2^k when exact)
+                tau = float(op.effective_tau)
                 meta["leak_shift"] = op.leak_shift
+                meta["leak_multiplier"] = op.leak_multiplier
+                meta["exact"] = op.exact
+                if op.tau is not None:
+                    meta["source_tau"] = op.tau
                 node = nir.LIF(tau=full(tau * dt), r=full(1.0 if op.decay_input else tau),
                                v_leak=full(op.v_reset * unit), v_threshold=full(op.threshold * unit),
                                v_reset=full(op.v_reset * unit), metadata=meta)
@@ -206,7 +214,8 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     nodes["output"] = nir.Output(output_type={"output": np.array(out_shape)})
     edges.append((last, "output"))
     meta = {"producer": "snnquant", "units": units, "dt": float(dt),
-            "reference_dtype": desc.reference_dtype, "format_version": desc.format_version}
+            "reference_dtype": desc.reference_dtype, "format_version": desc.format_version,
+            "exact": desc.exact}
     graph = nir.NIRGraph(nodes=nodes, edges=edges, metadata=meta, type_check=False)
     if path is not None:
         path = os.fspath(path)

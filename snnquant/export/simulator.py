@@ -30,10 +30,14 @@ class IntegerSNN:
     Per synaptic layer :math:`X = (\mathrm{conv}(x, w)\, m) \ll \sigma + b`; per neuron layer
     and step :math:`q = \mathrm{clamp}(\mathrm{rhe}(H, d + k), v_{min}, v_{max})`,
     :math:`S = [q \ge \theta]`, then hard or soft reset (see
-    :class:`~snnquant.export.NeuronOp`). The membrane starts at ``v_init`` on every call.
+    :class:`~snnquant.export.NeuronOp`; the leak is :math:`M (\cdot)` with an ``int64``
+    multiplication when ``leak_multiplier`` :math:`M \ne 1`). The membrane starts at ``v_init``
+    on every call.
 
     On the same integer input its spikes equal those of the fake-quantized float model in eval
-    mode (in the description's ``reference_dtype``), layer by layer and step by step.
+    mode (in the description's ``reference_dtype``), layer by layer and step by step, when the
+    description is exact (``desc.exact``); with a fixed-point leak (``exact=False``) they may
+    differ.
 
     Args:
         desc: the exported network.
@@ -99,8 +103,8 @@ class IntegerSNN:
 
     @staticmethod
     def _neuron(op: NeuronOp, x_seq: torch.Tensor) -> torch.Tensor:
-        d, k = op.grid_shift, op.leak_shift
-        total = d + k
+        d, k, m, r = op.grid_shift, op.leak_shift, op.leak_multiplier, op.leak_round_shift
+        total = d + k - r
         vr = op.v_reset if op.reset_mode == "hard" else 0
         v = torch.full(x_seq.shape[1:], op.v_init, dtype=torch.int64, device=x_seq.device)
         spikes = torch.empty(x_seq.shape, dtype=torch.int8, device=x_seq.device)
@@ -110,10 +114,16 @@ class IntegerSNN:
                 x = x << op.input_shift
             if op.kind == "if":
                 h = (v << d) + x
-            elif op.decay_input:
-                h = (v << total) + x - ((v - vr) << d)
             else:
-                h = (v << total) - ((v - vr) << d) + (x << k)
+                leak = x - ((v - vr) << d) if op.decay_input else (v - vr) << d
+                if m != 1:
+                    leak = leak * m
+                if r:
+                    leak = round_half_even_shift(leak, r)
+                if op.decay_input:
+                    h = (v << total) + leak
+                else:
+                    h = (v << total) - leak + (x << (k - r))
             q = torch.clamp(round_half_even_shift(h, total), op.v_min, op.v_max)
             s = q >= op.threshold
             if op.reset_mode == "hard":
