@@ -120,6 +120,15 @@ class _QuantConvNd(_QuantLayerMixin):
     _expected_dim = 0
     _shape_text = ""
 
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
+                 groups=1, bias=True, padding_mode="zeros", step_mode="s",
+                 weight_quant: QuantArg = 8, bias_quant: QuantArg = None, device=None, dtype=None):
+        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
+                         bias, padding_mode, step_mode=step_mode)
+        if device is not None or dtype is not None:
+            self.to(device=device, dtype=dtype)
+        self._init_quant(weight_quant, bias_quant)
+
     def _conv(self, x):
         return self._conv_forward(x, self.quantized_weight(), self.quantized_bias())
 
@@ -154,15 +163,6 @@ class QuantConv1d(_QuantConvNd, layer.Conv1d):
     _expected_dim = 4
     _shape_text = "[T, N, C, L]"
 
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, padding_mode="zeros", step_mode="s",
-                 weight_quant: QuantArg = 8, bias_quant: QuantArg = None, device=None, dtype=None):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
-                         bias, padding_mode, step_mode=step_mode)
-        if device is not None or dtype is not None:
-            self.to(device=device, dtype=dtype)
-        self._init_quant(weight_quant, bias_quant)
-
 
 class QuantConv2d(_QuantConvNd, layer.Conv2d):
     r"""2-d convolution with quantized weight and bias; drop-in for ``layer.Conv2d``/``nn.Conv2d``.
@@ -180,12 +180,3 @@ class QuantConv2d(_QuantConvNd, layer.Conv2d):
 
     _expected_dim = 5
     _shape_text = "[T, N, C, H, W]"
-
-    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
-                 groups=1, bias=True, padding_mode="zeros", step_mode="s",
-                 weight_quant: QuantArg = 8, bias_quant: QuantArg = None, device=None, dtype=None):
-        super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
-                         bias, padding_mode, step_mode=step_mode)
-        if device is not None or dtype is not None:
-            self.to(device=device, dtype=dtype)
-        self._init_quant(weight_quant, bias_quant)
