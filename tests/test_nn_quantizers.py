@@ -239,3 +239,13 @@ def test_layer_quantizers_follow_layer_dtype():
     assert lin.weight.dtype == torch.float64 and lin.weight_quant.step.dtype == torch.float64
     y = lin(torch.rand(2, 4, dtype=torch.float64))
     assert y.dtype == torch.float64
+
+
+@pytest.mark.parametrize("layer_fn,bad", [
+    (lambda: qnn.QuantLinear(4, 3, step_mode="m"), torch.randn(4)),
+    (lambda: qnn.QuantConv2d(2, 3, 3, step_mode="m"), torch.randn(2, 8, 8)),
+    (lambda: qnn.QuantConv1d(2, 3, 3, step_mode="m"), torch.randn(2, 8)),
+])
+def test_layers_name_the_expected_sequence_shape(layer_fn, bad):
+    with pytest.raises(ValueError, match=r"\[T, N, \.\.\.\]"):
+        layer_fn()(bad)

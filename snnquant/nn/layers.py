@@ -108,8 +108,8 @@ class QuantLinear(_QuantLayerMixin, layer.Linear):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.step_mode == "m" and x.dim() < 2:
-            raise ValueError(f"QuantLinear in step_mode='m' expects x with shape [T, N, *, "
-                             f"in_features], got shape {tuple(x.shape)}")
+            raise ValueError(f"QuantLinear in step_mode='m' expects x with shape [T, N, ...] "
+                             f"(last dimension in_features), got shape {tuple(x.shape)}")
         return F.linear(x, self.quantized_weight(), self.quantized_bias())
 
     def extra_repr(self):
@@ -137,7 +137,7 @@ class _QuantConvNd(_QuantLayerMixin):
             return self._conv(x)
         if x.dim() != self._expected_dim:
             raise ValueError(f"{type(self).__name__} in step_mode='m' expects x with shape "
-                             f"{self._shape_text}, got shape {tuple(x.shape)}")
+                             f"[T, N, ...] ({self._shape_text} here), got shape {tuple(x.shape)}")
         T, N = x.shape[0], x.shape[1]
         y = self._conv(x.flatten(0, 1))
         return y.view(T, N, *y.shape[1:])
