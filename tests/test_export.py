@@ -8,7 +8,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron, surrogate
-from torch.utils._python_dispatch import TorchDispatchMode
+from _dtype_recorder import RecordDtypes
 
 import snnquant.export.simulator as simulator_module
 from snnquant import QuantConfig, quantize_model
@@ -182,19 +182,7 @@ def test_simulator_uses_integer_ops_only():
     sim = IntegerSNN(desc)
     x_int = x.to(torch.int64)
 
-    class Record(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.dtypes = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for o in torch.utils._pytree.tree_leaves(out):
-                if isinstance(o, torch.Tensor):
-                    self.dtypes.append((str(func), o.dtype))
-            return out
-
-    with Record() as rec:
+    with RecordDtypes() as rec:
         out, layers = sim(x_int, record=True)
     assert len(rec.dtypes) > 20
     bad = [(f, d) for f, d in rec.dtypes if d.is_floating_point or d.is_complex]

@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
-from torch.utils._python_dispatch import TorchDispatchMode
+from _dtype_recorder import RecordDtypes
 
 from snnquant import QuantConfig, quantize_model
 from snnquant import nn as qnn
@@ -111,19 +111,7 @@ def test_simulator_uses_integer_ops_only_with_multiplier():
     desc = to_integer(net, leak_bits=12)
     x = inputs((16,), 6, 3, 0).to(torch.int64)
 
-    class Record(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.dtypes = []
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            out = func(*args, **(kwargs or {}))
-            for o in torch.utils._pytree.tree_leaves(out):
-                if isinstance(o, torch.Tensor):
-                    self.dtypes.append((str(func), o.dtype))
-            return out
-
-    with Record() as rec:
+    with RecordDtypes() as rec:
         IntegerSNN(desc)(x)
     bad = [(f, d) for f, d in rec.dtypes if d.is_floating_point or d.is_complex]
     assert not bad, bad
