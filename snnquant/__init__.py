@@ -7,10 +7,12 @@
 from ._version import __version__
 from . import functional
 from . import nn
-from .convert import QuantConfig, QuantReport, quantize_model, summary
+from .convert import QuantConfig, QuantReport, quantize_model
+from .summary import Summary, summary
+from .utils import copy_model, is_multi_step
 
 __all__ = ["__version__", "functional", "nn", "QuantConfig", "QuantReport", "quantize_model",
-           "summary", "export", "datasets", "kernels"]
+           "summary", "Summary", "copy_model", "is_multi_step", "export", "datasets", "kernels"]
 
 _LAZY = ("export", "datasets", "kernels")
 

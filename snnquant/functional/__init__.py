@@ -15,7 +15,7 @@ from .clamping import (
     clamp_by_linear,
     multi_level_spike_count,
 )
-from .lsq import lsq_quantize
+from .lsq import lsq_quantize, lsq_quantize_unchecked
 from .rounding import (
     CeilSTE,
     FloorSTE,
@@ -88,6 +88,7 @@ __all__ = [
     # QKeras, LSQ, snntorch
     "quantized_bits",
     "lsq_quantize",
+    "lsq_quantize_unchecked",
     "state_quant",
     "StateQuantizer",
 ]
