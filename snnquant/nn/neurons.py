@@ -206,7 +206,15 @@ class _QuantNeuronMixin:
     def _reset_values(self, like):
         """``(v_reset_q, theta_q)``: on the quantizer's uniform grid when it has one (as the one-node
         path), else ``Q(v_reset)`` and ``None`` (soft reset then re-quantizes)."""
-        grid = self.v_quant.grid()
+        q = self.v_quant
+        if q.observing:  # the grid moves with every step: read it with tensor arithmetic only
+            step = q.current_step()
+            if step is not None:
+                step = step.detach().to(device=like.device, dtype=like.dtype)
+                vr_q = torch.zeros((), dtype=like.dtype, device=like.device) \
+                    if self.v_reset is None else self._on_grid(self.v_reset, like)
+                return vr_q, torch.ceil(self.v_threshold / step) * step
+        grid = None if q.observing else q.grid()
         if grid is not None and grid.per_tensor:
             return membrane_reset_values(grid.step.to(device=like.device, dtype=like.dtype),
                                          grid.qmin, grid.qmax, self.v_threshold, self.v_reset)

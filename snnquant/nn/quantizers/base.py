@@ -145,16 +145,15 @@ class QuantizerBase(nn.Module, base.StepModule):
         """Factor applied to the gradient of a learned step when quantizing ``x`` (1 by default)."""
         return 1.0
 
-    def value_range(self):
-        """``(low, high)`` of the output levels when known without data, else ``None``."""
+    def current_step(self) -> Optional[torch.Tensor]:
+        """The per-tensor step of the current grid as a 0-dim tensor, computed without reading
+        any device value on the host (so it can be called on every training step), or ``None``
+        when the grid is not uniform per tensor."""
         g = self.grid()
-        if g is None:
-            return None
-        if g.levels is not None:
-            return float(g.levels.min()), float(g.levels.max())
-        if g.step.dim() == 0 and not g.step.requires_grad:
-            s = float(g.step)
-            return g.qmin * s, g.qmax * s
+        return g.step if g is not None and g.per_tensor else None
+
+    def value_range(self):
+        """``(low, high)`` of the output levels of a fixed level set, else ``None``."""
         return None
 
     def config(self) -> dict:
