@@ -17,6 +17,8 @@ from typing import Any, Optional, Protocol
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..functional import compute_dtype
+
 NEURON_CODES = {"if": 0, "lif": 1, "plif": 2}
 SURROGATE_CODES = {"Sigmoid": 0, "ATan": 1}
 SUPPORTED_SURROGATES = ("spikingjelly.activation_based.surrogate.Sigmoid",
@@ -41,19 +43,6 @@ def kernel_source() -> str:
         The source text, compiled by NVRTC on the GPU and by g++ (behind ``host_shim.h``) on the CPU.
     """
     return resources.files(__package__).joinpath(SOURCE_FILE).read_text(encoding="utf-8")
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Return the dtype the kernels compute in for a storage ``dtype``.
-
-    .. math::
-        \\text{compute}(d) = \\begin{cases} \\text{float64} & d = \\text{float64} \\\\
-        \\text{float32} & d \\in \\{\\text{float32}, \\text{float16}, \\text{bfloat16}\\}\\end{cases}
-
-    Args:
-        dtype: storage dtype of the sequences (one of ``DTYPE_CODES``).
-    """
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _surrogate_kind(surrogate_function: Any) -> Optional[tuple[int, float]]:

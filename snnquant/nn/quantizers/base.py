@@ -27,17 +27,18 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import base
 
+from ...functional import check_bit_width
+
 __all__ = ["Grid", "QuantizerBase", "check_bits", "signed_range"]
 
 
 def check_bits(bits, name: str = "bits", low: int = 1, high: int = 32) -> int:
     """Return ``bits`` if it is an int in ``[low, high]``, else raise ``ValueError`` naming it.
 
-    The one bit-width check of the package (the functional quantizers use it too).
+    The module-side spelling of :func:`snnquant.functional.check_bit_width`, the one bit-width
+    check of snnquant.
     """
-    if isinstance(bits, bool) or not isinstance(bits, int) or not low <= bits <= high:
-        raise ValueError(f"{name} must be an int in [{low}, {high}], got {bits!r}")
-    return bits
+    return check_bit_width(bits, name, low, high)
 
 
 def signed_range(bits: int, signed: bool):
