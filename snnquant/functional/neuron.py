@@ -41,6 +41,7 @@ the reset. :math:`V_{r,q}` and :math:`\theta_q` are constants for autograd.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -96,23 +97,36 @@ class NeuronParams:
     store_v_seq: bool = False
 
     def __post_init__(self):
+        # one rule per kind of mistake: a wrong type is a TypeError, a wrong value a ValueError
         if self.neuron not in NEURON_KINDS:
-            raise ValueError(f"neuron must be one of {NEURON_KINDS}, got {self.neuron!r}")
-        if self.neuron == "lif" and not (isinstance(self.tau, (int, float)) and
-                                         not isinstance(self.tau, bool) and self.tau > 0):
-            raise ValueError(f"tau must be a positive number for 'lif', got {self.tau!r}")
+            raise ValueError(f"neuron must be one of {list(NEURON_KINDS)}, got {self.neuron!r}")
+        for name in ("decay_input", "detach_reset", "store_v_seq"):
+            if not isinstance(getattr(self, name), bool):
+                value = getattr(self, name)
+                raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
         for name in ("qmin", "qmax"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise ValueError(f"qmin and qmax must be ints with qmin < qmax, got "
-                                 f"qmin={self.qmin!r}, qmax={self.qmax!r}")
-        if self.qmin >= self.qmax:
-            raise ValueError(f"qmin and qmax must be ints with qmin < qmax, got qmin={self.qmin!r}, "
-                             f"qmax={self.qmax!r}")
-        for name in ("v_threshold", "step_grad_scale") + (("v_reset",) if self.v_reset is not None else ()):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ValueError(f"{name} must be a finite number, got {v!r}")
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+            object.__setattr__(self, name, int(value))
+        if not self.qmin < self.qmax:
+            raise ValueError(f"qmin must be < qmax, got qmin={self.qmin}, qmax={self.qmax}")
+        object.__setattr__(self, "v_threshold", _real("v_threshold", self.v_threshold))
+        object.__setattr__(self, "step_grad_scale", _real("step_grad_scale", self.step_grad_scale))
+        if self.v_reset is not None:
+            object.__setattr__(self, "v_reset", _real("v_reset", self.v_reset))
+        if self.neuron == "lif":
+            object.__setattr__(self, "tau", _real("tau", self.tau, positive=True))
+
+
+def _real(name: str, value, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value) or (positive and value <= 0.0):
+        kind = "a finite number > 0" if positive else "a finite number"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+    return value
 
 
 def neuron_fire(hq: torch.Tensor, v_threshold: float) -> torch.Tensor:
@@ -411,9 +425,9 @@ def quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau: fl
     if surrogate_function is None:
         from spikingjelly.activation_based import surrogate
         surrogate_function = surrogate.Sigmoid()
-    cfg = NeuronParams(neuron, tau if neuron == "lif" else None, bool(decay_input), v_threshold,
-                       v_reset, surrogate_function, bool(detach_reset), qmin, qmax,
-                       step_grad_scale, bool(store_v_seq))
+    cfg = NeuronParams(neuron, tau if neuron == "lif" else None, decay_input, v_threshold,
+                       v_reset, surrogate_function, detach_reset, qmin, qmax, step_grad_scale,
+                       store_v_seq)
     _check_tensors(x_seq, neuron, w, step)
     dev = x_seq.device
     if not isinstance(step, torch.Tensor):
