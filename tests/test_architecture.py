@@ -327,7 +327,7 @@ def test_training_step_reads_nothing_on_the_host(membrane):
 
 def test_compiled_csnn_has_no_graph_break_and_equals_eager():
     net = _csnn()
-    x = torch.rand(3, 2, 1, 8, 8)
+    x = torch.rand(2, 2, 1, 8, 8)
     net(x)  # initialise the LSQ steps
     sjf.reset_net(net)
 

@@ -28,8 +28,10 @@ class UniformQuantizer(ConfigCheckMixin, QuantizerBase):
 
     with :math:`q_{min} = -2^{b-1}, q_{max} = 2^{b-1} - 1` (signed) or :math:`0, 2^b - 1`.
     This is the default membrane quantizer of the quantized neurons: ``v_quant=b`` means
-    ``UniformQuantizer(b, step=v_threshold * 2 ** (2 - b))``, the range :math:`[-2V_{th}, 2V_{th})`
-    with :math:`2^{b-2}` levels per threshold.
+    ``UniformQuantizer(b, step=uniform_membrane_step(v_threshold, b))``, a power-of-two step whose
+    range covers :math:`[-2V_{th}, 2V_{th})` (exactly that range, with :math:`2^{b-2}` levels per
+    threshold, when :math:`V_{th}` is a power of two); see
+    :func:`~snnquant.nn.neurons.uniform_membrane_step`.
 
     Args:
         bits: bit width :math:`b` (2..32).
