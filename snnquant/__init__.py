@@ -8,9 +8,10 @@ from ._version import __version__
 from . import functional
 from . import nn
 from .convert import QuantConfig, QuantReport, quantize_model, summary
+from ._io import load_checkpoint, save_checkpoint
 
 __all__ = ["__version__", "functional", "nn", "QuantConfig", "QuantReport", "quantize_model",
-           "summary", "export", "datasets", "kernels"]
+           "summary", "save_checkpoint", "load_checkpoint", "export", "datasets", "kernels"]
 
 _LAZY = ("export", "datasets", "kernels")
 
