@@ -72,7 +72,7 @@ def test_save_load_round_trip(tmp_path, bits):
     assert json.loads(meta["bits"])["0"]["weight"] == bits
     assert ("ops.0.weight" in keys) == (bits == 8)
     assert ("ops.0.weight_packed" in keys) == (bits == 2)
-    assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp")] == []
+    assert [p for p in os.listdir(tmp_path) if ".tmp" in p] == []
 
 
 def _rewrite(path, out, **meta_changes):
