@@ -132,9 +132,17 @@ def _read_header(data: bytes, path: str):
                          f"header: {exc})") from None
     meta = header.get("__metadata__") if isinstance(header, dict) else None
     if not isinstance(meta, dict):
-        raise ValueError(f"{path!r} is a safetensors file but not an snnquant integer network "
-                         f"(no format={FILE_FORMAT!r} metadata)")
+        raise _not_ours(path, raw)
     return meta, raw
+
+
+def _not_ours(path: str, raw_header: bytes) -> ValueError:
+    if FILE_FORMAT.encode() in raw_header or _CHECKSUM_KEY.encode() in raw_header:
+        return ValueError(f"{path!r} is corrupt: it looks like an snnquant integer network file, "
+                          f"but its header is damaged (no readable format={FILE_FORMAT!r} "
+                          f"metadata)")
+    return ValueError(f"{path!r} is a safetensors file but not an snnquant integer network "
+                      f"(no format={FILE_FORMAT!r} metadata)")
 
 
 def _verify_file(data: bytes, raw_header: bytes, meta: dict, path: str) -> None:
@@ -190,12 +198,10 @@ def _from_bytes(data: bytes, path_s: str) -> IntegerNetwork:
         if _CHECKSUM_KEY not in meta:
             if meta.get("format") == FILE_FORMAT:
                 raise ValueError(f"{path_s!r} is corrupt: its metadata has no {_CHECKSUM_KEY}")
-            raise ValueError(f"{path_s!r} is a safetensors file but not an snnquant integer "
-                             f"network (no format={FILE_FORMAT!r} metadata)")
+            raise _not_ours(path_s, raw_header)
         _verify_file(data, raw_header, meta, path_s)
     if meta.get("format") != FILE_FORMAT:
-        raise ValueError(f"{path_s!r} is a safetensors file but not an snnquant integer network "
-                         f"(no format={FILE_FORMAT!r} metadata)")
+        raise _not_ours(path_s, raw_header)
     version = meta.get("format_version")
     readable = [str(v) for v in READABLE_FORMAT_VERSIONS]
     if version not in readable:
