@@ -139,6 +139,24 @@ def test_save_is_atomic(tmp_path, monkeypatch):
         save_integer(conv_net(), path)
 
 
+def test_save_on_a_full_disk_names_the_file_and_keeps_the_previous_one(tmp_path, monkeypatch):
+    import errno
+    path = tmp_path / "net.safetensors"
+    save_integer(small_desc(), path)
+    before = path.read_bytes()
+    real_write = os.write
+
+    def full(fd, data):
+        real_write(fd, bytes(data[:100]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match=r"net\.safetensors.*no space left on the device"):
+        save_integer(to_integer(conv_net()), path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["net.safetensors"]
+
+
 def small_desc():
     torch.manual_seed(0)
     net = nn.Sequential(layer.Linear(3, 2), neuron.LIFNode(tau=2.0))
