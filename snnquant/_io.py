@@ -31,7 +31,8 @@ PathLike = Union[str, os.PathLike]
 _NO_SPACE = {errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC)}
 # errors of fsync on a folder that mean "not supported here", not "the data is lost"
 _DIR_SYNC_UNSUPPORTED = {errno.EINVAL, errno.EBADF, errno.EISDIR, errno.EACCES, errno.EPERM,
-                         getattr(errno, "ENOTSUP", errno.EINVAL), getattr(errno, "EOPNOTSUPP", errno.EINVAL)}
+                         getattr(errno, "ENOTSUP", errno.EINVAL),
+                         getattr(errno, "EOPNOTSUPP", errno.EINVAL)}
 
 
 def _host() -> str:
@@ -246,8 +247,8 @@ def load_checkpoint(path: PathLike, map_location=None):
     if not sealed:
         if len(data) >= _EOCD_SIZE and data[-_EOCD_SIZE:-_EOCD_SIZE + 4] == _EOCD \
                 and data[-2:] == b"\0\0":
-            raise ValueError(f"{path!r} has no snnquant checksum (written by torch.save or an older "
-                             f"snnquant), so it cannot be verified; load it with "
+            raise ValueError(f"{path!r} has no snnquant checksum (written by torch.save or an "
+                             f"older snnquant), so it cannot be verified; load it with "
                              f"torch.load({path!r}, weights_only=True) if you trust it, or save it "
                              f"again with snnquant.save_checkpoint")
         raise ValueError(f"{path!r} is corrupt or truncated: it does not end as a file written by "

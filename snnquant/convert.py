@@ -21,8 +21,8 @@ from .nn.neurons import BACKENDS, QuantIFNode, QuantLIFNode, QuantParametricLIFN
 from .nn.quantizers import (LSQQuantizer, MinMaxQuantizer, QuantizedBits, QuantizerBase,
                             StateQuant, UniformQuantizer, WeightGridBiasQuantizer, check_bits)
 
-__all__ = ["QuantConfig", "QuantConfigTypeError", "QuantReport", "ReplacedModule", "SkippedModule", "quantize_model",
-           "summary", "Summary", "WEIGHT_QUANTIZERS", "MEMBRANE_QUANTIZERS"]
+__all__ = ["QuantConfig", "QuantConfigTypeError", "QuantReport", "ReplacedModule", "SkippedModule",
+           "quantize_model", "summary", "Summary", "WEIGHT_QUANTIZERS", "MEMBRANE_QUANTIZERS"]
 
 WEIGHT_QUANTIZERS = ("lsq", "lsq_pow2", "minmax", "quantized_bits")
 MEMBRANE_QUANTIZERS = ("uniform", "threshold_centered", "lsq")
@@ -264,7 +264,8 @@ def _why_not_quantized(module) -> Optional[str]:
     if isinstance(module, _BATCH_NORMS):
         return ("batch normalization stays float; fold it into the preceding layer "
                 "(snnquant.export.fold_batchnorm) before an integer export")
-    return f"{kind} has parameters or buffers that quantize_model does not quantize; they stay float"
+    return (f"{kind} has parameters or buffers that quantize_model does not quantize; they stay "
+            f"float")
 
 
 def _pow2(value: float) -> bool:
@@ -436,9 +437,11 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
     positions, order = _positions(model)
     all_names = list(order)
     target_names = []
-    root_reason = _why_not_quantized(model) if (_layer_target(model) or _neuron_target(model)) is None \
-        else "quantize_model replaces the submodules of the model, not the model itself: wrap it " \
-             "(nn.Sequential(model))"
+    if _layer_target(model) is None and _neuron_target(model) is None:
+        root_reason = _why_not_quantized(model)
+    else:
+        root_reason = ("quantize_model replaces the submodules of the model, not the model itself: "
+                       "wrap it (nn.Sequential(model))")
     if root_reason is not None and (_carries_weights_or_state(model) or _is_neuron(model)):
         report.skipped.append(SkippedModule("", type(model).__name__, root_reason))
     for module, names, slots in positions:

@@ -225,5 +225,6 @@ def _from_bytes(data: bytes, path_s: str) -> IntegerNetwork:
             raise ValueError(f"the description says format_version {desc.format_version}, the "
                              f"file metadata {version!r}")
     except (KeyError, TypeError, ValueError, AttributeError, json.JSONDecodeError) as exc:
-        raise ValueError(f"{path_s!r} is corrupt: its description cannot be read ({exc!r})") from None
+        raise ValueError(f"{path_s!r} is corrupt: its description cannot be read "
+                         f"({exc!r})") from None
     return desc
