@@ -65,7 +65,8 @@ def remove_stale_temporaries(path: PathLike) -> list:
     path = os.fspath(path)
     folder = os.path.dirname(os.path.abspath(path))
     base = os.path.basename(path)
-    pattern = re.compile(re.escape(base) + r"\.tmp-(?:(?P<host>.+)-)?(?P<pid>\d+)(?:-[0-9a-f]{8})?")
+    pattern = re.compile(re.escape(base) + r"\.tmp-(?:(?P<host>[^-]+)-(?P<pid>\d+)-[0-9a-f]{8}"
+                                           r"|(?P<old_pid>\d+))")
     if os.name == "nt":  # no cheap way to ask whether a pid runs
         return []
     try:
@@ -75,7 +76,8 @@ def remove_stale_temporaries(path: PathLike) -> list:
     removed = []
     for name in names:
         m = pattern.fullmatch(name)
-        if m is None or (m.group("host") not in (None, _host())) or _pid_alive(int(m.group("pid"))):
+        if m is None or m.group("host") not in (None, _host()) or \
+                _pid_alive(int(m.group("pid") or m.group("old_pid"))):
             continue
         try:
             os.unlink(os.path.join(folder, name))
