@@ -9,8 +9,12 @@ digits dataset) with quantization in the loop.
 
 The network is SpikingJelly's CSNN (conv-BN-LIF blocks, multi-step), quantized with
 ``snnquant.quantize_model``. Outputs under ``--out``: TensorBoard scalars, ``metrics.json``,
-``accuracy.png``, ``firing_rates.png``, ``checkpoint.pt`` (every epoch, atomic; ``--resume``
-continues from it) and ``model.pt`` (the trained state_dict), plus ``summary.txt``.
+``accuracy.png``, ``firing_rates.png``, ``checkpoint.pt`` (every epoch; ``--resume`` continues
+from it, and refuses a checkpoint made with other settings, listing them) and ``model.pt`` (the
+trained state_dict), plus ``summary.txt``. Every file is written atomically
+(``snnquant._io.atomic_write``); ``checkpoint.pt`` and ``model.pt`` carry a SHA-256 checksum
+(``snnquant.save_checkpoint``) and load, verified and without pickle, with
+``snnquant.load_checkpoint`` (plain ``torch.load`` reads them too).
 """
 from __future__ import annotations
 
@@ -26,10 +30,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-# Flags that change the results: a checkpoint made with other values cannot be resumed.
-RESULT_FLAGS = ("weight_bits", "v_bits", "weight_quantizer", "membrane_quantizer", "per_tensor", "T",
-                "epochs", "batch_size", "lr", "seed", "amp", "channels", "samples_per_class",
-                "data_root", "tau")
+# Flags that do not change what the training epochs compute: a run may resume with other values.
+# Every other flag (and the world size and device type) is part of the run configuration stored
+# in the checkpoint, and --resume refuses a checkpoint made with another configuration.
+RESUMABLE_FLAGS = ("out", "resume", "workers", "stop_after", "no_integer_check", "finetune_epochs",
+                   "device")
 
 
 def parse_args(argv=None):
@@ -253,16 +258,9 @@ def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, 
     return total_loss / count, correct / count
 
 
-def atomic_torch_save(obj, path: Path):
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    torch.save(obj, tmp)
-    os.replace(tmp, path)
-
-
 def atomic_write_text(path: Path, text: str):
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    from snnquant._io import atomic_write
+    atomic_write(path, text)
 
 
 def write_plots(out: Path, history):
@@ -276,26 +274,60 @@ def write_plots(out: Path, history):
     ax.plot(epochs, [h["test_acc"] for h in history], label="test")
     ax.set_xlabel("epoch"), ax.set_ylabel("accuracy"), ax.legend(), ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "accuracy.png.tmp.png", dpi=100)
-    plt.close(fig)
-    os.replace(out / "accuracy.png.tmp.png", out / "accuracy.png")
+    _save_figure(fig, out / "accuracy.png")
     rates = history[-1]["firing_rates"]
     fig, ax = plt.subplots(figsize=(5, 3.5))
     for name in rates:
         ax.plot(epochs, [h["firing_rates"][name] for h in history], label=f"layer {name}")
     ax.set_xlabel("epoch"), ax.set_ylabel("mean firing rate"), ax.legend(), ax.grid(alpha=0.3)
     fig.tight_layout()
-    fig.savefig(out / "firing_rates.png.tmp.png", dpi=100)
+    _save_figure(fig, out / "firing_rates.png")
+
+
+def _save_figure(fig, path: Path):
+    import io
+
+    import matplotlib.pyplot as plt
+    from snnquant._io import atomic_write
+
+    buffer = io.BytesIO()
+    fig.savefig(buffer, format="png", dpi=100)
     plt.close(fig)
-    os.replace(out / "firing_rates.png.tmp.png", out / "firing_rates.png")
+    atomic_write(path, buffer.getvalue())
 
 
-def check_resume_flags(saved: dict, args) -> None:
-    diff = [f"--{k.replace('_', '-')}: checkpoint {saved.get(k)!r}, now {getattr(args, k)!r}"
-            for k in RESULT_FLAGS if saved.get(k) != getattr(args, k)]
+def run_configuration(args, world: int) -> dict:
+    """Everything that changes what the training epochs compute: all flags but
+    ``RESUMABLE_FLAGS``, the device type and the world size (number of processes)."""
+    config = {k: v for k, v in sorted(vars(args).items()) if k not in RESUMABLE_FLAGS}
+    config["device_type"] = torch.device(args.device).type
+    config["world_size"] = world
+    return config
+
+
+def config_differences(saved: dict, current: dict) -> list:
+    """``["--lr: checkpoint 0.002, now 0.5", ...]``: the settings in which two run configurations
+    differ (a setting missing from one of them counts as a difference)."""
+    labels = {"world_size": "world size (number of processes)", "device_type": "device type"}
+    missing = "<not recorded>"
+    diff = []
+    for key in sorted(set(saved) | set(current), key=lambda k: (k in labels, k)):
+        a, b = saved.get(key, missing), current.get(key, missing)
+        if a != b or type(a) is not type(b):
+            label = labels.get(key, "--" + key.replace("_", "-"))
+            diff.append(f"{label}: checkpoint {a!r}, now {b!r}")
+    return diff
+
+
+def check_resume_config(ckpt: dict, current: dict, path: Path) -> None:
+    saved = ckpt.get("config") if isinstance(ckpt, dict) else None
+    if not isinstance(saved, dict):
+        raise SystemExit(f"cannot resume from {path}: it records no run configuration (made by an "
+                         f"older version of this example); start a new run")
+    diff = config_differences(saved, current)
     if diff:
-        raise SystemExit("cannot resume: the checkpoint was made with other flags:\n  "
-                         + "\n  ".join(diff))
+        raise SystemExit(f"cannot resume from {path}: the checkpoint was made with other settings, "
+                         f"and a resumed run would match neither run:\n  " + "\n  ".join(diff))
 
 
 def deploy_check(model, train_set, test_set, args, device, out: Path, max_samples: int = 64):
@@ -316,6 +348,7 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
                            "(--weight-quantizer lsq_pow2) and a uniform membrane"}
     from spikingjelly.activation_based import functional
 
+    import snnquant
     from snnquant.export import fold_batchnorm, integer_agreement, save_integer, to_integer
 
     folded = fold_batchnorm(model.eval()).to(device)
@@ -343,7 +376,7 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
     folded = folded.cpu().eval()
     desc = to_integer(folded)
     save_integer(desc, out / "model_int.safetensors")
-    atomic_torch_save(folded.state_dict(), out / "model_folded.pt")
+    snnquant.save_checkpoint(folded.state_dict(), out / "model_folded.pt")
     agreement = integer_agreement(folded, x_seq, desc)
     return {"folded_test_acc": folded_acc, "agreement": float(agreement),
             "samples": int(x_seq.shape[1]), "finetune": history}
@@ -365,6 +398,17 @@ def main(argv=None):
     random.seed(args.seed)
     torch.manual_seed(args.seed)
 
+    # the checkpoint is verified (checksum) and its run configuration checked before any work
+    ckpt_path, ckpt = out / "checkpoint.pt", None
+    if args.resume:
+        if not ckpt_path.exists():
+            raise SystemExit(f"--resume: no checkpoint at {ckpt_path}")
+        try:
+            ckpt = snnquant.load_checkpoint(ckpt_path, map_location="cpu")
+        except ValueError as exc:
+            raise SystemExit(f"--resume: {exc}") from None
+        check_resume_config(ckpt, run_configuration(args, world), ckpt_path)
+
     train_set, test_set = load_data(args, rank)
     model, report = quantize(build_csnn(args.channels, args.tau), args)
     model.to(device)
@@ -375,12 +419,7 @@ def main(argv=None):
     scaler = torch.amp.GradScaler("cuda") if args.amp and device.type == "cuda" else None
 
     start_epoch, history = 0, []
-    ckpt_path = out / "checkpoint.pt"
-    if args.resume:
-        if not ckpt_path.exists():
-            raise SystemExit(f"--resume: no checkpoint at {ckpt_path}")
-        ckpt = torch.load(ckpt_path, map_location="cpu", weights_only=True)
-        check_resume_flags(ckpt["flags"], args)
+    if ckpt is not None:
         model.load_state_dict(ckpt["model"])
         opt.load_state_dict(ckpt["optimizer"])
         sched.load_state_dict(ckpt["scheduler"])
@@ -438,8 +477,8 @@ def main(argv=None):
                         scheduler=sched.state_dict(), epoch=epoch + 1,
                         torch_rng=torch.get_rng_state(), history=json.dumps(history),
                         scaler=scaler.state_dict() if scaler is not None else {},
-                        flags={k: getattr(args, k) for k in RESULT_FLAGS})
-            atomic_torch_save(ckpt, ckpt_path)
+                        config=run_configuration(args, world))
+            snnquant.save_checkpoint(ckpt, ckpt_path)
             atomic_write_text(out / "metrics.json", json.dumps(
                 dict(flags=vars(args), history=history), indent=2))
             write_plots(out, history)
@@ -447,6 +486,8 @@ def main(argv=None):
         if args.stop_after is not None and epoch + 1 >= args.stop_after:
             if rank == 0:
                 print(f"stopping after epoch {epoch + 1} (--stop-after)")
+            if writer is not None:
+                writer.close()
             return dict(stopped_after=epoch + 1)
 
     result = dict(test_acc=history[-1]["test_acc"] if history else None,
@@ -464,7 +505,7 @@ def main(argv=None):
         summ = snnquant.summary(model, frames.float().transpose(0, 1).to(device))
         print(summ)
         atomic_write_text(out / "summary.txt", str(summ) + "\n")
-        atomic_torch_save(model.state_dict(), out / "model.pt")
+        snnquant.save_checkpoint(model.state_dict(), out / "model.pt")
         print(f"saved the trained model to {out / 'model.pt'}")
         if not args.no_integer_check:
             functional.reset_net(model)

@@ -10,9 +10,11 @@ from . import nn
 from .convert import QuantConfig, QuantReport, quantize_model
 from .summary import Summary, summary
 from .utils import copy_model, is_multi_step
+from ._io import load_checkpoint, save_checkpoint
 
 __all__ = ["__version__", "functional", "nn", "QuantConfig", "QuantReport", "quantize_model",
-           "summary", "Summary", "copy_model", "is_multi_step", "export", "datasets", "kernels"]
+           "summary", "Summary", "copy_model", "is_multi_step", "save_checkpoint",
+           "load_checkpoint", "export", "datasets", "kernels"]
 
 _LAZY = ("export", "datasets", "kernels")
 

@@ -24,11 +24,15 @@ from .nn.neurons import uniform_membrane_step
 from .summary import Summary, summary  # noqa: F401  (still importable from snnquant.convert)
 from .utils import copy_model
 
-__all__ = ["QuantConfig", "QuantReport", "ReplacedModule", "SkippedModule", "quantize_model",
+__all__ = ["QuantConfig", "QuantConfigTypeError", "QuantReport", "ReplacedModule", "SkippedModule", "quantize_model",
            "WEIGHT_QUANTIZERS", "MEMBRANE_QUANTIZERS"]
 
 WEIGHT_QUANTIZERS = ("lsq", "lsq_pow2", "minmax", "quantized_bits")
 MEMBRANE_QUANTIZERS = ("uniform", "threshold_centered", "lsq")
+
+
+class QuantConfigTypeError(TypeError, ValueError):
+    """A :class:`QuantConfig` field of the wrong type (both a ``TypeError`` and a ``ValueError``)."""
 
 
 @dataclass
@@ -71,31 +75,56 @@ class QuantConfig:
         self.validate()
 
     def validate(self) -> None:
-        """Raise ``ValueError`` (listing the valid choices) for any invalid field."""
+        """Raise ``ValueError`` (listing the valid choices) for any invalid field.
+
+        A value of the wrong type (``per_channel="per_tensor"``, ``weight_bits=4.0``,
+        ``skip="fc"``) raises an error that is both a ``ValueError`` and a ``TypeError``, naming
+        the field and the value.
+        """
         for name in ("weight_bits", "bias_bits", "v_bits"):
             value = getattr(self, name)
             if value is not None:
-                if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= 32:
+                if isinstance(value, bool) or not isinstance(value, int):
+                    raise QuantConfigTypeError(f"{name} must be None or an int in [2, 32], got "
+                                               f"{value!r} ({type(value).__name__})")
+                if not 2 <= value <= 32:
                     raise ValueError(f"{name} must be None or an int in [2, 32], got {value!r}")
-        if self.weight_quantizer not in WEIGHT_QUANTIZERS:
-            raise ValueError(f"weight_quantizer must be one of {WEIGHT_QUANTIZERS}, got "
-                             f"{self.weight_quantizer!r}")
-        if self.membrane_quantizer not in MEMBRANE_QUANTIZERS:
-            raise ValueError(f"membrane_quantizer must be one of {MEMBRANE_QUANTIZERS}, got "
-                             f"{self.membrane_quantizer!r}")
-        if self.backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
+        if not isinstance(self.per_channel, bool):
+            raise QuantConfigTypeError(f"per_channel must be True or False, got "
+                                       f"{self.per_channel!r} ({type(self.per_channel).__name__})")
+        for name, choices in (("weight_quantizer", WEIGHT_QUANTIZERS),
+                              ("membrane_quantizer", MEMBRANE_QUANTIZERS), ("backend", BACKENDS)):
+            value = getattr(self, name)
+            if not isinstance(value, str):
+                raise QuantConfigTypeError(f"{name} must be one of {tuple(choices)}, got {value!r} "
+                                           f"({type(value).__name__})")
+            if value not in choices:
+                raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
         if isinstance(self.skip, str):
-            raise ValueError(f"skip must be a list of glob patterns, got the string {self.skip!r}")
+            raise QuantConfigTypeError(f"skip must be a list of glob patterns, got the string "
+                                       f"{self.skip!r}")
+        if not isinstance(self.skip, (list, tuple)) or \
+                not all(isinstance(p, str) for p in self.skip):
+            raise QuantConfigTypeError(f"skip must be a list of glob patterns (strings), got "
+                                       f"{self.skip!r}")
+        if not isinstance(self.overrides, dict):
+            raise QuantConfigTypeError(f"overrides must be a dict {{pattern: {{field: value}}}}, "
+                                       f"got {self.overrides!r}")
         valid = {f.name for f in dataclasses.fields(self)} - {"skip", "overrides"}
-        for pattern, change in dict(self.overrides).items():
+        for pattern, change in self.overrides.items():
+            if not isinstance(pattern, str):
+                raise QuantConfigTypeError(f"overrides keys must be glob patterns (strings), got "
+                                           f"{pattern!r}")
             if not isinstance(change, dict):
-                raise ValueError(f"overrides[{pattern!r}] must be a dict, got {change!r}")
+                raise QuantConfigTypeError(f"overrides[{pattern!r}] must be a dict, got {change!r}")
             unknown = set(change) - valid
             if unknown:
                 raise ValueError(f"overrides[{pattern!r}] has unknown fields {sorted(unknown)}; "
                                  f"valid fields: {sorted(valid)}")
-            dataclasses.replace(self, overrides={}, skip=(), **change)  # validates the values
+            try:
+                dataclasses.replace(self, overrides={}, skip=(), **change)  # validates the values
+            except ValueError as exc:
+                raise type(exc)(f"overrides[{pattern!r}]: {exc}") from None
 
     def for_module(self, name: str) -> "QuantConfig":
         """The configuration that applies to module ``name`` (after ``overrides``)."""
@@ -121,14 +150,31 @@ class SkippedModule(NamedTuple):
 
 @dataclass
 class QuantReport:
-    """What :func:`quantize_model` did: ``replaced`` and ``skipped`` modules."""
+    r"""What :func:`quantize_model` did.
+
+    Attributes:
+        replaced: the replaced modules, one entry per position (a module used at two places
+            appears under both names).
+        skipped: every module left as it was that carries weights or state (parameters,
+            buffers, a membrane), with the reason.
+        shared: groups of names that are one module (quantized once, the same quantized module
+            at every position).
+        notes: what the quantized network still needs before an exact integer export (for
+            example a learned :math:`\tau` of a ``ParametricLIFNode``).
+    """
     replaced: List[ReplacedModule] = field(default_factory=list)
     skipped: List[SkippedModule] = field(default_factory=list)
+    shared: List[List[str]] = field(default_factory=list)
+    notes: List[str] = field(default_factory=list)
 
     def __str__(self):
+        same = {n: group[0] for group in self.shared for n in group[1:]}
         lines = [f"replaced {len(self.replaced)} modules, skipped {len(self.skipped)}"]
-        lines += [f"  {r.name}: {r.old_type} -> {r.new_type}" for r in self.replaced]
+        lines += [f"  {r.name}: {r.old_type} -> {r.new_type}"
+                  + (f" (the same module as {same[r.name]})" if r.name in same else "")
+                  for r in self.replaced]
         lines += [f"  {s.name}: {s.old_type} skipped ({s.reason})" for s in self.skipped]
+        lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
 
@@ -165,6 +211,10 @@ _QUANT_TYPES = (QuantLinear, QuantConv1d, QuantConv2d, QuantIFNode, QuantLIFNode
                 QuantParametricLIFNode)
 
 
+_BATCH_NORMS = (nn.modules.batchnorm._BatchNorm,)
+_NO_QUANTIZED_VERSION = (nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
+
+
 def _layer_target(module):
     if isinstance(module, _QUANT_TYPES):
         return None
@@ -179,6 +229,64 @@ def _neuron_target(module):
     if isinstance(module, _QUANT_TYPES):
         return None
     return _NEURON_MAP.get(type(module))
+
+
+def _is_neuron(module) -> bool:
+    from spikingjelly.activation_based.base import MemoryModule
+    from spikingjelly.activation_based.neuron import BaseNode, SimpleBaseNode
+    return isinstance(module, (BaseNode, SimpleBaseNode)) \
+        or type(module).__module__.startswith("spikingjelly.activation_based.neuron") \
+        or (isinstance(module, MemoryModule) and "v" in getattr(module, "_memories", {}))
+
+
+def _carries_weights_or_state(module) -> bool:
+    return any(True for _ in module.parameters(recurse=False)) or \
+        any(True for _ in module.buffers(recurse=False))
+
+
+def _why_not_quantized(module) -> Optional[str]:
+    """The reason a module that is not replaced is left alone, or None (nothing to say)."""
+    kind = type(module).__name__
+    if type(module).__module__.split(".")[0] == "snnquant":
+        if _carries_weights_or_state(module) or _is_neuron(module):
+            return f"already an snnquant module ({kind}), left as it is"
+        return None
+    if _is_neuron(module):
+        return (f"unsupported neuron type {kind}; supported: "
+                f"{[c.__name__ for c in _NEURON_MAP]} (exactly these classes: a subclass may "
+                f"change the dynamics); its membrane stays float")
+    if not _carries_weights_or_state(module):
+        return None
+    if isinstance(module, _NO_QUANTIZED_VERSION):
+        return (f"no quantized version of {kind}: its weights stay float (quantize_model replaces "
+                f"Linear, Conv1d and Conv2d)")
+    for base_cls in _LAYER_MAP:
+        if isinstance(module, base_cls):
+            return (f"{kind} is a subclass of nn.{base_cls.__name__} that snnquant does not "
+                    f"recognise (its forward may differ), so its weights stay float; use "
+                    f"nn.{base_cls.__name__} or snnquant.nn.Quant{base_cls.__name__}")
+    if isinstance(module, _BATCH_NORMS):
+        return ("batch normalization stays float; fold it into the preceding layer "
+                "(snnquant.export.fold_batchnorm) before an integer export")
+    return (f"{kind} has parameters or buffers that quantize_model does not quantize; they stay "
+            f"float")
+
+
+def _pow2(value: float) -> bool:
+    import math
+    return value > 0 and math.isfinite(value) and math.frexp(value)[0] == 0.5
+
+
+def _plif_note(name: str, module) -> Optional[str]:
+    tau = float(1.0 / torch.sigmoid(module.w.detach().double()))
+    if not module.w.requires_grad and _pow2(tau):
+        return None
+    what = "learns its tau" if module.w.requires_grad else "has a fixed tau"
+    return (f"{name}: ParametricLIFNode {what} (now {tau:.6g}); a learned tau is rarely a power "
+            f"of two, so to_integer refuses the trained network unless you choose: an "
+            f"approximate fixed-point leak, to_integer(..., leak_bits=12), or a fixed "
+            f"power-of-two tau (LIFNode(tau=2.0), or ParametricLIFNode(init_tau=2.0) with "
+            f"w.requires_grad_(False))")
 
 
 def _convert_layer(module, q_cls, cfg: QuantConfig):
@@ -226,10 +334,62 @@ def _convert_neuron(module, q_cls, cfg: QuantConfig, device=None, dtype=None):
     return new
 
 
-def _is_unsupported_neuron(module) -> bool:
-    from spikingjelly.activation_based.neuron import BaseNode, SimpleBaseNode
-    return isinstance(module, (BaseNode, SimpleBaseNode)) and not isinstance(module, _QUANT_TYPES) \
-        and type(module) not in _NEURON_MAP
+def _positions(model: nn.Module):
+    """Every module under ``model`` with all its names and the slots ``(parent, attr)`` that
+    hold it, in the order of a depth-first walk; a module used twice appears once, with both
+    names. Also ``{name: position in the walk}``."""
+    found: Dict[int, list] = {}
+    order: Dict[str, int] = {}
+
+    def walk(parent: nn.Module, prefix: str, path: frozenset):
+        for attr, child in parent._modules.items():
+            if child is None or id(child) in path:
+                continue
+            name = f"{prefix}.{attr}" if prefix else attr
+            entry = found.setdefault(id(child), [child, [], []])
+            order.setdefault(name, len(order))
+            entry[1].append(name)
+            entry[2].append((parent, attr))
+            if _descend(child):
+                walk(child, name, path | {id(child)})
+
+    walk(model, "", frozenset({id(model)}))
+    return list(found.values()), order
+
+
+def _descend(module) -> bool:
+    # quantized layers and neurons hold their quantizers; neurons their surrogate functions
+    return type(module).__module__.split(".")[0] != "snnquant" and not _is_neuron(module) \
+        and _layer_target(module) is None
+
+
+def _decide(name: str, layer_cls, config: QuantConfig):
+    """``(skip_reason, None)`` or ``(None, cfg)`` for one position of a layer or neuron."""
+    if any(fnmatch.fnmatchcase(name, p) for p in config.skip):
+        return "matches a skip pattern", None
+    cfg = config.for_module(name)
+    if layer_cls is not None and cfg.weight_bits is None:
+        return "weight_bits is None", None
+    if layer_cls is None and cfg.v_bits is None:
+        return "v_bits is None", None
+    return None, dataclasses.replace(cfg, overrides={}, skip=())
+
+
+def _warn_unmatched(config: QuantConfig, all_names, target_names, model):
+    patterns = [("skip", p) for p in config.skip] + [("overrides", p) for p in config.overrides]
+    for kind, p in patterns:
+        matched = [n for n in all_names if fnmatch.fnmatchcase(n, p)]
+        if not matched:
+            some = ", ".join(repr(n) for n in list(all_names)[:8])
+            warnings.warn(f"{kind} pattern {p!r} matches no module of {type(model).__name__} "
+                          f"(module names: {some}{', ...' if len(all_names) > 8 else ''})",
+                          UserWarning, stacklevel=3)
+        elif not any(fnmatch.fnmatchcase(n, p) for n in target_names):
+            warnings.warn(f"{kind} pattern {p!r} matches only modules that quantize_model does not "
+                          f"replace ({', '.join(repr(n) for n in matched[:4])}), so it changes "
+                          f"nothing; patterns match the own name of a layer or neuron (for the "
+                          f"modules inside a container 'block', write 'block.*')",
+                          UserWarning, stacklevel=3)
 
 
 def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inplace: bool = False):
@@ -242,15 +402,25 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
     surrogate functions, ``step_mode``, device, dtype and ``requires_grad`` are kept (the very same
     parameter tensors are reused). Any ``nn.Module`` tree works, including SpikingJelly containers.
 
+    A module used at several positions (twice in one ``nn.Sequential``, or under two parents) is
+    quantized once and the same quantized module is put at every position, so the positions keep
+    sharing weights and quantizer parameters; the report lists every name (and ``report.shared``
+    the groups). If ``skip``/``overrides`` would treat the positions of one module differently, a
+    ``ValueError`` names them.
+
     Args:
         model: the network.
-        config: a :class:`QuantConfig` (default: ``QuantConfig()``, 8-bit LSQ weights).
+        config: a :class:`QuantConfig` (default: ``QuantConfig()``: 8-bit ``'lsq_pow2'`` weights,
+            16-bit biases on the weight grid; neurons stay float unless ``v_bits`` is set).
         inplace: modify ``model`` itself instead of a deep copy.
 
     Returns:
-        ``(quantized_model, report)`` with ``report.replaced`` and ``report.skipped``. Neurons of an
-        unsupported type are listed in ``report.skipped`` with the reason. A model with nothing to
-        quantize gives a warning and an empty report.
+        ``(quantized_model, report)``, a :class:`QuantReport`. Nothing is silently ignored: every
+        module left alone that carries weights or state (``Conv3d``, ``ConvTranspose*``, user
+        subclasses of ``nn.Linear``/``nn.Conv2d``, unsupported neurons, batch norm, ...) is in
+        ``report.skipped`` with the reason; ``report.notes`` says what an exact integer export
+        still needs (a trainable ``ParametricLIFNode``). A model with nothing to quantize gives a
+        warning, and so does a ``skip`` or ``overrides`` pattern that matches no module.
     """
     if config is None:
         config = QuantConfig()
@@ -268,37 +438,52 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
     model_device = ref.device if ref is not None else None
     model_dtype = ref.dtype if ref is not None else None
 
-    def visit(parent: nn.Module, prefix: str):
-        for child_name, child in list(parent.named_children()):
-            name = f"{prefix}.{child_name}" if prefix else child_name
-            old_type = type(child).__name__
-            layer_cls = _layer_target(child)
-            neuron_cls = _neuron_target(child)
-            target = layer_cls or neuron_cls
-            if target is not None:
-                if any(fnmatch.fnmatchcase(name, p) for p in config.skip):
-                    report.skipped.append(SkippedModule(name, old_type, "matches a skip pattern"))
-                    continue
-                cfg = config.for_module(name)
-                if layer_cls is not None and cfg.weight_bits is None:
-                    report.skipped.append(SkippedModule(name, old_type, "weight_bits is None"))
-                    continue
-                if neuron_cls is not None and cfg.v_bits is None:
-                    report.skipped.append(SkippedModule(name, old_type, "v_bits is None"))
-                    continue
-                new = (_convert_layer(child, layer_cls, cfg) if layer_cls is not None
-                       else _convert_neuron(child, neuron_cls, cfg, model_device, model_dtype))
-                setattr(parent, child_name, new)
-                report.replaced.append(ReplacedModule(name, old_type, type(new).__name__))
-                continue
-            if _is_unsupported_neuron(child):
-                report.skipped.append(SkippedModule(
-                    name, old_type, f"unsupported neuron type {old_type}; supported: "
-                    f"{[c.__name__ for c in _NEURON_MAP]}"))
-                continue
-            visit(child, name)
-
-    visit(model, "")
+    positions, order = _positions(model)
+    all_names = list(order)
+    target_names = []
+    if _layer_target(model) is None and _neuron_target(model) is None:
+        root_reason = _why_not_quantized(model)
+    else:
+        root_reason = ("quantize_model replaces the submodules of the model, not the model itself: "
+                       "wrap it (nn.Sequential(model))")
+    if root_reason is not None and (_carries_weights_or_state(model) or _is_neuron(model)):
+        report.skipped.append(SkippedModule("", type(model).__name__, root_reason))
+    for module, names, slots in positions:
+        old_type = type(module).__name__
+        layer_cls, neuron_cls = _layer_target(module), _neuron_target(module)
+        if layer_cls is None and neuron_cls is None:
+            reason = _why_not_quantized(module)
+            if reason is not None:
+                report.skipped.extend(SkippedModule(n, old_type, reason) for n in names)
+            continue
+        target_names.extend(names)
+        decisions = [_decide(n, layer_cls, config) for n in names]
+        if any(d != decisions[0] for d in decisions[1:]):
+            detail = "; ".join(f"{n}: " + (f"skipped ({r})" if r else "quantized with "
+                                            + ", ".join(f"{k}={v!r}" for k, v in vars(c).items()
+                                                        if k not in ("skip", "overrides")))
+                               for n, (r, c) in zip(names, decisions))
+            raise ValueError(f"the {old_type} at {names} is one module used at {len(names)} "
+                             f"positions, quantized once, but skip/overrides treat the positions "
+                             f"differently ({detail}); make the patterns agree")
+        reason, cfg = decisions[0]
+        if reason is not None:
+            report.skipped.extend(SkippedModule(n, old_type, reason) for n in names)
+            continue
+        new = (_convert_layer(module, layer_cls, cfg) if layer_cls is not None
+               else _convert_neuron(module, neuron_cls, cfg, model_device, model_dtype))
+        for parent, attr in slots:
+            setattr(parent, attr, new)
+        report.replaced.extend(ReplacedModule(n, old_type, type(new).__name__) for n in names)
+        if len(names) > 1:
+            report.shared.append(list(names))
+        if isinstance(new, QuantParametricLIFNode):
+            note = _plif_note(names[0], new)
+            if note is not None:
+                report.notes.append(note)
+    report.replaced.sort(key=lambda r: order[r.name])
+    report.skipped.sort(key=lambda r: order.get(r.name, -1))
+    _warn_unmatched(config, all_names, target_names, model)
     if not report.replaced:
         warnings.warn("quantize_model found nothing to quantize in "
                       f"{type(model).__name__}; returning it unchanged", stacklevel=2)

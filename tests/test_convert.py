@@ -1,4 +1,5 @@
 """quantize_model / QuantConfig / summary."""
+import re
 import warnings
 
 import pytest
@@ -165,3 +166,137 @@ def test_quantized_csnn_trains():
         opt.step()
         losses.append(loss.item())
     assert losses[-1] < 0.8 * losses[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# every network: shared modules, everything not quantized reported, patterns, config types
+
+
+def test_a_module_used_twice_is_quantized_once_at_both_positions():
+    torch.manual_seed(0)
+    fc, sn = nn.Linear(4, 4), neuron.IFNode()
+    net = nn.Sequential(fc, sn, fc, sn)
+    q, report = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
+    assert isinstance(q[2], qnn.QuantLinear) and q[0] is q[2] and q[1] is q[3]
+    assert [r.name for r in report.replaced] == ["0", "1", "2", "3"]
+    assert sorted(report.shared) == [["0", "2"], ["1", "3"]]
+    assert "2: Linear -> QuantLinear (the same module as 0)" in str(report)
+    # one weight step, trained by both uses
+    q(torch.rand(3, 4)).sum().backward()
+    assert len(list(q.parameters())) == len(list(q[0].parameters()))
+    assert q[0].weight_quant.step.grad is not None
+
+
+def test_a_module_under_two_parents_becomes_one_quantized_module():
+    class Block(nn.Module):
+        def __init__(self, fc):
+            super().__init__()
+            self.fc, self.sn = fc, neuron.LIFNode(tau=2.0)
+
+        def forward(self, x):
+            return self.sn(self.fc(x))
+
+    fc = nn.Linear(4, 4)
+    net = nn.Sequential(Block(fc), Block(fc))
+    q, report = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
+    assert q[0].fc is q[1].fc and isinstance(q[1].fc, qnn.QuantLinear)
+    assert q[0].fc.weight_quant is q[1].fc.weight_quant
+    assert {r.name for r in report.replaced} == {"0.fc", "0.sn", "1.fc", "1.sn"}
+    assert report.shared == [["0.fc", "1.fc"]]
+    # positions of one module that skip/overrides treat differently: a clear error, not a guess
+    with pytest.raises(ValueError, match=r"\['0.fc', '1.fc'\].*one module.*0.fc: skipped"):
+        quantize_model(net, QuantConfig(weight_bits=4, skip=["0.fc"]))
+    with pytest.raises(ValueError, match=r"1.fc: quantized with weight_bits=8"):
+        quantize_model(net, QuantConfig(weight_bits=4, overrides={"1.*": {"weight_bits": 8}}))
+
+
+def test_every_module_left_float_with_weights_or_state_is_reported():
+    class MyLinear(nn.Linear):
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    class MyConv(nn.Conv2d):
+        pass
+
+    class MyLIF(neuron.LIFNode):
+        pass
+
+    class Scale(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gain = nn.Parameter(torch.ones(1))
+            self.inner = nn.Linear(2, 2)
+
+    mods = [nn.Linear(2, 2), nn.Conv3d(1, 1, 1), nn.ConvTranspose1d(1, 1, 1), nn.ConvTranspose2d(1, 1, 1),
+            nn.ConvTranspose3d(1, 1, 1), MyLinear(2, 2), MyConv(1, 1, 1), neuron.IzhikevichNode(),
+            MyLIF(), neuron.SimpleLIFNode(tau=2.0, decay_input=True), nn.BatchNorm2d(2), Scale(), nn.ReLU(),
+            nn.Flatten(), layer.MaxPool2d(2), neuron.LIFNode()]
+    net = nn.Sequential(*mods)
+    _, report = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
+    assert [r.name for r in report.replaced] == ["0", "11.inner", "15"]
+    skipped = {s.name: s for s in report.skipped}
+    assert sorted(skipped, key=int) == [str(i) for i in range(1, 12)]
+    for i in (1, 2, 3, 4):
+        assert "no quantized version" in skipped[str(i)].reason, skipped[str(i)]
+    assert "subclass of nn.Linear" in skipped["5"].reason and skipped["5"].old_type == "MyLinear"
+    assert "subclass of nn.Conv2d" in skipped["6"].reason
+    for i in (7, 8, 9):
+        assert "unsupported neuron" in skipped[str(i)].reason, skipped[str(i)]
+    assert "fold_batchnorm" in skipped["10"].reason
+    assert "parameters or buffers" in skipped["11"].reason
+    # what was said in the docs is now true: nothing left float is missing from the report
+    replaced = {r.name for r in report.replaced}
+    for name, m in net.named_modules():
+        has_state = any(True for _ in m.parameters(recurse=False)) or \
+            any(True for _ in m.buffers(recurse=False)) or isinstance(m, neuron.BaseNode)
+        if name and has_state:
+            assert name in replaced or name in skipped, name
+
+
+def test_an_already_quantized_model_reports_its_modules():
+    q, _ = quantize_model(csnn(), QuantConfig(weight_bits=4, v_bits=8))
+    with pytest.warns(UserWarning, match="nothing to quantize"):
+        _, report = quantize_model(q, QuantConfig(weight_bits=4, v_bits=8))
+    assert {s.name for s in report.skipped if "already an snnquant module" in s.reason} == \
+        {"0", "2", "4", "6", "9", "10"}
+
+
+def test_patterns_that_match_nothing_warn_by_name():
+    with pytest.warns(UserWarning, match=r"skip pattern 'head\.\*' matches no module"):
+        quantize_model(csnn(), QuantConfig(weight_bits=4, skip=["head.*"]))
+    with pytest.warns(UserWarning, match=r"overrides pattern 'features\.0' matches no module"):
+        quantize_model(csnn(), QuantConfig(weight_bits=4, overrides={"features.0": {"weight_bits": 8}}))
+    with pytest.warns(UserWarning, match=r"skip pattern '3' matches only modules that quantize_model "
+                                         r"does not replace"):
+        quantize_model(csnn(), QuantConfig(weight_bits=4, skip=["3"]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        quantize_model(csnn(), QuantConfig(weight_bits=4, skip=["9"], overrides={"0": {"weight_bits": 8}}))
+
+
+@pytest.mark.parametrize("field, value", [("per_channel", "per_tensor"), ("per_channel", 1),
+                                          ("weight_bits", 4.0), ("v_bits", "8"),
+                                          ("weight_quantizer", None), ("backend", ["torch"]),
+                                          ("skip", [3]), ("overrides", [("0", {})])])
+def test_config_field_types_are_checked(field, value):
+    with pytest.raises(TypeError, match=rf"{field}.*{re.escape(repr(value))}"):
+        QuantConfig(**{field: value})
+    with pytest.raises(ValueError, match=field):
+        QuantConfig(**{field: value})
+    if field not in ("skip", "overrides"):
+        with pytest.raises(ValueError, match=rf"overrides\['x'\]: {field}"):
+            QuantConfig(overrides={"x": {field: value}})
+
+
+def test_trainable_plif_is_flagged_for_integer_export():
+    net = nn.Sequential(nn.Linear(4, 4), neuron.ParametricLIFNode(init_tau=2.0))
+    q, report = quantize_model(net, QuantConfig(weight_bits=8, v_bits=8))
+    assert len(report.notes) == 1
+    note = report.notes[0]
+    assert note.startswith("1: ParametricLIFNode learns its tau") and "power of two" in note
+    assert "leak_bits" in note and "requires_grad_(False)" in note and note in str(report)
+    # a frozen power-of-two tau exports exactly: nothing to say
+    frozen = nn.Sequential(nn.Linear(4, 4), neuron.ParametricLIFNode(init_tau=2.0))
+    frozen[1].w.requires_grad_(False)
+    _, report = quantize_model(frozen, QuantConfig(weight_bits=8, v_bits=8))
+    assert report.notes == []

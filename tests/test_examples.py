@@ -69,6 +69,17 @@ def test_train_nmnist_outputs_and_resume(data_env, tmp_path):
     assert any((out / "tensorboard").iterdir())
     ckpt = torch.load(out / "checkpoint.pt", weights_only=True)
     assert ckpt["epoch"] == 2
+    # model.pt: the state dict, checksummed; a flipped bit is an error naming the file
+    import snnquant
+    state = snnquant.load_checkpoint(out / "model.pt")
+    assert set(state) == set(torch.load(out / "model.pt", weights_only=True))
+    _flip(out / "model.pt", (out / "model.pt").stat().st_size // 3)
+    with pytest.raises(ValueError, match=r"model\.pt.*corrupt"):
+        snnquant.load_checkpoint(out / "model.pt")
+    _flip(out / "model_int.safetensors", 20)
+    from snnquant.export import load_integer
+    with pytest.raises(ValueError, match=r"model_int\.safetensors.*corrupt"):
+        load_integer(out / "model_int.safetensors")
     # interrupted after epoch 1, resumed: the same history as the uninterrupted run
     part = tmp_path / "part"
     _train(data_env, part, "--epochs", "2", "--stop-after", "1", "--no-integer-check")
@@ -84,6 +95,62 @@ def test_train_nmnist_outputs_and_resume(data_env, tmp_path):
                  check=False)
     assert bad.returncode != 0
     assert "--lr" in bad.stderr and "--v-bits" in bad.stderr
+
+
+def _flip(path, byte, bit=0):
+    blob = bytearray(path.read_bytes())
+    blob[byte] ^= 1 << bit
+    path.write_bytes(bytes(blob))
+
+
+def test_train_nmnist_files_are_checksummed_atomic_and_resume_checks_the_run(data_env, tmp_path,
+                                                                            monkeypatch):
+    import snnquant
+    monkeypatch.setenv("SNNQUANT_DATA", data_env["SNNQUANT_DATA"])
+    train = _load("train_nmnist")
+
+    def run(*extra):  # in this process: a refused --resume stops before any data is loaded
+        with torch.random.fork_rng():
+            return train.main([*SMALL, "--out", str(out), "--epochs", "1", *extra])
+
+    def refused(*extra):
+        with pytest.raises(SystemExit) as info:
+            run("--resume", *extra)
+        return str(info.value.code)
+
+    out = tmp_path / "run"
+    out.mkdir()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (out / f"checkpoint.pt.tmp-{dead.pid}").write_bytes(b"left by a killed run")
+    run("--stop-after", "1", "--no-integer-check")
+    assert not [p.name for p in out.iterdir() if ".tmp" in p.name]
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for name in ("checkpoint.pt", "metrics.json", "accuracy.png"):
+        assert (out / name).stat().st_mode & 0o777 == 0o666 & ~umask, name
+    ckpt = snnquant.load_checkpoint(out / "checkpoint.pt")
+    assert ckpt["epoch"] == 1 and ckpt["config"]["world_size"] == 1
+    assert ckpt["config"]["lr"] == 2e-3 and "out" not in ckpt["config"]
+    # a checkpoint made with another world size (or any other setting) is refused, with the list
+    other = dict(ckpt, config=dict(ckpt["config"], world_size=2, seed=5))
+    snnquant.save_checkpoint(other, out / "checkpoint.pt")
+    message = refused()
+    assert "world size (number of processes): checkpoint 2, now 1" in message, message
+    assert "--seed: checkpoint 5, now 0" in message and "--lr" not in message
+    snnquant.save_checkpoint(ckpt, out / "checkpoint.pt")
+    assert "--batch-size: checkpoint 8, now 4" in refused("--batch-size", "4")
+    # a flipped bit, a truncated or an empty checkpoint: one clear error naming the file
+    good = (out / "checkpoint.pt").read_bytes()
+    for damaged in (good[: len(good) // 2] + bytes([good[len(good) // 2] ^ 8]) + good[len(good) // 2 + 1:],
+                    good[:-100], b""):
+        (out / "checkpoint.pt").write_bytes(damaged)
+        message = refused()
+        assert str(out / "checkpoint.pt") in message and "corrupt" in message, message
+    # the same checks through the command line: no traceback, the message on stderr
+    res = _train(data_env, out, "--epochs", "1", "--resume", check=False)
+    assert res.returncode != 0 and "Traceback" not in res.stderr
+    assert str(out / "checkpoint.pt") in res.stderr and "empty" in res.stderr, res.stderr
 
 
 def test_train_nmnist_missing_real_root_says_what_to_download(data_env, tmp_path):

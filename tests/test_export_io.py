@@ -72,17 +72,20 @@ def test_save_load_round_trip(tmp_path, bits):
     assert json.loads(meta["bits"])["0"]["weight"] == bits
     assert ("ops.0.weight" in keys) == (bits == 8)
     assert ("ops.0.weight_packed" in keys) == (bits == 2)
-    assert [p for p in os.listdir(tmp_path) if p.startswith(".tmp")] == []
+    assert [p for p in os.listdir(tmp_path) if ".tmp" in p] == []
 
 
 def _rewrite(path, out, **meta_changes):
-    import safetensors.torch as st
+    """Rewrite a file with changed metadata and a valid whole-file checksum."""
     from safetensors import safe_open
+
+    from snnquant.export import files
     with safe_open(str(path), "pt") as f:
         meta = dict(f.metadata())
         tensors = {k: f.get_tensor(k) for k in f.keys()}
     meta.update(meta_changes)
-    out.write_bytes(st.save(tensors, metadata=meta))
+    meta.pop("file_sha256")
+    out.write_bytes(files._serialize(tensors, meta))
 
 
 def test_load_refuses_other_version_and_corrupt_files(tmp_path):
@@ -101,7 +104,7 @@ def test_load_refuses_other_version_and_corrupt_files(tmp_path):
     flipped[-3] ^= 0xFF
     bad = tmp_path / "flipped.safetensors"
     bad.write_bytes(bytes(flipped))
-    with pytest.raises(ValueError, match="checksum"):
+    with pytest.raises(ValueError, match="flipped.safetensors.*corrupt.*checksum"):
         load_integer(bad)
     junk = tmp_path / "junk.safetensors"
     junk.write_bytes(b"\x05\x00\x00\x00\x00\x00\x00\x00hello world")
@@ -134,6 +137,111 @@ def test_save_is_atomic(tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == ["net.safetensors"]
     with pytest.raises(TypeError, match="IntegerNetwork"):
         save_integer(conv_net(), path)
+
+
+def test_save_on_a_full_disk_names_the_file_and_keeps_the_previous_one(tmp_path, monkeypatch):
+    import errno
+    path = tmp_path / "net.safetensors"
+    save_integer(small_desc(), path)
+    before = path.read_bytes()
+    real_write = os.write
+
+    def full(fd, data):
+        real_write(fd, bytes(data[:100]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", full)
+    with pytest.raises(OSError, match=r"net\.safetensors.*no space left on the device"):
+        save_integer(to_integer(conv_net()), path)
+    monkeypatch.undo()
+    assert path.read_bytes() == before and os.listdir(tmp_path) == ["net.safetensors"]
+
+
+def small_desc():
+    torch.manual_seed(0)
+    net = nn.Sequential(layer.Linear(3, 2), neuron.LIFNode(tau=2.0))
+    sjf.set_step_mode(net, "m")
+    q, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
+    q(torch.rand(2, 1, 3))
+    return to_integer(q.eval())
+
+
+def test_every_bit_flip_truncation_and_appended_byte_is_refused(tmp_path):
+    from snnquant.export import files
+    path = tmp_path / "net.safetensors"
+    save_integer(small_desc(), path)
+    data = path.read_bytes()
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    name = str(path)
+
+    def refused(blob):
+        try:
+            files._from_bytes(bytes(blob), name)
+        except ValueError as exc:
+            return name in str(exc) and "corrupt" in str(exc)
+        return False
+
+    # every bit of the length prefix and of the JSON header (thresholds, shifts, bit widths, ...)
+    header_bits = [i for i in range(8 * header_end)]
+    g = torch.Generator().manual_seed(0)
+    tensor_bits = (8 * header_end + torch.randperm(8 * (len(data) - header_end), generator=g)[:300]).tolist()
+    loaded = []
+    for bit in header_bits + tensor_bits:
+        blob = bytearray(data)
+        blob[bit // 8] ^= 1 << (bit % 8)
+        if not refused(blob):
+            loaded.append(bit)
+    assert loaded == [], f"{len(loaded)} single-bit flips loaded, first at bit {loaded[:5]}"
+    for cut in list(range(0, len(data), 37)) + [len(data) - 1]:
+        assert refused(data[:cut]), cut
+    for extra in (b"\0", b" ", b"x" * 9):
+        assert refused(data + extra), extra
+    # and through the real file: flipped, truncated, appended, empty
+    for i, blob in enumerate([bytes([data[0] ^ 1]) + data[1:], data[:header_end + 3], data + b"\0",
+                              data[:100] + bytes([data[100] ^ 4]) + data[101:], b""]):
+        bad = tmp_path / f"bad{i}.safetensors"
+        bad.write_bytes(blob)
+        with pytest.raises(ValueError, match="bad" + str(i)):
+            load_integer(bad)
+
+
+def test_files_are_deterministic_and_have_the_usual_permissions(tmp_path):
+    a, b = tmp_path / "a.safetensors", tmp_path / "b.safetensors"
+    save_integer(to_integer(conv_net()), a)
+    save_integer(to_integer(conv_net()), b)
+    assert a.read_bytes() == b.read_bytes()
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert a.stat().st_mode & 0o777 == 0o666 & ~umask
+    old = os.umask(0o027)
+    try:
+        save_integer(to_integer(conv_net()), tmp_path / "c.safetensors")
+    finally:
+        os.umask(old)
+    assert (tmp_path / "c.safetensors").stat().st_mode & 0o777 == 0o640
+
+
+def test_older_files_with_a_tensor_checksum_still_load_with_a_warning(tmp_path):
+    # the layout snnquant wrote before the whole-file checksum: safetensors' own writer and a
+    # "checksum" of the tensors only
+    import safetensors.torch as st
+
+    from snnquant.export import files
+    desc = to_integer(conv_net())
+    meta, tensors = desc.to_record()
+    old = tmp_path / "old.safetensors"
+    old.write_bytes(st.save(tensors, metadata={
+        "format": files.FILE_FORMAT, "format_version": str(desc.format_version),
+        "bits": json.dumps(meta["bits"]), "description": json.dumps(meta),
+        "checksum": files._tensor_checksum(tensors)}))
+    with pytest.warns(UserWarning, match="older snnquant.*header.*not verified"):
+        back = load_integer(old)
+    assert str(back) == str(desc)
+    blob = bytearray(old.read_bytes())
+    blob[-1] ^= 1
+    old.write_bytes(bytes(blob))
+    with pytest.raises(ValueError, match="old.safetensors.*checksum of its tensors"):
+        load_integer(old)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -206,7 +206,11 @@ def test_save_load_round_trip_and_version_1_files(tmp_path):
     assert json.loads(meta["description"])["exact"] is False
 
     def rewrite(name, record, version):
-        meta2 = dict(meta, description=json.dumps(record), format_version=version)
+        # as snnquant wrote files before the whole-file checksum: a checksum of the tensors only
+        from snnquant.export.files import _tensor_checksum
+        meta2 = dict(meta, description=json.dumps(record), format_version=version,
+                     checksum=_tensor_checksum(tensors))
+        meta2.pop("file_sha256")
         out = tmp_path / name
         out.write_bytes(st.save(tensors, metadata=meta2))
         return out
@@ -222,12 +226,14 @@ def test_save_load_round_trip_and_version_1_files(tmp_path):
     for entry in record["ops"]:
         for key in ("leak_multiplier", "leak_round_shift", "exact", "tau"):
             entry.pop(key, None)
-    old = load_integer(rewrite("v1.safetensors", record, "1"))
+    with pytest.warns(UserWarning, match="older snnquant"):
+        old = load_integer(rewrite("v1.safetensors", record, "1"))
     assert old.format_version == 1 and old.exact and old.layer("1").leak_multiplier == 1
     assert torch.equal(IntegerSNN(old)(x), IntegerSNN(exact)(x))
     with pytest.raises(ValueError, match=r"format_version '3'.*reads format_version 1 and 2"):
         load_integer(rewrite("v3.safetensors", record, "3"))
-    with pytest.raises(ValueError, match="corrupt.*description says format_version 1"):
+    with pytest.raises(ValueError, match="corrupt.*description says format_version 1"), \
+            pytest.warns(UserWarning, match="older snnquant"):
         load_integer(rewrite("mixed.safetensors", record, "2"))
     desc.format_version = 1
     with pytest.raises(ValueError, match="fixed-point leak.*format_version 1 cannot hold"):

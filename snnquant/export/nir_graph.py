@@ -27,7 +27,6 @@ values, 1-d pooling and pooling with dilation or ``ceil_mode``.
 from __future__ import annotations
 
 import os
-import tempfile
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -218,17 +217,8 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
             "exact": desc.exact}
     graph = nir.NIRGraph(nodes=nodes, edges=edges, metadata=meta, type_check=False)
     if path is not None:
-        path = os.fspath(path)
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".nir",
-                                   dir=os.path.dirname(os.path.abspath(path)))
-        os.close(fd)
-        try:
-            nir.write(tmp, graph)
-            os.replace(tmp, path)
-        except BaseException:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-            raise
+        from .._io import atomic_write
+        atomic_write(path, lambda tmp: nir.write(tmp, graph))
     return graph
 
 

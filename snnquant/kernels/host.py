@@ -14,7 +14,6 @@ import ctypes
 import os
 import shutil
 import subprocess
-import tempfile
 from pathlib import Path
 from typing import Optional, Union
 
@@ -100,22 +99,21 @@ class HostKernels:
                                "set $CXX")
         build_dir = Path(build_dir)
         kernel_dir = Path(__file__).resolve().parent
+        from .._io import atomic_write
+
         entry = build_dir / "snnquant_neuron_host.cpp"
-        entry.write_text(_ENTRY_SOURCE, encoding="utf-8")
+        atomic_write(entry, _ENTRY_SOURCE)
         target = build_dir / _LIBRARY_NAME
-        fd, partial = tempfile.mkstemp(dir=build_dir, suffix=".so.partial")
-        os.close(fd)
-        try:
+
+        def build(partial: str) -> None:
             result = subprocess.run(
                 [compiler, *CXX_FLAGS, "-I", str(kernel_dir), str(entry), "-o", partial],
                 capture_output=True, text=True, check=False)
             if result.returncode != 0:
                 raise RuntimeError(f"host build of neuron.cu failed ({compiler}, exit "
                                    f"{result.returncode}):\n{result.stderr}")
-            os.replace(partial, target)
-        finally:
-            if os.path.exists(partial):
-                os.unlink(partial)
+
+        atomic_write(target, build)
         return cls(target)
 
     def check_device(self, name: str, tensor: torch.Tensor) -> None:
