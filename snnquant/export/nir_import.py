@@ -23,7 +23,7 @@ NIR equations read, with no rounding or saturation:
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
