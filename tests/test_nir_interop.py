@@ -23,6 +23,10 @@ from snnquant.export import (IntegerSNN, NIRImportError, from_nir, simulate_nir,
 
 nir = pytest.importorskip("nir")
 
+# Norse 1.1 imports through nirtorch.load (deprecated) and torch.jit.script
+pytestmark = pytest.mark.filterwarnings("ignore:nirtorch.load is being deprecated:DeprecationWarning",
+                                        "ignore:`torch.jit.script` is deprecated:FutureWarning")
+
 DT = 1e-4
 BITS = (2, 4, 8)
 SEEDS = (0, 1)
@@ -62,8 +66,9 @@ def _cases(kind, max_pool="threshold", shift_flatten=False, bits=BITS, seeds=SEE
         for arch in ARCHS:
             reason = _deviation(consumer, arch, kind, max_pool, shift_flatten)
             marks = [pytest.mark.xfail(strict=True, reason=reason)] if reason else []
-            for b in bits:
-                for seed in seeds:
+            # a deviation does not depend on the bit width or the seed: pin it once
+            for b in bits[:1] if reason else bits:
+                for seed in seeds[:1] if reason else seeds:
                     yield pytest.param(consumer, arch, b, seed, marks=marks,
                                        id=f"{consumer}-{arch}-w{b}-s{seed}")
 
