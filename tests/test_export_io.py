@@ -294,7 +294,7 @@ def _run_nir(graph, x, T):
                     hv = v + dt / torch.as_tensor(n.tau) * ((torch.as_tensor(n.v_leak) - v)
                                                             + torch.as_tensor(n.r) * h)
                 q = torch.clamp(torch.round(hv / unit), int(meta["v_min"]), int(meta["v_max"])) * unit
-                s = q >= torch.as_tensor(n.v_threshold)
+                s = q > torch.as_tensor(n.v_threshold)  # NIR's strict rule
                 states[name] = torch.where(s, vr, q)
                 h = s.double()
                 spikes.setdefault(name, []).append(s.to(torch.int8))
@@ -325,7 +325,7 @@ def test_nir_round_trip_and_dynamics(tmp_path, units, kind):
     nop = desc.layer("2")
     assert type(lif).__name__ == kind.upper()
     unit = nop.membrane_scale * float(lif.metadata["unit_factor"])
-    assert bool((torch.as_tensor(lif.v_threshold) == nop.threshold * unit).all())
+    assert bool((torch.as_tensor(lif.v_threshold) == (nop.threshold - 0.5) * unit).all())
     assert bool((torch.as_tensor(lif.v_reset) == nop.v_reset * unit).all())
     if kind == "lif":
         assert bool((torch.as_tensor(lif.tau) == 2.0 * 2.0 ** -10).all())

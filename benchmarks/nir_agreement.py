@@ -1,0 +1,201 @@
+"""Agreement of NIR consumers with snnquant's integer network (accuracy-style, not timing).
+
+For small exported networks (dense, MLP, conv, conv + max pooling; IF and LIF with tau = 2;
+weight bits 2, 4, 8; membrane bits 8 and 12; several seeds) the NIR file written by
+``snnquant.export.to_nir`` is imported with each consumer's own importer (SpikingJelly 2.0
+``import_from_nir``, snnTorch 1.0 ``import_nir.import_from_nir``, Norse ``from_nir``) and run on
+the same integer event input; the table gives the % of samples whose whole output spike train is
+identical to ``IntegerSNN``'s. "NIR equations" is ``simulate_nir`` (NIR's equations, float64, no
+rounding or saturation). Each consumer is run on the default export and "+ workaround": the graph
+written with ``max_pool='conv_if'`` and, after import, ``torch.nn.Flatten`` dims shifted past the
+batch (see docs/guide/nir.rst). A consumer that cannot import or run a graph counts 0%.
+"in bounds" is the % of samples whose NIR membrane never leaves a neuron's saturation bounds
+(below v_min, or above v_max without firing). LIF membrane rounding is not expressible in NIR:
+LIF rows are measured, not promised.
+
+    OMP_NUM_THREADS=1 python benchmarks/nir_agreement.py [--quick]
+
+writes benchmarks/results/nir_agreement.{json,md} and nir_agreement_summary.rst (included by
+docs/guide/nir.rst).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import json
+import os
+import platform
+import sys
+import time
+import warnings
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "tests"))  # the networks and consumer runners of the tests
+
+from _nir_consumers import (ARCHS, RUNNERS, build_network, events,  # noqa: E402
+                            samples_identical)
+from snnquant.export import IntegerSNN, simulate_nir, to_nir  # noqa: E402
+
+DT = 1e-4  # snnTorch's importer assumes dt = 1e-4 for LIF
+COLUMNS = ["NIR equations"] + [f"{c}{w}" for c in ("spikingjelly", "snntorch", "norse")
+                               for w in ("", " + workaround")]
+
+
+def _in_bounds(graph, x):
+    """Per sample: the NIR membrane never leaves the saturation bounds in a way that matters."""
+    _, rec = simulate_nir(graph, x, record=True)
+    ok = torch.ones(x.shape[1], dtype=torch.bool)
+    for name, r in rec.items():
+        meta = graph.nodes[name].metadata
+        if meta.get("snnquant_op") != "neuron":
+            continue
+        u = float(meta["membrane_unit"])
+        bad = (r["v"] < float(meta["v_min"]) * u) | ((r["v"] > float(meta["v_max"]) * u)
+                                                    & (r["spikes"] == 0))
+        ok &= ~bad.reshape(bad.shape[0], bad.shape[1], -1).any(dim=2).any(dim=0)
+    return ok
+
+
+def _run(consumer, graph, x, ref, workaround):
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = RUNNERS[consumer](graph, x, DT, shift_flatten=workaround)
+        return samples_identical(out, ref), None
+    except Exception as exc:  # an importer that fails on a graph counts 0%, with its error
+        return 0.0, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
+
+
+def measure(kind, arch, weight_bits, v_bits, seeds, T, N):
+    same = {c: 0.0 for c in COLUMNS}
+    errors = {}
+    n_total, n_bounds = 0, 0
+    for seed in seeds:
+        desc, shape = build_network(arch, kind, weight_bits, seed, v_bits=v_bits)
+        x = events(shape, T=T, N=N, seed=1000 + seed)
+        ref = IntegerSNN(desc)(x)
+        plain = to_nir(desc, shape, dt=DT)
+        alt = to_nir(desc, shape, dt=DT, max_pool="conv_if")
+        n_total += N
+        n_bounds += int(_in_bounds(plain, x).sum())
+        same["NIR equations"] += samples_identical(simulate_nir(plain, x), ref) * N
+        for consumer in RUNNERS:
+            for workaround, graph in ((False, plain), (True, alt)):
+                col = consumer + (" + workaround" if workaround else "")
+                frac, err = _run(consumer, graph, x, ref, workaround)
+                same[col] += frac * N
+                if err:
+                    errors.setdefault(col, err)
+    return dict(kind=kind, arch=arch, weight_bits=weight_bits, v_bits=v_bits, samples=n_total,
+                in_bounds=100.0 * n_bounds / n_total,
+                agreement={c: 100.0 * v / n_total for c, v in same.items()}, errors=errors)
+
+
+def _versions():
+    out = {}
+    for pkg in ("torch", "spikingjelly", "snntorch", "norse", "nir", "nirtorch"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            out[pkg] = None
+    return out
+
+
+def _markdown(rows, summary, command, versions):
+    lines = [f"NIR agreement with `IntegerSNN` (% of samples with identical output spikes), "
+             f"dt = {DT}. Command: `{command}`. Versions: "
+             + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", "",
+             "Per consumer (all networks of a neuron kind and membrane width pooled):", "",
+             "| neuron | v_bits | samples | in bounds | " + " | ".join(COLUMNS) + " |",
+             "|---" * (4 + len(COLUMNS)) + "|"]
+    for s in summary:
+        lines.append(f"| {s['kind'].upper()} | {s['v_bits']} | {s['samples']} | "
+                     f"{s['in_bounds']:.1f}% | "
+                     + " | ".join(f"{s['agreement'][c]:.1f}%" for c in COLUMNS) + " |")
+    lines += ["", "Per network kind and bit width:", "",
+              "| neuron | network | weight bits | v_bits | samples | in bounds | "
+              + " | ".join(COLUMNS) + " |", "|---" * (6 + len(COLUMNS)) + "|"]
+    for r in rows:
+        lines.append(f"| {r['kind'].upper()} | {r['arch']} | {r['weight_bits']} | {r['v_bits']} | "
+                     f"{r['samples']} | {r['in_bounds']:.1f}% | "
+                     + " | ".join(f"{r['agreement'][c]:.1f}%" for c in COLUMNS) + " |")
+    errs = {}
+    for r in rows:
+        for col, e in r["errors"].items():
+            errs.setdefault((col, e), []).append(f"{r['kind']}/{r['arch']}")
+    if errs:
+        lines += ["", "Import or run failures (counted as 0%):", ""]
+        for (col, e), where in sorted(errs.items()):
+            lines.append(f"- {col}: `{e}` ({', '.join(sorted(set(where)))})")
+    return "\n".join(lines) + "\n"
+
+
+def _rst(summary, command):
+    """The per-consumer summary as an RST table, included by docs/guide/nir.rst."""
+    head = ["neuron", "v_bits", "samples", "in bounds"] + COLUMNS
+    lines = [f".. Written by {command}; do not edit.", "", ".. list-table::", "   :header-rows: 1",
+             ""]
+    lines += ["   * - " + head[0]] + [f"     - {h}" for h in head[1:]]
+    for s in summary:
+        cells = [s["kind"].upper(), str(s["v_bits"]), str(s["samples"]), f"{s['in_bounds']:.1f}%"]
+        cells += [f"{s['agreement'][c]:.1f}%" for c in COLUMNS]
+        lines += ["   * - " + cells[0]] + [f"     - {c}" for c in cells[1:]]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="smoke test: one seed, few samples")
+    ap.add_argument("--seeds", type=int, default=3)
+    ap.add_argument("--samples", type=int, default=64, help="samples per network")
+    ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    args = ap.parse_args()
+    seeds = range(1 if args.quick else args.seeds)
+    N, T = (4, 4) if args.quick else (args.samples, args.steps)
+    archs = ARCHS[:1] + ARCHS[-1:] if args.quick else ARCHS
+    bits = (2,) if args.quick else (2, 4, 8)
+    t0 = time.time()
+    rows = []
+    for kind in ("if", "lif"):
+        for v_bits in (8, 12):
+            for arch in archs:
+                for b in bits:
+                    r = measure(kind, arch, b, v_bits, seeds, T, N)
+                    rows.append(r)
+                    print(f"{kind:3s} {arch:9s} w{b} v{v_bits}: in bounds {r['in_bounds']:5.1f}% "
+                          + " ".join(f"{c}={r['agreement'][c]:.0f}%" for c in COLUMNS), flush=True)
+    summary = []
+    for kind in ("if", "lif"):
+        for v_bits in (8, 12):
+            sel = [r for r in rows if r["kind"] == kind and r["v_bits"] == v_bits]
+            n = sum(r["samples"] for r in sel)
+            summary.append(dict(kind=kind, v_bits=v_bits, samples=n,
+                                in_bounds=sum(r["in_bounds"] * r["samples"] for r in sel) / n,
+                                agreement={c: sum(r["agreement"][c] * r["samples"] for r in sel) / n
+                                           for c in COLUMNS}))
+    command = "OMP_NUM_THREADS=1 python benchmarks/nir_agreement.py" + (" --quick" if args.quick else "")
+    versions = _versions()
+    text = _markdown(rows, summary, command, versions)
+    print(text)
+    machine = dict(platform=platform.platform(), python=platform.python_version(),
+                   cpu_count=os.cpu_count(), seconds=round(time.time() - t0, 1))
+    os.makedirs(args.out, exist_ok=True)
+    for fname, content in (("nir_agreement.json", json.dumps(dict(
+            command=command, dt=DT, steps=T, samples_per_network=N, seeds=list(seeds),
+            machine=machine, versions=versions, summary=summary, rows=rows), indent=2)),
+            ("nir_agreement.md", text), ("nir_agreement_summary.rst", _rst(summary, command))):
+        path = os.path.join(args.out, fname)
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            f.write(content)
+        os.replace(tmp, path)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,140 @@
+"""Shared by tests/test_nir_interop.py and benchmarks/nir_agreement.py: small exported networks and
+one runner per NIR consumer (each consumer's own importer, run step by step on the same input)."""
+import contextlib
+import io
+import logging
+
+import torch
+import torch.nn as nn
+from spikingjelly.activation_based import functional as sjf
+from spikingjelly.activation_based import layer, neuron
+
+from snnquant import QuantConfig, quantize_model
+from snnquant.export import NeuronOp, simulate_nir, to_integer
+
+ARCHS = ("dense", "mlp", "conv", "conv_pool")
+CONSUMERS = ("spikingjelly", "snntorch", "norse")
+
+
+def build_network(arch, kind, weight_bits, seed, *, v_bits=12, v_reset=0.0, decay_input=True,
+                  tau=2.0):
+    """``(IntegerNetwork, per-sample input shape)`` of a small random network, via
+    quantize_model -> to_integer. Weights lean excitatory so that spikes are frequent and IF
+    membranes stay above ``v_min`` on :func:`events` input."""
+    torch.manual_seed(seed)
+    if kind == "if":
+        def nrn():
+            return neuron.IFNode(v_reset=v_reset)
+    else:
+        def nrn():
+            return neuron.LIFNode(tau=tau, decay_input=decay_input, v_reset=v_reset)
+    if arch == "dense":
+        mods, shape = [layer.Linear(16, 8), nrn()], (16,)
+    elif arch == "mlp":
+        mods, shape = [layer.Linear(16, 12), nrn(), layer.Linear(12, 6), nrn()], (16,)
+    elif arch == "conv":
+        mods = [layer.Conv2d(2, 4, 3, padding=1), nrn(), layer.Flatten(), layer.Linear(4 * 36, 5),
+                nrn()]
+        shape = (2, 6, 6)
+    elif arch == "conv_pool":
+        mods = [layer.Conv2d(2, 4, 3, padding=1), nrn(), layer.MaxPool2d(2), layer.Flatten(),
+                layer.Linear(4 * 9, 5), nrn()]
+        shape = (2, 6, 6)
+    else:
+        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
+    net = nn.Sequential(*mods)
+    gain, later = (0.5, 0.6) if kind == "if" else (1.0, 1.6)
+    with torch.no_grad():
+        for i, m in enumerate(x for x in net.modules() if isinstance(x, (nn.Linear, nn.Conv2d))):
+            fan = m.weight[0].numel()
+            m.weight.uniform_(-0.4, 1.0).mul_(gain * (1.0 if i == 0 else later) * 2.0 / fan ** 0.5)
+            m.bias.uniform_(-0.1, 0.2)
+    sjf.set_step_mode(net, "m")
+    q, _ = quantize_model(net, QuantConfig(weight_bits=weight_bits, weight_quantizer="lsq_pow2",
+                                           v_bits=v_bits))
+    return to_integer(q.eval()), shape
+
+
+def events(shape, T=8, N=16, seed=0, max_count=1):
+    """Integer event counts ``[T, N, *shape]`` in ``[0, max_count]``."""
+    g = torch.Generator().manual_seed(seed)
+    return torch.randint(0, max_count + 1, (T, N) + tuple(shape), generator=g)
+
+
+def saturation_free(graph, x):
+    """``(ok, worst)``: whether NIR's unrounded membrane (:func:`simulate_nir`) never leaves a
+    neuron's saturation bounds in a way that matters: it stays >= ``v_min``, and any value above
+    ``v_max`` fires (and is reset) in the same step. ``worst`` names the first violation."""
+    _, rec = simulate_nir(graph, x, record=True)
+    for name, r in rec.items():
+        meta = graph.nodes[name].metadata
+        if meta.get("snnquant_op") != "neuron":
+            continue
+        u = float(meta["membrane_unit"])
+        low = r["v"] < float(meta["v_min"]) * u
+        high = (r["v"] > float(meta["v_max"]) * u) & (r["spikes"] == 0)
+        if bool(low.any()) or bool(high.any()):
+            return False, (f"{name}: membrane range [{float(r['v'].min()) / u:.1f}, "
+                           f"{float(r['v'].max()) / u:.1f}] vs [{meta['v_min']}, {meta['v_max']}]")
+    return True, ""
+
+
+def nir_exact_layers(desc):
+    """Whether every neuron layer is an IF whose currents lie on its membrane grid (grid_shift 0)."""
+    return all(op.kind == "if" and op.grid_shift == 0 for op in desc.ops if isinstance(op, NeuronOp))
+
+
+def shift_flatten_dims(module):
+    """The documented workaround for importers that pass NIR's per-sample Flatten dims straight to
+    ``torch.nn.Flatten`` (snnTorch 1.0, Norse 1.1): shift them past the batch dimension."""
+    for m in module.modules():
+        if isinstance(m, nn.Flatten):
+            if m.start_dim >= 0:
+                m.start_dim += 1
+            if m.end_dim >= 0:
+                m.end_dim += 1
+    return module
+
+
+def run_spikingjelly(graph, x, dt, shift_flatten=False):
+    from spikingjelly.activation_based.nir_exchange.from_nir import import_from_nir
+    m = import_from_nir(graph, dt=dt, dtype=torch.float64)
+    state, out = None, []
+    for t in range(x.shape[0]):
+        o, state = m(x[t].to(torch.float64), state)
+        out.append(o)
+    return torch.stack(out)
+
+
+def run_snntorch(graph, x, dt, shift_flatten=False):
+    """snnTorch takes no dt: its importer assumes dt = 1e-4 for LIF."""
+    import snntorch.import_nir as snn_nir
+    import snntorch.utils as snn_utils
+    with contextlib.redirect_stdout(io.StringIO()):  # the importer prints
+        m = snn_nir.import_from_nir(graph)
+    if shift_flatten:
+        shift_flatten_dims(m)
+    snn_utils.reset(m)
+    return torch.stack([m(x[t].to(torch.float32))[0] for t in range(x.shape[0])])
+
+
+def run_norse(graph, x, dt, shift_flatten=False):
+    import norse.torch
+    logging.getLogger().setLevel(logging.ERROR)  # Norse warns through the root logger
+    m = norse.torch.from_nir(graph, dt=dt)
+    if shift_flatten:
+        shift_flatten_dims(m)
+    state, out = None, []
+    for t in range(x.shape[0]):
+        o, state = m(x[t].to(torch.float32), state)
+        out.append(o)
+    return torch.stack(out)
+
+
+RUNNERS = {"spikingjelly": run_spikingjelly, "snntorch": run_snntorch, "norse": run_norse}
+
+
+def samples_identical(out, ref):
+    """Fraction of samples whose whole output spike train equals ``ref`` (``[T, N, ...]``)."""
+    same = (out.to(torch.int8) == ref.to(torch.int8)).reshape(ref.shape[0], ref.shape[1], -1)
+    return float(same.all(dim=2).all(dim=0).double().mean())
