@@ -5,6 +5,7 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 * :class:`IntegerSNN`: integer-only simulator of a description;
 * :func:`compare_integer` / :func:`integer_agreement`: spike-by-spike comparison with the float model;
 * :func:`save_integer` / :func:`load_integer`: one safetensors file, no pickle;
+* :func:`to_c`: a bit-exact, portable C99 model of the integer network (``<name>.h``/``.c``);
 * :func:`to_nir`: export to the Neuromorphic Intermediate Representation (``pip install nir``).
 """
 
@@ -17,10 +18,11 @@ from .agreement import IntegerAgreement, compare_integer, integer_agreement
 from .fold import fold_batchnorm
 from .files import load_integer, save_integer
 from .nir_graph import to_nir
+from .c_runtime import CMemory, c_memory, to_c
 
 __all__ = [
     "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",
     "FlattenOp", "round_half_even_shift", "pack_int", "unpack_int", "to_integer", "IntegerSNN",
     "IntegerAgreement", "compare_integer", "integer_agreement", "fold_batchnorm", "save_integer",
-    "load_integer", "to_nir",
+    "load_integer", "to_nir", "to_c", "c_memory", "CMemory",
 ]
