@@ -264,3 +264,148 @@ def test_random_networks_match_integer_snn(cfg, tmp_path_factory):
     exe = build(desc, folder, input_shape=shape)
     x = sample_input(desc, shape, 8, 6, cfg["seed"], cfg["negative"])
     assert assert_same(desc, exe, x) == 1.0
+
+
+# ------------------------------------------------------------------------------------------------
+# the example's network, trained
+
+def _example_module():
+    spec = importlib.util.spec_from_file_location("train_nmnist", ROOT / "examples" / "train_nmnist.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_trained_example_network_matches_integer_snn(tmp_path):
+    """The example's CSNN (conv-BN-LIF, max pooling, linear LIF read-out), trained a few steps,
+    folded and exported: the C model equals IntegerSNN on every sample and step."""
+    torch.manual_seed(0)
+    net = _example_module().build_csnn(channels=4, tau=2.0)
+    q, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand((6, 8, 2, 34, 34), generator=g) < 0.15).float() * torch.randint(
+        1, 3, (6, 8, 2, 34, 34), generator=g)
+    y = torch.arange(8) % 10
+    opt = torch.optim.Adam(q.parameters(), lr=1e-2)
+    for _ in range(4):
+        sjf.reset_net(q)
+        loss = nn.functional.mse_loss(q(x).float().mean(0), nn.functional.one_hot(y, 10).float())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    with torch.no_grad():     # BN statistics of the data (a few steps leave them at their init)
+        for m in q.modules():
+            if isinstance(m, nn.modules.batchnorm._BatchNorm):
+                m.reset_running_stats()
+                m.momentum = None
+        sjf.reset_net(q)
+        q(x)
+    q.eval()
+    sjf.reset_net(q)
+    desc = to_integer(fold_batchnorm(q))
+    exe = build(desc, tmp_path, name="csnn", input_shape=(2, 34, 34))
+    header = (tmp_path / "csnn.h").read_text()
+    assert "#define CSNN_INPUT_SIZE 2312" in header and "#define CSNN_OUTPUT_SIZE 10" in header
+    x_test = ((torch.rand((8, 16, 2, 34, 34), generator=g) < 0.1).long()
+              * torch.randint(1, 3, (8, 16, 2, 34, 34), generator=g))
+    assert assert_same(desc, exe, x_test) == 1.0
+    _, layers = IntegerSNN(desc)(x_test, record=True)
+    rates = {k: float(s.float().mean()) for k, s in layers.items()}
+    assert all(0 < r < 1 for r in rates.values()), rates   # every layer spikes
+
+
+# ------------------------------------------------------------------------------------------------
+# the generated code and the API
+
+def _mlp_desc(**over):
+    cfg = dict(seed=3, arch="mlp", kind="lif", tau=2.0, soft=False, v_reset=0.0, v_threshold=1.0,
+               decay_input=True, bias=True, bias_bits=8, pool=None, stride=1, groups=1,
+               readout="spikes", weight_bits=4, v_bits=8, per_channel=True, gain=3.0,
+               leak_bits=None)
+    cfg.update(over)
+    net, shape = random_net(cfg)
+    return export(net, cfg, shape)[0]
+
+
+def test_generated_code_is_plain_integer_c99(tmp_path):
+    desc = _mlp_desc(weight_bits=4, readout="current")
+    header, source = to_c(desc, tmp_path / "new", "net0")
+    assert (header, source) == (tmp_path / "new" / "net0.h", tmp_path / "new" / "net0.c")
+    h, c = header.read_text(), source.read_text()
+    code = h + c
+    assert set(re.findall(r"#include\s*[<\"]([^>\"]+)", code)) == {"stdint.h", "string.h", "net0.h"}
+    for word in ("float", "double", "malloc", "free", "calloc", "math.h", "stdio.h"):
+        assert not re.search(rf"\b{re.escape(word)}\b", code), word
+    # weights: static const arrays of the narrowest type (4-bit weights in int8_t)
+    assert re.search(r"static const int8_t net0_w0\[120\]", c)
+    assert re.search(r"static const int8_t net0_w2\[50\]", c)
+    for api in ("#define NET0_INPUT_SIZE 12", "#define NET0_OUTPUT_SIZE 5", "NET0_ROM_BYTES",
+                "NET0_RAM_BYTES", "} net0_state;", "void net0_reset(net0_state *s);",
+                "void net0_step(net0_state *s, const int32_t *input, int64_t *output);"):
+        assert api in h, api
+    mem = c_memory(desc)
+    assert f"#define NET0_ROM_BYTES {mem.rom_bytes}\n" in h
+    assert f"#define NET0_RAM_BYTES {mem.ram_bytes}\n" in h
+    # ROM: 120 + 50 int8 weights, 10 + 5 biases (8-bit bias quantizer) + per-channel rescale
+    assert mem.rom_bytes >= 120 + 50 + 10 + 5
+    assert mem.state_bytes == 10    # one int8 membrane per neuron of the hidden layer
+    assert (mem.input_size, mem.output_size) == (12, 5)
+
+
+def test_ram_bytes_is_sizeof_state(tmp_path):
+    """The C file refuses to compile when sizeof(state) != RAM_BYTES; check the check works."""
+    desc = _mlp_desc()
+    header, source = to_c(desc, tmp_path)
+    ok = subprocess.run([compiler(), *STRICT, "-c", str(source), "-o", str(tmp_path / "a.o")],
+                        capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    ram = c_memory(desc).ram_bytes
+    header.write_text(header.read_text().replace(f"RAM_BYTES {ram}", f"RAM_BYTES {ram + 8}"))
+    bad = subprocess.run([compiler(), *STRICT, "-c", str(source), "-o", str(tmp_path / "b.o")],
+                         capture_output=True, text=True)
+    assert bad.returncode != 0 and "ram_bytes_check" in bad.stderr
+
+
+def test_current_readout_and_fixed_point_leak(tmp_path):
+    desc = _mlp_desc(readout="current", tau=3.0, leak_bits=10, gain=8.0)
+    assert desc.output_kind == "current" and not desc.exact
+    assert desc.layer("1").leak_multiplier != 1 and desc.layer("1").leak_round_shift > 0
+    exe = build(desc, tmp_path)
+    x = sample_input(desc, (12,), 10, 8, 0, negative=True)
+    assert assert_same(desc, exe, x) == 1.0
+    assert int(IntegerSNN(desc)(x).abs().max()) > 1     # currents, not spikes
+
+
+def test_arguments_are_checked(tmp_path):
+    desc = _mlp_desc()
+    with pytest.raises(TypeError, match="desc must be an IntegerNetwork"):
+        to_c("net", tmp_path)
+    for bad in ("1net", "my-net", "int", "", None):
+        with pytest.raises(ValueError, match="name must"):
+            to_c(desc, tmp_path, bad)
+    with pytest.raises(ValueError, match=r"input_shape=\(13,\) does not fit layer '0'"):
+        to_c(desc, tmp_path, input_shape=(13,))
+    with pytest.raises(ValueError, match="input_shape must be"):
+        to_c(desc, tmp_path, input_shape=(0,))
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ValueError, match="out_dir=.*not a folder"):
+        to_c(desc, tmp_path / "file")
+    conv = _mlp_desc(arch="conv", pool="max")
+    with pytest.raises(ValueError, match=r"input_shape is required.*SynapseOp '0'"):
+        to_c(conv, tmp_path)
+    assert not list(tmp_path.glob("snn.*"))
+
+
+def test_overflowing_bounds_are_refused(tmp_path):
+    desc = _mlp_desc()
+    desc.layer("0").shift[:] = 61
+    with pytest.raises(ExportError, match=r"layer '0'.*overflow int64"):
+        to_c(desc, tmp_path)
+    desc = _mlp_desc()
+    desc.input_max = 1 << 31
+    with pytest.raises(ExportError, match="input_max=2147483648 does not fit"):
+        to_c(desc, tmp_path)
+    desc = _mlp_desc()
+    desc.layer("1").grid_shift = 60
+    with pytest.raises(ExportError, match=r"layer '1'.*overflow int64"):
+        to_c(desc, tmp_path)
