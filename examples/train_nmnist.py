@@ -10,7 +10,8 @@ digits dataset) with quantization in the loop.
 The network is SpikingJelly's CSNN (conv-BN-LIF blocks, multi-step), quantized with
 ``snnquant.quantize_model``. Outputs under ``--out``: TensorBoard scalars, ``metrics.json``,
 ``accuracy.png``, ``firing_rates.png``, ``checkpoint.pt`` (every epoch, atomic; ``--resume``
-continues from it) and ``model.pt`` (the trained state_dict), plus ``summary.txt``.
+continues from it) and ``model.pt`` (the trained state_dict), plus ``summary.txt``; after the integer check
+``model_int.safetensors`` and the C model ``model_int.h``/``model_int.c``.
 """
 from __future__ import annotations
 
@@ -316,7 +317,7 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
                            "(--weight-quantizer lsq_pow2) and a uniform membrane"}
     from spikingjelly.activation_based import functional
 
-    from snnquant.export import fold_batchnorm, integer_agreement, save_integer, to_integer
+    from snnquant.export import c_memory, fold_batchnorm, integer_agreement, save_integer, to_c, to_integer
 
     folded = fold_batchnorm(model.eval()).to(device)
     functional.reset_net(folded)
@@ -343,10 +344,13 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
     folded = folded.cpu().eval()
     desc = to_integer(folded)
     save_integer(desc, out / "model_int.safetensors")
+    to_c(desc, out, "model_int", input_shape=tuple(x_seq.shape[2:]))   # model_int.h / model_int.c
+    mem = c_memory(desc, tuple(x_seq.shape[2:]))
     atomic_torch_save(folded.state_dict(), out / "model_folded.pt")
     agreement = integer_agreement(folded, x_seq, desc)
     return {"folded_test_acc": folded_acc, "agreement": float(agreement),
-            "samples": int(x_seq.shape[1]), "finetune": history}
+            "samples": int(x_seq.shape[1]), "finetune": history,
+            "c_rom_bytes": mem.rom_bytes, "c_ram_bytes": mem.ram_bytes}
 
 
 def main(argv=None):
@@ -475,6 +479,8 @@ def main(argv=None):
                       f"epochs: test accuracy {100 * agreement['folded_test_acc']:.2f}%")
                 print(f"integer model agreement: {100 * agreement['agreement']:.2f}% "
                       f"({agreement['samples']} test samples, every output spike)")
+                print(f"C model: {out / 'model_int.c'} (.h), ROM {agreement['c_rom_bytes']} bytes, "
+                      f"RAM {agreement['c_ram_bytes']} bytes")
             else:
                 print(f"integer model check skipped: {agreement.get('skipped')}")
         metrics = dict(flags=vars(args), history=history, result=result)

@@ -250,7 +250,7 @@ def sample_input(desc, shape, T, N, seed, negative):
 
 
 @given(cfg=config)
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow,
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                                  HealthCheck.function_scoped_fixture])
 def test_random_networks_match_integer_snn(cfg, tmp_path_factory):
     net, shape = random_net(cfg)
@@ -409,3 +409,40 @@ def test_overflowing_bounds_are_refused(tmp_path):
     desc.layer("1").grid_shift = 60
     with pytest.raises(ExportError, match=r"layer '1'.*overflow int64"):
         to_c(desc, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# the deployment guide
+
+def _blocks(text: str, lang: str):
+    """The bodies of the ``.. code-block:: <lang>`` blocks of an rst text, dedented."""
+    import textwrap
+    out = []
+    for m in re.finditer(rf"^\.\. code-block:: {lang}\n\n((?:    .*\n|\n)+)", text, re.M):
+        out.append(textwrap.dedent(m.group(1)))
+    return out
+
+
+def test_deploy_guide_runs_and_its_main_matches_integer_snn(tmp_path, monkeypatch):
+    text = (ROOT / "docs" / "guide" / "deploy_mcu.rst").read_text()
+    python = _blocks(text, "python")
+    mains = [b for b in _blocks(text, "c") if "int main" in b]
+    assert len(python) == 3 and len(mains) == 1
+    monkeypatch.chdir(tmp_path)
+    namespace = {}
+    for i, code in enumerate(python):
+        exec(compile(code, f"deploy_mcu.rst[python {i}]", "exec"), namespace)
+    (tmp_path / "main.c").write_text(mains[0])
+    exe = tmp_path / "snn_demo"
+    cmd = [compiler(), *STRICT, "-O2", *sanitizer_flags(), f"-I{tmp_path / 'deploy'}",
+           str(tmp_path / "main.c"), str(tmp_path / "deploy" / "snn.c"), "-o", str(exe)]
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    assert res.returncode == 0 and not res.stderr, res.stderr
+    with open(tmp_path / "events.txt") as f:
+        run = subprocess.run([str(exe)], stdin=f, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    counts = [int(v) for v in run.stdout.split("\n")[0].split()]
+    expected = namespace["spikes"][:, 0].sum(0).tolist()
+    assert counts == expected
+    assert sum(expected) > 0     # the example network does spike
+    assert f"class {max(range(10), key=lambda k: (expected[k], -k))}" in run.stdout
