@@ -446,3 +446,23 @@ def test_deploy_guide_runs_and_its_main_matches_integer_snn(tmp_path, monkeypatc
     assert counts == expected
     assert sum(expected) > 0     # the example network does spike
     assert f"class {max(range(10), key=lambda k: (expected[k], -k))}" in run.stdout
+
+
+def test_summary_reports_the_c_model_memory():
+    from snnquant import summary
+
+    cfg = dict(seed=5, arch="conv", kind="if", tau=2.0, soft=True, v_reset=0.0, v_threshold=1.0,
+               decay_input=True, bias=False, bias_bits=None, pool="max", stride=1, groups=1,
+               readout="spikes", weight_bits=4, v_bits=8, per_channel=False, gain=3.0,
+               leak_bits=None)
+    net, shape = random_net(cfg)
+    desc, model = export(net, cfg, shape)
+    x = torch.randint(0, 2, (3, 2) + shape).float()
+    mem = c_memory(desc, shape)
+    s = summary(model, x, integer=desc)
+    assert (s.c_rom_bytes, s.c_ram_bytes) == (mem.rom_bytes, mem.ram_bytes)
+    assert f"C model (to_c): ROM {mem.rom_bytes} B, RAM {mem.ram_bytes} B" in str(s)
+    assert summary(model, x).c_rom_bytes is None
+    # weights: 4*2*9 + 5*36 int8 (per-tensor steps: no rescale arrays); membranes: 144 + 5 int8
+    assert mem.rom_bytes == 4 * 2 * 9 + 5 * 36
+    assert mem.state_bytes == 144 + 5
