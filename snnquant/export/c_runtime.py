@@ -160,6 +160,7 @@ class _Gen:
         self.state_members: List[Tuple[int, str]] = []   # (element bytes, declaration)
         self.state_bytes = 0
         self.uses_rhe = False
+        self.protos: List[str] = []
 
     # -- helpers --------------------------------------------------------------------------------
     def const_array(self, label: str, values: Sequence[int], signed: bool = False) -> str:
@@ -175,7 +176,8 @@ class _Gen:
         return ident
 
     # -- operations -----------------------------------------------------------------------------
-    def synapse(self, i: int, op: SynapseOp, in_shape, out_shape, in_range, in_t, out_t_fixed):
+    def synapse(self, i: int, op: SynapseOp, in_shape, out_shape, in_range, in_t, out_t_fixed,
+                fuse_with=None):
         mag = max(abs(in_range[0]), abs(in_range[1]))
         w = op.weight.to(torch.int64)
         c_out = int(w.shape[0])
@@ -212,11 +214,15 @@ class _Gen:
         if bias is not None:
             bname = self.const_array(f"b{i}", bias)
             rescale.append(f"acc += ({acc_t}){bname}[oc];")
-        rescale.append(f"out[o] = ({out_t})acc;")
+        if fuse_with is None:
+            rescale.append(f"out[o] = ({out_t})acc;")
+        else:
+            rescale.append(f"out[o] = ({out_t}){self.name}_n{fuse_with}(s, o, (int64_t)acc);")
         def rescale_code(indent):
             return "\n".join(" " * indent + line for line in rescale)
 
-        sig = f"static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)"
+        state = "" if fuse_with is None else f"{self.name}_state *s, "
+        sig = f"static void {self.name}_op{i}({state}const {in_t} *in, {out_t} *out)"
         if op.kind == "linear":
             if len(in_shape) != 1:
                 raise ExportError(f"layer {op.name!r}: a linear layer on a per-sample input of "
@@ -285,8 +291,9 @@ class _Gen:
         }}
     }}
 }}"""
-        self.funcs.append(f"/* {op.name}: {op.kind}, {op.weight_bits}-bit weights, "
-                          f"{acc_t} accumulator */\n{sig}\n{body}")
+        fused = "" if fuse_with is None else f", currents straight into neuron layer {self.desc.ops[fuse_with].name!r}"
+        self.funcs.append(f"/* {op.name!r}: {op.kind}, {op.weight_bits}-bit weights, "
+                          f"{acc_t} accumulator{fused} */\n{sig}\n{body}")
         return out_range, out_t
 
     @staticmethod
@@ -360,10 +367,10 @@ class _Gen:
         }}
     }}
 }}"""
-        self.funcs.append(f"/* {op.name}: {op.kind} pooling {tuple(op.kernel_size)} */\n{body}")
+        self.funcs.append(f"/* {op.name!r}: {op.kind} pooling {tuple(op.kernel_size)} */\n{body}")
         return out_range, out_t
 
-    def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed):
+    def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed, fused=False):
         n = _numel(shape)
         d, k, m, r = op.grid_shift, op.leak_shift, op.leak_multiplier, op.leak_round_shift
         total = d + k - r
@@ -401,7 +408,7 @@ class _Gen:
         def p2(e):
             return _lit(1 << e)
 
-        lines = ["int64_t x = (int64_t)in[j]" + (f" * {p2(op.input_shift)};" if op.input_shift else ";"),
+        lines = ["int64_t x = xin" + (f" * {p2(op.input_shift)};" if op.input_shift else ";"),
                  f"int64_t v = (int64_t)s->v{i}[j];"]
         if op.kind == "if":
             lines.append(f"int64_t h = v * {p2(d)} + x;" if d else "int64_t h = v + x;")
@@ -433,15 +440,20 @@ class _Gen:
             lines.append(f"s->v{i}[j] = ({v_t})(spike ? {_lit(op.v_reset)} : q);")
         else:
             lines.append(f"s->v{i}[j] = ({v_t})(spike ? q - {_lit(th)} : q);")
-        lines.append(f"out[j] = ({out_t})spike;")
-        # declarations first (C99 allows mixing, but keep one block per element)
-        body = "\n".join("        " + ln for ln in lines)
+        lines.append("return spike;")
+        body = "\n".join("    " + ln for ln in lines)
         leak = op.leak_text()
+        proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t xin)"
+        self.protos.append(proto + ";")
         self.funcs.append(
-            f"/* {op.name}: {op.kind.upper()}, {op.v_bits}-bit membrane [{op.v_min}, {op.v_max}], "
-            f"threshold {th}, {op.reset_mode} reset, leak: {leak} */\n"
-            f"static void {self.name}_op{i}({self.name}_state *s, const {in_t} *in, {out_t} *out)\n"
-            f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n{body}\n    }}\n}}")
+            f"/* {op.name!r}: {op.kind.upper()}, {op.v_bits}-bit membrane [{op.v_min}, {op.v_max}], "
+            f"threshold {th}, {op.reset_mode} reset, leak: {leak}.\n * One neuron j with input "
+            f"current xin: update the membrane, return the spike. */\n{proto}\n{{\n{body}\n}}")
+        if not fused:
+            self.funcs.append(
+                f"static void {self.name}_op{i}({self.name}_state *s, const {in_t} *in, {out_t} *out)\n"
+                f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
+                f"        out[j] = ({out_t}){self.name}_n{i}(s, j, (int64_t)in[j]);\n    }}\n}}")
         self.reset_lines.append(f"for (j = 0; j < {n}; j++) {{\n        s->v{i}[j] = ({v_t}){_lit(op.v_init)};\n    }}")
         return (0, 1), out_t
 
@@ -459,12 +471,31 @@ class _Gen:
         buffers: List[List[Tuple[str, int, int]]] = [[], []]   # per ping-pong union: (ctype, n, bytes)
         calls = []
         out_size = _numel(self.shapes[-1][1]) if self.shapes else _numel(self.input_shape)
-        for pos, i in enumerate(compute):
+        steps = []      # (first op index, last op index) of each C function
+        pos = 0
+        while pos < len(compute):
+            i = compute[pos]
+            nxt = compute[pos + 1] if pos + 1 < len(compute) else None
+            if isinstance(desc.ops[i], SynapseOp) and nxt is not None and isinstance(
+                    desc.ops[nxt], NeuronOp):
+                steps.append((i, nxt))      # current straight into the neurons, no buffer
+                pos += 2
+            else:
+                steps.append((i, i))
+                pos += 1
+        for pos, (i, j) in enumerate(steps):
             op = desc.ops[i]
             in_shape, out_shape = self.shapes[i]
-            last = pos == len(compute) - 1
+            last = pos == len(steps) - 1
             fixed = "int64_t" if last else None
-            if isinstance(op, SynapseOp):
+            if j != i:
+                n_fixed = fixed or "uint8_t"
+                cur_range, _ = self.synapse(i, op, in_shape, out_shape, in_range, in_t, n_fixed,
+                                            fuse_with=j)
+                in_range, t = self.neuron(j, desc.ops[j], self.shapes[j][0], cur_range, "int64_t",
+                                          n_fixed, fused=True)
+                out_shape = self.shapes[j][1]
+            elif isinstance(op, SynapseOp):
                 in_range, t = self.synapse(i, op, in_shape, out_shape, in_range, in_t, fixed)
             elif isinstance(op, PoolOp):
                 in_range, t = self.pool(i, op, in_shape, out_shape, in_range, in_t, fixed)
@@ -479,7 +510,7 @@ class _Gen:
                 buffers[u].append((t, n, size * n, i))
                 dst = f"s->buf{u}.a{i}"
             args = f"{src}, {dst}"
-            if isinstance(op, NeuronOp):
+            if isinstance(op, NeuronOp) or j != i:
                 args = f"s, {args}"
             calls.append(f"{self.name}_op{i}({args});")
             src, in_t = dst, t
@@ -575,6 +606,8 @@ static int64_t {n}_rhe(int64_t d, int k)
 typedef char {n}_ram_bytes_check[(sizeof({n}_state) == {N}_RAM_BYTES) ? 1 : -1];
 
 {chr(10).join(self.consts)}
+
+{chr(10).join(self.protos)}
 
 {rhe}{(chr(10) + chr(10)).join(self.funcs)}
 
