@@ -463,3 +463,22 @@ def test_summary_reports_the_c_model_memory():
     # weights: 4*2*9 + 5*36 int8 (per-tensor steps: no rescale arrays); membranes: 144 + 5 int8
     assert mem.rom_bytes == 4 * 2 * 9 + 5 * 36
     assert mem.state_bytes == 144 + 5
+
+
+@pytest.mark.parametrize("padding,kernel,dilation", [("same", 2, 1), ("same", 4, 1), ("same", 2, 2),
+                                                      ("valid", 3, 1), (2, 3, 2)])
+def test_convolution_padding_forms(tmp_path, padding, kernel, dilation):
+    torch.manual_seed(0)
+    net = nn.Sequential(layer.Conv2d(2, 3, kernel, padding=padding, dilation=dilation),
+                        neuron.IFNode(v_reset=None), layer.Flatten())
+    sjf.set_step_mode(net, "m")
+    q, _ = quantize_model(net, QuantConfig(weight_bits=6, v_bits=10))
+    x = torch.randint(-2, 3, (3, 5, 2, 7, 6))
+    with torch.no_grad():
+        q(x.float())
+    q.eval()
+    desc = to_integer(q)
+    desc.ops[0].name = "odd */ name ??/"      # a layer name cannot break the C comment
+    exe = build(desc, tmp_path, input_shape=(2, 7, 6))
+    assert assert_same(desc, exe, x) == 1.0
+    assert int(IntegerSNN(desc)(x).sum()) > 0

@@ -69,6 +69,11 @@ def _lit(v: int) -> str:
     return f"INT64_C({v})"
 
 
+def _quote(text: str) -> str:
+    """A layer name quoted for a C comment (a name cannot close the comment)."""
+    return repr(str(text)).replace("*/", "*\\/").replace("??", "?\\?")
+
+
 @dataclass
 class CMemory:
     """Memory of a generated C model.
@@ -291,8 +296,8 @@ class _Gen:
         }}
     }}
 }}"""
-        fused = "" if fuse_with is None else f", currents straight into neuron layer {self.desc.ops[fuse_with].name!r}"
-        self.funcs.append(f"/* {op.name!r}: {op.kind}, {op.weight_bits}-bit weights, "
+        fused = "" if fuse_with is None else f", currents straight into neuron layer {_quote(self.desc.ops[fuse_with].name)}"
+        self.funcs.append(f"/* {_quote(op.name)}: {op.kind}, {op.weight_bits}-bit weights, "
                           f"{acc_t} accumulator{fused} */\n{sig}\n{body}")
         return out_range, out_t
 
@@ -367,7 +372,7 @@ class _Gen:
         }}
     }}
 }}"""
-        self.funcs.append(f"/* {op.name!r}: {op.kind} pooling {tuple(op.kernel_size)} */\n{body}")
+        self.funcs.append(f"/* {_quote(op.name)}: {op.kind} pooling {tuple(op.kernel_size)} */\n{body}")
         return out_range, out_t
 
     def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed, fused=False):
@@ -446,7 +451,7 @@ class _Gen:
         proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t xin)"
         self.protos.append(proto + ";")
         self.funcs.append(
-            f"/* {op.name!r}: {op.kind.upper()}, {op.v_bits}-bit membrane [{op.v_min}, {op.v_max}], "
+            f"/* {_quote(op.name)}: {op.kind.upper()}, {op.v_bits}-bit membrane [{op.v_min}, {op.v_max}], "
             f"threshold {th}, {op.reset_mode} reset, leak: {leak}.\n * One neuron j with input "
             f"current xin: update the membrane, return the spike. */\n{proto}\n{{\n{body}\n}}")
         if not fused:
