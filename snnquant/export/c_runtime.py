@@ -21,13 +21,12 @@ not depend on implementation-defined behaviour either.
 
 from __future__ import annotations
 
-import keyword
 import os
 import re
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
