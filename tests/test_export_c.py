@@ -465,6 +465,7 @@ def test_summary_reports_the_c_model_memory():
     assert mem.state_bytes == 144 + 5
 
 
+@pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
 @pytest.mark.parametrize("padding,kernel,dilation", [("same", 2, 1), ("same", 4, 1), (2, 3, 2)])
 def test_convolution_padding_forms(tmp_path, padding, kernel, dilation):
     torch.manual_seed(0)
