@@ -14,7 +14,8 @@ from it, and refuses a checkpoint made with other settings, listing them) and ``
 trained state_dict), plus ``summary.txt``. Every file is written atomically
 (``snnquant._io.atomic_write``); ``checkpoint.pt`` and ``model.pt`` carry a SHA-256 checksum
 (``snnquant.save_checkpoint``) and load, verified and without pickle, with
-``snnquant.load_checkpoint`` (plain ``torch.load`` reads them too).
+``snnquant.load_checkpoint`` (plain ``torch.load`` reads them too). After the integer check:
+``model_int.safetensors`` and the C model ``model_int.h``/``model_int.c``.
 """
 from __future__ import annotations
 
@@ -349,7 +350,8 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
     from spikingjelly.activation_based import functional
 
     import snnquant
-    from snnquant.export import fold_batchnorm, integer_agreement, save_integer, to_integer
+    from snnquant.export import (c_memory, fold_batchnorm, integer_agreement, save_integer, to_c,
+                                 to_integer)
 
     folded = fold_batchnorm(model.eval()).to(device)
     functional.reset_net(folded)
@@ -377,9 +379,12 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
     desc = to_integer(folded)
     save_integer(desc, out / "model_int.safetensors")
     snnquant.save_checkpoint(folded.state_dict(), out / "model_folded.pt")
+    to_c(desc, out, "model_int", input_shape=tuple(x_seq.shape[2:]))   # model_int.h / model_int.c
+    mem = c_memory(desc, tuple(x_seq.shape[2:]))
     agreement = integer_agreement(folded, x_seq, desc)
     return {"folded_test_acc": folded_acc, "agreement": float(agreement),
-            "samples": int(x_seq.shape[1]), "finetune": history}
+            "samples": int(x_seq.shape[1]), "finetune": history,
+            "c_rom_bytes": mem.rom_bytes, "c_ram_bytes": mem.ram_bytes}
 
 
 def main(argv=None):
@@ -516,6 +521,8 @@ def main(argv=None):
                       f"epochs: test accuracy {100 * agreement['folded_test_acc']:.2f}%")
                 print(f"integer model agreement: {100 * agreement['agreement']:.2f}% "
                       f"({agreement['samples']} test samples, every output spike)")
+                print(f"C model: {out / 'model_int.c'} (.h), ROM {agreement['c_rom_bytes']} bytes, "
+                      f"RAM {agreement['c_ram_bytes']} bytes")
             else:
                 print(f"integer model check skipped: {agreement.get('skipped')}")
         metrics = dict(flags=vars(args), history=history, result=result)

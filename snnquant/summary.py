@@ -31,6 +31,8 @@ class Summary:
     total_state_quant_bytes: Optional[float] = None
     total_synops: Optional[float] = None
     num_samples: Optional[int] = None
+    c_rom_bytes: Optional[int] = None
+    c_ram_bytes: Optional[int] = None
 
     @property
     def compression_ratio(self) -> float:
@@ -66,6 +68,8 @@ class Summary:
             lines.append(f"membrane state: {self.total_state_fp32_bytes:.0f} B at fp32, "
                          f"{self.total_state_quant_bytes:.0f} B at v_bits "
                          f"({self.state_compression_ratio:.2f}x)")
+        if self.c_rom_bytes is not None:
+            lines.append(f"C model (to_c): ROM {self.c_rom_bytes} B, RAM {self.c_ram_bytes} B")
         if self.total_synops is not None:
             lines.append(f"synaptic operations per sample: {self.total_synops:.0f} (measured on "
                          f"{self.num_samples} samples: nonzero inputs x fan-out)")
@@ -129,7 +133,8 @@ def _measure(model: nn.Module, example_input: torch.Tensor):
             {k: v / N for k, v in spikes.items()})
 
 
-def summary(model: nn.Module, example_input: Optional[torch.Tensor] = None) -> Summary:
+def summary(model: nn.Module, example_input: Optional[torch.Tensor] = None, *,
+            integer=None) -> Summary:
     r"""Storage of each synaptic layer and neuron layer of ``model``, and its activity on a batch.
 
     Per layer: weight bits, membrane bits, parameter count, bytes at fp32 (:math:`4n`) and quantized
@@ -156,6 +161,9 @@ def summary(model: nn.Module, example_input: Optional[torch.Tensor] = None) -> S
     Args:
         model: the network.
         example_input: optional input batch ``[T, N, ...]`` to measure activity.
+        integer: optional :class:`~snnquant.export.IntegerNetwork` of ``model``: the summary then
+            also reports ``c_rom_bytes``/``c_ram_bytes`` of its C model
+            (:func:`~snnquant.export.c_memory`; the input shape from ``example_input``).
 
     Returns:
         A :class:`Summary`.
@@ -193,5 +201,9 @@ def summary(model: nn.Module, example_input: Optional[torch.Tensor] = None) -> S
             total_state_quant_bytes=sum(r["state_quant_bytes"] or 0.0 for r in rows),
             total_synops=sum(r["synops"] or 0.0 for r in rows),
             num_samples=int(example_input.shape[1]))
+    if integer is not None:
+        from .export.c_runtime import c_memory
+        mem = c_memory(integer, None if example_input is None else tuple(example_input.shape[2:]))
+        extra.update(c_rom_bytes=mem.rom_bytes, c_ram_bytes=mem.ram_bytes)
     return Summary(rows, total_params, sum(r["fp32_bytes"] for r in rows),
                    sum(r["quant_bytes"] for r in rows), **extra)

@@ -62,6 +62,8 @@ def test_train_nmnist_outputs_and_resume(data_env, tmp_path):
     assert "test accuracy:" in full.stdout and "compression ratio" in full.stdout
     assert "integer model agreement: 100.00%" in full.stdout
     assert (tmp_path / "full" / "model_int.safetensors").stat().st_size > 0
+    assert "C model:" in full.stdout and "ROM" in full.stdout and "RAM" in full.stdout
+    assert (tmp_path / "full" / "model_int.c").stat().st_size > 0
     out = tmp_path / "full"
     for name in ("metrics.json", "accuracy.png", "firing_rates.png", "checkpoint.pt", "model.pt",
                  "summary.txt"):

@@ -1,0 +1,734 @@
+r"""A portable C99 runtime of an integer network: :func:`to_c`.
+
+The generated code computes exactly what :class:`~snnquant.export.IntegerSNN` computes, one time
+step of one sample per call, with integer arithmetic only (no floating point, no ``malloc``, only
+``<stdint.h>`` and ``<string.h>``). Every intermediate value has a bound that is worked out here,
+from the description, when the code is written:
+
+* the input of the network lies in :math:`[-x_{max}, x_{max}]` (``input_max``), spikes in
+  :math:`\{0, 1\}`, a sum pool of values in :math:`[l, h]` in :math:`[a\,l, a\,h]`;
+* a synaptic layer's accumulator and current are bounded by
+  :math:`|X_c| \le \lVert w_c \rVert_1\, |x|_{max}\, m_c 2^{\sigma_c} + |b_c|`;
+* a neuron's charge by the bounds of every term of :class:`~snnquant.export.NeuronOp`'s update.
+
+From these bounds each layer picks the narrowest C type that holds it (``int32_t`` accumulators
+where :math:`2^{31}` is never reached, ``int64_t`` as :class:`~snnquant.export.IntegerSNN` uses
+otherwise), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
+undefined behaviour, so the code never relies on it. Shifts of negative numbers are written as
+multiplications by :math:`2^k` (left) and as ``~(~d >> k)`` (floor right shift), so the code does
+not depend on implementation-defined behaviour either.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from .description import ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
+
+__all__ = ["to_c", "c_memory", "CMemory"]
+
+#: Largest magnitude any intermediate may reach (bits): int64 with a margin, no overflow.
+_LIMIT_BITS = 62
+
+_C_KEYWORDS = {
+    "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else",
+    "enum", "extern", "float", "for", "goto", "if", "inline", "int", "long", "register",
+    "restrict", "return", "short", "signed", "sizeof", "static", "struct", "switch", "typedef",
+    "union", "unsigned", "void", "volatile", "while", "_Bool", "_Complex", "_Imaginary",
+}
+
+_TYPES = [("uint8_t", 0, 255, 1), ("int8_t", -128, 127, 1), ("int16_t", -(1 << 15), (1 << 15) - 1, 2),
+          ("int32_t", -(1 << 31), (1 << 31) - 1, 4), ("int64_t", -(1 << 63), (1 << 63) - 1, 8)]
+
+
+def _ctype(lo: int, hi: int, signed: bool = False) -> Tuple[str, int]:
+    """Narrowest C integer type (name, bytes) that holds every integer in ``[lo, hi]``."""
+    for name, tlo, thi, size in _TYPES:
+        if signed and name == "uint8_t":
+            continue
+        if tlo <= lo and hi <= thi:
+            return name, size
+    raise ExportError(f"no C integer type holds [{lo}, {hi}]")
+
+
+def _lit(v: int) -> str:
+    """A C literal of ``v`` that keeps its value in every integer context."""
+    v = int(v)
+    if -(1 << 31) < v < (1 << 31):
+        return str(v)
+    if v == -(1 << 63):
+        return "INT64_MIN"
+    return f"INT64_C({v})"
+
+
+def _quote(text: str) -> str:
+    """A layer name quoted for a C comment (a name cannot close the comment)."""
+    return repr(str(text)).replace("*/", "*\\/").replace("??", "?\\?")
+
+
+@dataclass
+class CMemory:
+    """Memory of a generated C model.
+
+    Attributes:
+        rom_bytes: constant data (weights, biases, rescale factors), code not included.
+        ram_bytes: ``sizeof(<name>_state)``: the membranes of one sample and the buffers between
+            layers.
+        state_bytes: the membranes alone.
+        input_size: ``<NAME>_INPUT_SIZE``; ``output_size``: ``<NAME>_OUTPUT_SIZE``.
+    """
+
+    rom_bytes: int
+    ram_bytes: int
+    state_bytes: int
+    input_size: int
+    output_size: int
+
+
+# ------------------------------------------------------------------------------------------------
+# validation and shapes
+
+def _check_name(name) -> str:
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+        raise ValueError(f"name must be a C identifier (letters, digits, '_', not starting with a "
+                         f"digit), got {name!r}")
+    if name in _C_KEYWORDS or name.startswith("__") or len(name) > 31:
+        raise ValueError(f"name must not be a C keyword, start with '__' or exceed 31 characters, "
+                         f"got {name!r}")
+    return name
+
+
+def _infer_input_shape(desc: IntegerNetwork) -> Tuple[int, ...]:
+    first = next((op for op in desc.ops if not isinstance(op, FlattenOp)), None)
+    if isinstance(first, SynapseOp) and first.kind == "linear" and not any(
+            isinstance(op, FlattenOp) for op in desc.ops[:desc.ops.index(first)]):
+        return (int(first.weight.shape[1]),)
+    kind = "an empty network" if first is None else f"{type(first).__name__} {first.name!r}"
+    raise ValueError(f"input_shape is required: the network starts with {kind}, whose input size "
+                     f"the description does not hold; pass the per-sample input shape, e.g. "
+                     f"input_shape=(2, 34, 34)")
+
+
+def _shapes(desc: IntegerNetwork, input_shape) -> List[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
+    """Per-sample (input shape, output shape) of every op, from the simulator itself."""
+    from .simulator import IntegerSNN
+
+    sim = IntegerSNN(desc)
+    x = torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)
+    out = []
+    for op, prm in zip(desc.ops, sim._params):
+        before = tuple(x.shape[1:])
+        try:
+            if isinstance(op, SynapseOp):
+                x = sim._synapse(op, prm, x)
+            elif isinstance(op, PoolOp):
+                x = sim._pool(op, x)
+            elif isinstance(op, FlattenOp):
+                start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
+                end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
+                x = torch.flatten(x, start, end)
+        except (RuntimeError, IndexError, ValueError) as err:
+            raise ValueError(f"input_shape={tuple(input_shape)} does not fit layer {op.name!r} "
+                             f"(its input would be {before}): {err}") from None
+        out.append((before, tuple(x.shape[1:])))
+    return out
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+# ------------------------------------------------------------------------------------------------
+# code generation
+
+class _Gen:
+    """Writes the C source of one network; ``self.rom``/``self.ram`` collect the memory."""
+
+    def __init__(self, desc: IntegerNetwork, name: str, input_shape):
+        self.desc, self.name, self.NAME = desc, name, name.upper()
+        self.input_shape = tuple(int(v) for v in input_shape)
+        self.shapes = _shapes(desc, self.input_shape)
+        self.consts: List[str] = []
+        self.funcs: List[str] = []
+        self.rom = 0
+        self.state_members: List[Tuple[int, str]] = []   # (element bytes, declaration)
+        self.state_bytes = 0
+        self.uses_rhe = False
+        self.protos: List[str] = []
+
+    # -- helpers --------------------------------------------------------------------------------
+    def const_array(self, label: str, values: Sequence[int], signed: bool = False) -> str:
+        values = [int(v) for v in values]
+        ctype, size = _ctype(min(values), max(values), signed)
+        ident = f"{self.name}_{label}"
+        body = []
+        for i in range(0, len(values), 16):
+            body.append("    " + ", ".join(_lit(v) for v in values[i:i + 16]))
+        self.consts.append(f"static const {ctype} {ident}[{len(values)}] = {{\n"
+                           + ",\n".join(body) + "\n};")
+        self.rom += size * len(values)
+        return ident
+
+    # -- operations -----------------------------------------------------------------------------
+    def synapse(self, i: int, op: SynapseOp, in_shape, out_shape, in_range, in_t, out_t_fixed,
+                fuse_with=None):
+        mag = max(abs(in_range[0]), abs(in_range[1]))
+        w = op.weight.to(torch.int64)
+        c_out = int(w.shape[0])
+        l1 = w.abs().reshape(c_out, -1).sum(dim=1).tolist()
+        mult = [int(v) for v in op.multiplier.tolist()]
+        shift = [int(v) for v in op.shift.tolist()]
+        bias = None if op.bias is None else [int(v) for v in op.bias.tolist()]
+        factor = []
+        bounds = []
+        for c in range(c_out):
+            f = 0 if l1[c] == 0 else mult[c] * (1 << shift[c])
+            factor.append(f)
+            b = 0 if bias is None else abs(bias[c])
+            bounds.append(l1[c] * mag * abs(f) + b)
+            if max(bounds[-1], l1[c] * mag, abs(f)) >= (1 << _LIMIT_BITS):
+                raise ExportError(f"layer {op.name!r}: the current of output channel {c} is bounded "
+                                  f"only by {bounds[-1]} (sum|w| = {l1[c]}, max|x| = {mag}, "
+                                  f"rescale {f}), which reaches 2^{_LIMIT_BITS}: the C code would "
+                                  f"overflow int64")
+        acc_bound = max([l1[c] * mag for c in range(c_out)] + [1])
+        wide = max(bounds + [acc_bound] + [abs(f) for f in factor] + [1])
+        acc_t = "int32_t" if wide < (1 << 31) else "int64_t"
+        out_range = (-max(bounds + [0]), max(bounds + [0]))
+        out_t = out_t_fixed or _ctype(*out_range)[0]
+        wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
+        same_factor = all(f == factor[0] for f in factor)
+        rescale = []
+        if same_factor:
+            if factor[0] != 1:
+                rescale.append(f"acc *= {_lit(factor[0])};")
+        else:
+            fname = self.const_array(f"rescale{i}", factor)
+            rescale.append(f"acc *= ({acc_t}){fname}[oc];")
+        if bias is not None:
+            bname = self.const_array(f"b{i}", bias)
+            rescale.append(f"acc += ({acc_t}){bname}[oc];")
+        if fuse_with is None:
+            rescale.append(f"out[o] = ({out_t})acc;")
+        else:
+            rescale.append(f"out[o] = ({out_t}){self.name}_n{fuse_with}(s, o, (int64_t)acc);")
+        def rescale_code(indent):
+            return "\n".join(" " * indent + line for line in rescale)
+
+        state = "" if fuse_with is None else f"{self.name}_state *s, "
+        sig = f"static void {self.name}_op{i}({state}const {in_t} *in, {out_t} *out)"
+        if op.kind == "linear":
+            if len(in_shape) != 1:
+                raise ExportError(f"layer {op.name!r}: a linear layer on a per-sample input of "
+                                  f"shape {in_shape} (not flattened) is not supported by to_c")
+            n_in = int(w.shape[1])
+            body = f"""{{
+    int32_t oc, j;
+    for (oc = 0; oc < {c_out}; oc++) {{
+        const int32_t o = oc;
+        {acc_t} acc = 0;
+        for (j = 0; j < {n_in}; j++) {{
+            acc += ({acc_t}){wname}[oc * {n_in} + j] * ({acc_t})in[j];
+        }}
+        {{
+{rescale_code(12)}
+        }}
+    }}
+}}"""
+        else:
+            if op.kind == "conv1d":
+                hi_, wi = 1, in_shape[1]
+                co, ho_, wo = out_shape[0], 1, out_shape[1]
+                kh, kw = 1, int(w.shape[2])
+                sh, sw = 1, op.stride[0]
+                dh, dw = 1, op.dilation[0]
+                pads = self._conv_pads(op, (kw,))
+                ph, pw = 0, pads[0]
+            else:
+                _, hi_, wi = in_shape
+                co, ho_, wo = out_shape
+                kh, kw = int(w.shape[2]), int(w.shape[3])
+                sh, sw = op.stride
+                dh, dw = op.dilation
+                ph, pw = self._conv_pads(op, (kh, kw))
+            cig = int(w.shape[1])
+            cog = c_out // op.groups
+            body = f"""{{
+    int32_t oc, oy, ox, ic, ky, kx;
+    for (oc = 0; oc < {co}; oc++) {{
+        const int32_t g = oc / {cog};
+        for (oy = 0; oy < {ho_}; oy++) {{
+            for (ox = 0; ox < {wo}; ox++) {{
+                const int32_t o = (oc * {ho_} + oy) * {wo} + ox;
+                {acc_t} acc = 0;
+                for (ic = 0; ic < {cig}; ic++) {{
+                    const int32_t c = g * {cig} + ic;
+                    for (ky = 0; ky < {kh}; ky++) {{
+                        const int32_t iy = oy * {sh} - {ph} + ky * {dh};
+                        if (iy < 0 || iy >= {hi_}) {{
+                            continue;
+                        }}
+                        for (kx = 0; kx < {kw}; kx++) {{
+                            const int32_t ix = ox * {sw} - {pw} + kx * {dw};
+                            if (ix < 0 || ix >= {wi}) {{
+                                continue;
+                            }}
+                            acc += ({acc_t}){wname}[((oc * {cig} + ic) * {kh} + ky) * {kw} + kx]
+                                * ({acc_t})in[(c * {hi_} + iy) * {wi} + ix];
+                        }}
+                    }}
+                }}
+                {{
+{rescale_code(20)}
+                }}
+            }}
+        }}
+    }}
+}}"""
+        fused = "" if fuse_with is None else f", currents straight into neuron layer {_quote(self.desc.ops[fuse_with].name)}"
+        self.funcs.append(f"/* {_quote(op.name)}: {op.kind}, {op.weight_bits}-bit weights, "
+                          f"{acc_t} accumulator{fused} */\n{sig}\n{body}")
+        return out_range, out_t
+
+    @staticmethod
+    def _conv_pads(op: SynapseOp, kernel) -> Tuple[int, ...]:
+        if isinstance(op.padding, str):
+            if op.padding == "valid":
+                return (0,) * len(kernel)
+            if op.padding == "same":
+                # torch: total padding d*(k-1), the odd one on the right (end), left = total // 2
+                return tuple((d * (k - 1)) // 2 for d, k in zip(op.dilation, kernel))
+            raise ExportError(f"layer {op.name!r}: padding={op.padding!r} is not supported")
+        return tuple(int(p) for p in op.padding)
+
+    def pool(self, i: int, op: PoolOp, in_shape, out_shape, in_range, in_t, out_t_fixed):
+        if op.dims == 1:
+            c, hi_, wi = in_shape[0], 1, in_shape[1]
+            ho_, wo = 1, out_shape[1]
+            kh, kw = 1, op.kernel_size[0]
+            sh, sw = 1, op.stride[0]
+            ph, pw = 0, op.padding[0]
+            dh, dw = 1, (op.dilation[0] if op.kind == "max" else 1)
+        else:
+            c, hi_, wi = in_shape
+            ho_, wo = out_shape[1], out_shape[2]
+            kh, kw = op.kernel_size
+            sh, sw = op.stride
+            ph, pw = op.padding
+            dh, dw = op.dilation if op.kind == "max" else (1, 1)
+        if op.kind == "max":
+            out_range = in_range
+            init = "int first = 1;"
+            update = ("if (first || in[j] > best) {\n"
+                      "                            best = in[j];\n"
+                      "                            first = 0;\n"
+                      "                        }")
+            acc_t = in_t
+            start = f"{acc_t} best = 0;\n                {init}"
+            result = "best"
+        else:
+            area = kh * kw
+            out_range = (min(0, area * in_range[0]), max(0, area * in_range[1]))
+            acc_t = "int32_t" if max(map(abs, out_range)) < (1 << 31) else "int64_t"
+            start = f"{acc_t} best = 0;"
+            update = f"best += ({acc_t})in[j];"
+            result = "best"
+        out_t = out_t_fixed or _ctype(*out_range)[0]
+        body = f"""static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)
+{{
+    int32_t ch, oy, ox, ky, kx;
+    for (ch = 0; ch < {c}; ch++) {{
+        for (oy = 0; oy < {ho_}; oy++) {{
+            for (ox = 0; ox < {wo}; ox++) {{
+                {start}
+                for (ky = 0; ky < {kh}; ky++) {{
+                    const int32_t iy = oy * {sh} - {ph} + ky * {dh};
+                    if (iy < 0 || iy >= {hi_}) {{
+                        continue;
+                    }}
+                    for (kx = 0; kx < {kw}; kx++) {{
+                        const int32_t ix = ox * {sw} - {pw} + kx * {dw};
+                        int32_t j;
+                        if (ix < 0 || ix >= {wi}) {{
+                            continue;
+                        }}
+                        j = (ch * {hi_} + iy) * {wi} + ix;
+                        {update}
+                    }}
+                }}
+                out[(ch * {ho_} + oy) * {wo} + ox] = ({out_t}){result};
+            }}
+        }}
+    }}
+}}"""
+        self.funcs.append(f"/* {_quote(op.name)}: {op.kind} pooling {tuple(op.kernel_size)} */\n{body}")
+        return out_range, out_t
+
+    def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed, fused=False):
+        n = _numel(shape)
+        d, k, m, r = op.grid_shift, op.leak_shift, op.leak_multiplier, op.leak_round_shift
+        total = d + k - r
+        vr = op.v_reset if op.reset_mode == "hard" else 0
+        th = op.threshold
+        # every value the stored membrane takes: the clamped charge q, the reset value and the
+        # initial value; after a soft reset q - theta with q in [max(theta, v_min), v_max]
+        v_lo, v_hi = min(op.v_min, op.v_init), max(op.v_max, op.v_init)
+        fire_lo = max(th, op.v_min)
+        if op.reset_mode == "hard":
+            v_lo, v_hi = min(v_lo, op.v_reset), max(v_hi, op.v_reset)
+        elif fire_lo <= op.v_max:
+            v_lo, v_hi = min(v_lo, fire_lo - th), max(v_hi, op.v_max - th)
+        vmag = max(abs(v_lo), abs(v_hi))
+        xmag = max(abs(in_range[0]), abs(in_range[1])) << op.input_shift
+        terms = [xmag, vmag << d]
+        if op.kind == "if":
+            terms.append((vmag << d) + xmag)
+        else:
+            lk = (xmag if op.decay_input else 0) + ((vmag + abs(vr)) << d)
+            lk_m = lk * m
+            lk_r = (lk_m >> r) + 1
+            terms += [lk, lk_m, lk_r, vmag << total, xmag << (k - r),
+                      (vmag << total) + lk_r + (xmag << (k - r))]
+        big = max(terms)
+        if big >= (1 << _LIMIT_BITS) or total > _LIMIT_BITS:
+            raise ExportError(f"layer {op.name!r}: the charge is bounded only by {big} (grid shift "
+                              f"{d}, leak shift {k}), which reaches 2^{_LIMIT_BITS}: the C code "
+                              f"would overflow int64")
+        v_t, v_size = _ctype(v_lo, v_hi, signed=True)
+        self.state_members.append((v_size, f"{v_t} v{i}[{n}];"))
+        self.state_bytes += v_size * n
+        out_t = out_t_fixed or "uint8_t"
+
+        def p2(e):
+            return _lit(1 << e)
+
+        lines = ["int64_t x = xin" + (f" * {p2(op.input_shift)};" if op.input_shift else ";"),
+                 f"int64_t v = (int64_t)s->v{i}[j];"]
+        if op.kind == "if":
+            lines.append(f"int64_t h = v * {p2(d)} + x;" if d else "int64_t h = v + x;")
+        else:
+            vd = f"(v - {_lit(vr)})" if vr else "v"
+            vd = f"{vd} * {p2(d)}" if d else vd
+            lines.append(f"int64_t leak = x - {vd};" if op.decay_input else f"int64_t leak = {vd};")
+            if m != 1:
+                lines.append(f"leak *= {_lit(m)};")
+            if r:
+                self.uses_rhe = True
+                lines.append(f"leak = {self.name}_rhe(leak, {r});")
+            vt = f"v * {p2(total)}" if total else "v"
+            if op.decay_input:
+                lines.append(f"int64_t h = {vt} + leak;")
+            else:
+                xt = f"x * {p2(k - r)}" if k - r else "x"
+                lines.append(f"int64_t h = {vt} - leak + {xt};")
+        if total:
+            self.uses_rhe = True
+            lines.append(f"int64_t q = {self.name}_rhe(h, {total});")
+        else:
+            lines.append("int64_t q = h;")
+        lines += [f"int spike;",
+                  f"if (q < {_lit(op.v_min)}) {{ q = {_lit(op.v_min)}; }}",
+                  f"if (q > {_lit(op.v_max)}) {{ q = {_lit(op.v_max)}; }}",
+                  f"spike = q >= {_lit(th)};"]
+        if op.reset_mode == "hard":
+            lines.append(f"s->v{i}[j] = ({v_t})(spike ? {_lit(op.v_reset)} : q);")
+        else:
+            lines.append(f"s->v{i}[j] = ({v_t})(spike ? q - {_lit(th)} : q);")
+        lines.append("return spike;")
+        body = "\n".join("    " + ln for ln in lines)
+        leak = op.leak_text()
+        proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t xin)"
+        self.protos.append(proto + ";")
+        self.funcs.append(
+            f"/* {_quote(op.name)}: {op.kind.upper()}, {op.v_bits}-bit membrane [{op.v_min}, {op.v_max}], "
+            f"threshold {th}, {op.reset_mode} reset, leak: {leak}.\n * One neuron j with input "
+            f"current xin: update the membrane, return the spike. */\n{proto}\n{{\n{body}\n}}")
+        if not fused:
+            self.funcs.append(
+                f"static void {self.name}_op{i}({self.name}_state *s, const {in_t} *in, {out_t} *out)\n"
+                f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
+                f"        out[j] = ({out_t}){self.name}_n{i}(s, j, (int64_t)in[j]);\n    }}\n}}")
+        self.reset_lines.append(f"for (j = 0; j < {n}; j++) {{\n        s->v{i}[j] = ({v_t}){_lit(op.v_init)};\n    }}")
+        return (0, 1), out_t
+
+    # -- whole network --------------------------------------------------------------------------
+    def build(self):
+        desc = self.desc
+        self.reset_lines: List[str] = []
+        compute = [i for i, op in enumerate(desc.ops) if not isinstance(op, FlattenOp)]
+        in_range = (-int(desc.input_max), int(desc.input_max))
+        if desc.input_max >= (1 << 31):
+            raise ExportError(f"input_max={desc.input_max} does not fit the int32_t input of the C "
+                              f"model")
+        in_t = "int32_t"
+        src = "input"
+        buffers: List[List[Tuple[str, int, int]]] = [[], []]   # per ping-pong union: (ctype, n, bytes)
+        calls = []
+        out_size = _numel(self.shapes[-1][1]) if self.shapes else _numel(self.input_shape)
+        steps = []      # (first op index, last op index) of each C function
+        pos = 0
+        while pos < len(compute):
+            i = compute[pos]
+            nxt = compute[pos + 1] if pos + 1 < len(compute) else None
+            if isinstance(desc.ops[i], SynapseOp) and nxt is not None and isinstance(
+                    desc.ops[nxt], NeuronOp):
+                steps.append((i, nxt))      # current straight into the neurons, no buffer
+                pos += 2
+            else:
+                steps.append((i, i))
+                pos += 1
+        for pos, (i, j) in enumerate(steps):
+            op = desc.ops[i]
+            in_shape, out_shape = self.shapes[i]
+            last = pos == len(steps) - 1
+            fixed = "int64_t" if last else None
+            if j != i:
+                n_fixed = fixed or "uint8_t"
+                cur_range, _ = self.synapse(i, op, in_shape, out_shape, in_range, in_t, n_fixed,
+                                            fuse_with=j)
+                in_range, t = self.neuron(j, desc.ops[j], self.shapes[j][0], cur_range, "int64_t",
+                                          n_fixed, fused=True)
+                out_shape = self.shapes[j][1]
+            elif isinstance(op, SynapseOp):
+                in_range, t = self.synapse(i, op, in_shape, out_shape, in_range, in_t, fixed)
+            elif isinstance(op, PoolOp):
+                in_range, t = self.pool(i, op, in_shape, out_shape, in_range, in_t, fixed)
+            else:
+                in_range, t = self.neuron(i, op, in_shape, in_range, in_t, fixed)
+            if last:
+                dst = "output"
+            else:
+                u = pos % 2
+                n = _numel(out_shape)
+                size = {a: b for a, _, _, b in _TYPES}[t]
+                buffers[u].append((t, n, size * n, i))
+                dst = f"s->buf{u}.a{i}"
+            args = f"{src}, {dst}"
+            if isinstance(op, NeuronOp) or j != i:
+                args = f"s, {args}"
+            calls.append(f"{self.name}_op{i}({args});")
+            src, in_t = dst, t
+        if not compute:
+            calls.append(f"for (j = 0; j < {out_size}; j++) {{\n        output[j] = (int64_t)input[j];\n    }}")
+        members = []
+        ram = 0
+        for u, bufs in enumerate(buffers):
+            if not bufs:
+                continue
+            size = max(b for _, _, b, _ in bufs)
+            size8 = -(-size // 8) * 8
+            decl = "".join(f"        {t} a{i}[{n}];\n" for t, n, _, i in bufs)
+            members.append(f"    union {{\n{decl}        uint8_t bytes[{size8}];\n    }} buf{u};")
+            ram += size8
+        for _, decl in sorted(self.state_members, key=lambda e: -e[0]):
+            members.append("    " + decl)
+        ram += self.state_bytes
+        pad = (-ram) % 8
+        if pad or not members:
+            pad = pad or 8
+            members.append(f"    uint8_t pad_[{pad}];")
+            ram += pad
+        self.ram = ram
+        self.out_size = out_size
+        self.members = members
+        self.calls = calls
+        return self
+
+    def header(self) -> str:
+        N, n, desc = self.NAME, self.name, self.desc
+        guard = f"{N}_H_INCLUDED"
+        out_desc = ("spikes 0/1" if desc.output_kind == "spikes" else
+                    f"integer currents in units of 2^-{desc.output_frac_bits}")
+        return f"""/* {n}.h: integer spiking network generated by snnquant.export.to_c.
+ * Bit-exact with snnquant.export.IntegerSNN. C99, integer only, no dynamic memory.
+ * Input: {_numel(self.input_shape)} int32 values per step, per-sample shape {list(self.input_shape)}
+ * (C order), each |x| <= {N}_INPUT_MAX. Output: {self.out_size} values per step, {out_desc}.
+ */
+#ifndef {guard}
+#define {guard}
+
+#include <stdint.h>
+
+#define {N}_INPUT_SIZE {_numel(self.input_shape)}
+#define {N}_OUTPUT_SIZE {self.out_size}
+#define {N}_INPUT_MAX {_lit(desc.input_max)}
+/* bytes of constant data (weights, biases, rescale factors; code not included) */
+#define {N}_ROM_BYTES {self.rom}
+/* bytes of one {n}_state: membranes of one sample and the buffers between layers */
+#define {N}_RAM_BYTES {self.ram}
+
+/* The state of one sample: membranes of every neuron layer and buffers between layers. */
+typedef struct {{
+{chr(10).join(self.members)}
+}} {n}_state;
+
+/* Membranes to their initial values (as IntegerSNN starts every call). */
+void {n}_reset({n}_state *s);
+
+/* One time step: input[{N}_INPUT_SIZE] in, output[{N}_OUTPUT_SIZE] out. */
+void {n}_step({n}_state *s, const int32_t *input, int64_t *output);
+
+#endif /* {guard} */
+"""
+
+    def source(self) -> str:
+        n, N = self.name, self.NAME
+        rhe = ""
+        if self.uses_rhe:
+            rhe = f"""/* round(d / 2^k), ties to even (k >= 1), as torch.round and IntegerSNN;
+ * ~(~d >> k) is floor(d / 2^k) for d < 0 without shifting a negative number */
+static int64_t {n}_rhe(int64_t d, int k)
+{{
+    const int64_t f = d >= 0 ? d >> k : ~((~d) >> k);
+    const int64_t rest = d & ((((int64_t)1) << k) - 1);
+    const int64_t half = ((int64_t)1) << (k - 1);
+    return f + ((rest > half || (rest == half && (f & 1) != 0)) ? 1 : 0);
+}}
+
+"""
+        reset_body = "\n    ".join(self.reset_lines)
+        step_body = "\n    ".join(self.calls)
+        needs_j_reset = bool(self.reset_lines)
+        needs_j_step = any(c.startswith("for (j") for c in self.calls)
+        return f"""/* {n}.c: integer spiking network generated by snnquant.export.to_c (see {n}.h). */
+#include <stdint.h>
+#include <string.h>
+
+#include "{n}.h"
+
+/* sizeof({n}_state) must equal {N}_RAM_BYTES */
+typedef char {n}_ram_bytes_check[(sizeof({n}_state) == {N}_RAM_BYTES) ? 1 : -1];
+
+{chr(10).join(self.consts)}
+
+{chr(10).join(self.protos)}
+
+{rhe}{(chr(10) + chr(10)).join(self.funcs)}
+
+void {n}_reset({n}_state *s)
+{{
+{"    int32_t j;" + chr(10) if needs_j_reset else ""}    memset(s, 0, sizeof(*s));
+    {reset_body}
+}}
+
+void {n}_step({n}_state *s, const int32_t *input, int64_t *output)
+{{
+{"    int32_t j;" + chr(10) if needs_j_step else ""}    {"(void)s;" + chr(10) + "    " if not self.state_members else ""}{step_body}
+}}
+"""
+
+
+# ------------------------------------------------------------------------------------------------
+# public API
+
+def _prepare(desc, name, input_shape) -> _Gen:
+    if not isinstance(desc, IntegerNetwork):
+        raise TypeError(f"desc must be an IntegerNetwork (from to_integer or load_integer), got "
+                        f"{type(desc).__name__}")
+    name = _check_name(name)
+    if input_shape is None:
+        input_shape = _infer_input_shape(desc)
+    if isinstance(input_shape, int):
+        input_shape = (input_shape,)
+    try:
+        input_shape = tuple(int(v) for v in input_shape)
+    except TypeError:
+        raise ValueError(f"input_shape must be a tuple of positive ints, got {input_shape!r}") from None
+    if not input_shape or any(v <= 0 for v in input_shape):
+        raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}")
+    return _Gen(desc, name, input_shape).build()
+
+
+def c_memory(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = None) -> CMemory:
+    r"""ROM and RAM of the C model :func:`to_c` writes for ``desc``, without writing it.
+
+    Args:
+        desc: the integer network.
+        input_shape: per-sample input shape, as for :func:`to_c`.
+
+    Returns:
+        A :class:`CMemory` (``rom_bytes`` = ``<NAME>_ROM_BYTES``, ``ram_bytes`` =
+        ``<NAME>_RAM_BYTES``).
+    """
+    g = _prepare(desc, "snn", input_shape)
+    return CMemory(rom_bytes=g.rom, ram_bytes=g.ram, state_bytes=g.state_bytes,
+                   input_size=_numel(g.input_shape), output_size=g.out_size)
+
+
+def _write_atomic(path: Path, text: str):
+    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="ascii", newline="\n") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "snn", *,
+         input_shape: Optional[Sequence[int]] = None) -> Tuple[Path, Path]:
+    r"""Write a bit-exact, portable C99 model of an integer network: ``<name>.h`` and ``<name>.c``.
+
+    The C model computes, one time step of one sample per call, exactly what
+    :class:`~snnquant.export.IntegerSNN` computes (same accumulator values, ties-to-even
+    rounding, saturation, leak shift or fixed-point multiplier, hard or soft reset, pooling,
+    flatten order): every layer of :class:`~snnquant.export.NeuronOp` and
+    :class:`~snnquant.export.SynapseOp`, including ``exact=False`` layers from
+    ``to_integer(..., leak_bits=F)``. The code uses integers only, no ``malloc``, includes only
+    ``<stdint.h>`` and ``<string.h>``, and compiles warning-free with
+    ``gcc -std=c99 -Wall -Wextra -Werror -pedantic``. Weights are ``static const`` arrays of the
+    narrowest integer type that holds them.
+
+    API of ``<name>.h`` (``NAME`` is ``name`` in capitals):
+
+    * ``NAME_INPUT_SIZE``, ``NAME_OUTPUT_SIZE``: elements of one time step of one sample, in C
+      order of the per-sample shape (``input_shape``, e.g. ``[C, H, W]``, and the output shape
+      :class:`~snnquant.export.IntegerSNN` returns); ``NAME_INPUT_MAX``: the largest input
+      magnitude (``desc.input_max``; larger inputs are not checked by the C code);
+    * ``NAME_ROM_BYTES``: bytes of constant data (weights, biases, rescale factors; not code);
+      ``NAME_RAM_BYTES``: ``sizeof(name_state)``;
+    * ``name_state``: one sample's membranes (and the buffers between layers);
+    * ``void name_reset(name_state *s)``: membranes to their initial values;
+    * ``void name_step(name_state *s, const int32_t *input, int64_t *output)``: one step;
+      ``output`` receives the spikes (0/1) or, for a network ending in a synaptic layer, the
+      integer currents in units of :math:`2^{-F}` (``desc.output_frac_bits``).
+
+    Args:
+        desc: the integer network (:func:`~snnquant.export.to_integer` or
+            :func:`~snnquant.export.load_integer`).
+        out_dir: folder for the two files (created if missing); files are written atomically.
+        name: C identifier prefixing every public symbol and naming the files.
+        input_shape: per-sample input shape without time and batch. Needed when the network does
+            not start with a linear layer (the description holds no image size); by default
+            ``(in_features,)`` of the first linear layer.
+
+    Returns:
+        ``(header_path, source_path)``.
+
+    Raises:
+        TypeError: ``desc`` is not an :class:`~snnquant.export.IntegerNetwork`.
+        ValueError: a bad ``name`` or ``input_shape``.
+        ExportError: a bound of an intermediate value reaches :math:`2^{62}` (the C code would
+            overflow), or a layer form the C runtime does not implement.
+    """
+    gen = _prepare(desc, name, input_shape)
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"out_dir={str(out_dir)!r} exists and is not a folder")
+    out.mkdir(parents=True, exist_ok=True)
+    header, source = out / f"{gen.name}.h", out / f"{gen.name}.c"
+    _write_atomic(header, gen.header())
+    _write_atomic(source, gen.source())
+    return header, source
