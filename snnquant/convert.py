@@ -16,6 +16,7 @@ import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import neuron
 
+from .functional.state import STATE_QUANT_MAX_BITS
 from .nn.layers import QuantConv1d, QuantConv2d, QuantLinear
 from .nn.neurons import BACKENDS, QuantIFNode, QuantLIFNode, QuantParametricLIFNode
 from .nn.quantizers import (LSQQuantizer, MinMaxQuantizer, QuantizedBits, QuantizerBase,
@@ -79,6 +80,9 @@ class QuantConfig:
         if self.membrane_quantizer not in MEMBRANE_QUANTIZERS:
             raise ValueError(f"membrane_quantizer must be one of {MEMBRANE_QUANTIZERS}, got "
                              f"{self.membrane_quantizer!r}")
+        if self.membrane_quantizer == "threshold_centered" and (self.v_bits or 0) > STATE_QUANT_MAX_BITS:
+            raise ValueError(f"v_bits={self.v_bits} is above the limit of {STATE_QUANT_MAX_BITS} bits "
+                             "of membrane_quantizer='threshold_centered' (a table of 2**v_bits levels)")
         if self.backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {self.backend!r}")
         if isinstance(self.skip, str):
