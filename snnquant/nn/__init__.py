@@ -5,6 +5,7 @@ from .quantizers import (QuantizerBase, Round, Clamp, StepQuantize, KBitQuantize
                          UniformQuantizer, LSQQuantizer, MinMaxQuantizer, WeightGridBiasQuantizer)
 from .layers import QuantLinear, QuantConv1d, QuantConv2d
 from .neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode
+from .custom import CustomIFNode, CustomLIFNode, CustomNode, custom_neuron
 
 __all__ = [
     "QuantizerBase", "Round", "Clamp", "StepQuantize", "KBitQuantize", "AffineKBitQuantize",
@@ -12,4 +13,5 @@ __all__ = [
     "UniformQuantizer", "LSQQuantizer", "MinMaxQuantizer", "WeightGridBiasQuantizer",
     "QuantLinear", "QuantConv1d", "QuantConv2d",
     "QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode",
+    "CustomNode", "CustomIFNode", "CustomLIFNode", "custom_neuron",
 ]
