@@ -244,7 +244,9 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
 
     Args:
         model: the network.
-        config: a :class:`QuantConfig` (default: ``QuantConfig()``, 8-bit LSQ weights).
+        config: a :class:`QuantConfig` (default: ``QuantConfig()``: 8-bit weights with a learned
+            power-of-two step (``'lsq_pow2'``), 16-bit biases; neurons stay float unless
+            ``v_bits`` is set).
         inplace: modify ``model`` itself instead of a deep copy.
 
     Returns:
