@@ -16,8 +16,10 @@ Which blocks run:
 Rules for an untagged block: a block whose first line is a shell command (it starts with
 ``python``, ``python3``, ``pip``, ``torchrun``, ``git``, ``cd``, ``export``, ``conda``, ...,
 optionally after a ``$`` prompt) is a shell set-up command and does not run; a block that parses
-as Python runs; anything else (a directory listing, printed output) is text and does not run.
-Write output and listings that happen to parse as Python as ``.. code-block:: text``.
+as Python and has a statement (an import, an assignment, a definition, ...) or a call runs;
+anything else (a directory listing, a file name such as ``model.pt``, printed output) is text and
+does not run. Write output that happens to look like a call (``tensor([1., 2.])``) as
+``.. code-block:: text``.
 
 The blocks of one file run in order in one namespace (a guide builds on its earlier blocks), in a
 temporary working directory with ``SNNQUANT_DATA`` pointing into it, so nothing is written into
@@ -68,10 +70,13 @@ def classify(lang, code: str) -> str:
     if SHELL_LINE.match(first):
         return "shell"
     try:
-        ast.parse(code)
+        tree = ast.parse(code)
     except SyntaxError:
         return "text"
-    return "python"
+    for node in tree.body:
+        if not isinstance(node, ast.Expr) or isinstance(node.value, ast.Call):
+            return "python"
+    return "text"  # only bare names, attributes, constants: a file name, a listing
 
 
 def _indent(line: str) -> int:
@@ -182,6 +187,11 @@ def test_the_rules_classify_blocks_as_stated():
 
             extract/Train/<label>/<index>.bin
 
+        Files::
+
+            model.pt
+            runs/nmnist/metrics.json
+
         Code::
 
             y = x + 1
@@ -200,6 +210,7 @@ def test_the_rules_classify_blocks_as_stated():
     kinds = [(kind, code.strip()) for _, kind, code in
              [(line, classify(lang, code), code) for line, lang, code in rst_blocks(rst)]]
     assert kinds == [("python", "x = 1"), ("text", "extract/Train/<label>/<index>.bin"),
+                     ("text", "model.pt\nruns/nmnist/metrics.json"),
                      ("python", "y = x + 1"), ("shell", "pip install snnquant"),
                      ("shell", "python3 -m venv .venv && . .venv/bin/activate"),
                      ("doctest", ">>> x + 1\n2")]
