@@ -2,7 +2,9 @@
 
 The neuron below is a LIF neuron whose synaptic input is rounded to a 1/8 grid (straight-through)
 and whose membrane is kept on a 6-bit LSQ grid with a fixed step; the same quantizers work in any
-neuron you write.
+neuron you write. It subclasses ``snnquant.nn.CustomLIFNode``, which runs ``neuronal_charge``
+every step in both step modes (SpikingJelly 2.0's ``neuron.LIFNode`` would bypass the override in
+its fused multi-step path); the main loop checks that the membrane is on the grid.
 
     python examples/custom_neuron.py [--steps 30]
 """
@@ -10,12 +12,15 @@ import argparse
 
 import torch
 import torch.nn as nn
-from spikingjelly.activation_based import functional, layer, neuron, surrogate
+from spikingjelly.activation_based import functional, layer, surrogate
 
 from snnquant import functional as Q
+from snnquant.nn import CustomLIFNode
+
+MEMBRANE_STEP = 1 / 16
 
 
-class RoundedInputLIFNode(neuron.SimpleLIFNode):
+class RoundedInputLIFNode(CustomLIFNode):
     r"""LIF neuron with quantized input and membrane.
 
     .. math::
@@ -30,7 +35,7 @@ class RoundedInputLIFNode(neuron.SimpleLIFNode):
     def neuronal_charge(self, x: torch.Tensor):
         x = Q.step_quantize(x, 0.125)
         h = self.v + (x - (self.v - self.v_reset)) / self.tau
-        self.v = Q.lsq_quantize(h, 1 / 16, -32, 31)
+        self.v = Q.lsq_quantize(h, MEMBRANE_STEP, -32, 31)
 
 
 def main(argv=None):
@@ -55,6 +60,8 @@ def main(argv=None):
         loss.backward()
         opt.step()
         losses.append(loss.item())
+        for node in (net[1], net[3]):  # the quantizer ran inside the loop: membrane on the grid
+            assert torch.equal(node.v, torch.round(node.v / MEMBRANE_STEP) * MEMBRANE_STEP)
         if step % 5 == 0 or step == args.steps - 1:
             print(f"step {step:3d} loss {loss.item():.4f} acc {(rate.argmax(1) == y).float().mean():.2f}")
     return losses

@@ -16,6 +16,7 @@ import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import neuron
 
+from .functional.state import STATE_QUANT_MAX_BITS
 from .nn.layers import QuantConv1d, QuantConv2d, QuantLinear
 from .nn.neurons import BACKENDS, QuantIFNode, QuantLIFNode, QuantParametricLIFNode
 from .nn.quantizers import (LSQQuantizer, MinMaxQuantizer, QuantizedBits, StateQuant,
@@ -100,6 +101,9 @@ class QuantConfig:
                                            f"({type(value).__name__})")
             if value not in choices:
                 raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+        if self.membrane_quantizer == "threshold_centered" and (self.v_bits or 0) > STATE_QUANT_MAX_BITS:
+            raise ValueError(f"v_bits={self.v_bits} is above the limit of {STATE_QUANT_MAX_BITS} bits "
+                             "of membrane_quantizer='threshold_centered' (a table of 2**v_bits levels)")
         if isinstance(self.skip, str):
             raise QuantConfigTypeError(f"skip must be a list of glob patterns, got the string "
                                        f"{self.skip!r}")
@@ -410,8 +414,9 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
 
     Args:
         model: the network.
-        config: a :class:`QuantConfig` (default: ``QuantConfig()``: 8-bit ``'lsq_pow2'`` weights,
-            16-bit biases on the weight grid; neurons stay float unless ``v_bits`` is set).
+        config: a :class:`QuantConfig` (default: ``QuantConfig()``: 8-bit weights with a learned
+            power-of-two step (``'lsq_pow2'``), 16-bit biases; neurons stay float unless
+            ``v_bits`` is set).
         inplace: modify ``model`` itself instead of a deep copy.
 
     Returns:

@@ -48,7 +48,8 @@ def test_gradient_at_the_boundaries_is_inside():
     x = (v * 0.5).requires_grad_(True)
     Q.lsq_quantize(x, step, -4, 3).backward(torch.ones(7, dtype=torch.float64))
     assert torch.equal(x.grad, torch.tensor([0.0, 1, 1, 1, 1, 0, 0], dtype=torch.float64))
-    per_element = torch.tensor([-4.0, 0.0, -4.0 + 3.7, 0.0 - 0.4, 0.0, 3.0, 3.0], dtype=torch.float64)
+    # Esser et al. 2020, eq. 3: -Q_N where v <= -Q_N and Q_P where v >= Q_P, the end points included.
+    per_element = torch.tensor([-4.0, -4.0, -4.0 + 3.7, 0.0 - 0.4, 3.0, 3.0, 3.0], dtype=torch.float64)
     torch.testing.assert_close(step.grad, per_element.sum(), rtol=1e-12, atol=1e-12)
 
 

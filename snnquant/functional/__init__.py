@@ -2,8 +2,10 @@
 
 ``from snnquant import functional as Q`` replaces ``spikingjelly.activation_based.quantize``:
 the same names (``round``, ``ceil``, ``floor``, ``clamp``, ``step_quantize``,
-``multi_level_spike_count``, ``k_bit_quantize``, ``affine_k_bit_quantize``, ``clamp_by_linear`` and
-the ``*ATGF`` autograd classes) with the same arguments, forward values and gradients. It also holds
+``multi_level_spike_count``, ``k_bit_quantize``, ``affine_k_bit_quantize``, ``clamp_by_linear``, the
+autograd classes under both SpikingJelly 2.0.0's names (``RoundATGF``, ...) and its current names
+(``round_atgf``, ...), and the helpers ``clamp_backward``, ``step_quantize_forward`` and
+``k_bit_quantize_forward``) with the same arguments, forward values and gradients. It also holds
 shok's rounding functions, smooth and stochastic rounding, QKeras's ``quantized_bits``, LSQ and
 snntorch's state quantization.
 """
@@ -12,6 +14,7 @@ from .clamping import (
     ClampSTE,
     MultiLevelSpikeCountSTE,
     clamp,
+    clamp_backward,
     clamp_by_linear,
     multi_level_spike_count,
 )
@@ -34,10 +37,17 @@ from .rounding import (
     smooth_round,
     soft_round,
     step_quantize,
+    step_quantize_forward,
 )
-from .state import StateQuantizer, state_quant
+from .state import STATE_QUANT_MAX_BITS, StateQuantizer, state_quant
 from .stochastic import round_through, stochastic_round
-from .uniform import KBitQuantizeSTE, affine_k_bit_quantize, k_bit_quantize, quantized_bits
+from .uniform import (
+    KBitQuantizeSTE,
+    affine_k_bit_quantize,
+    k_bit_quantize,
+    k_bit_quantize_forward,
+    quantized_bits,
+)
 
 # SpikingJelly's names for the autograd classes (spikingjelly.activation_based.quantize).
 RoundATGF = RoundSTE
@@ -47,6 +57,15 @@ ClampATGF = ClampSTE
 StepQuantizeATGF = StepQuantizeSTE
 MultiLevelSpikeCountATGF = MultiLevelSpikeCountSTE
 KBitQuantizeATGF = KBitQuantizeSTE
+
+# The same classes under the names of SpikingJelly's current activation_based.quantize (after 2.0.0).
+round_atgf = RoundSTE
+ceil_atgf = CeilSTE
+floor_atgf = FloorSTE
+clamp_atgf = ClampSTE
+step_quantize_atgf = StepQuantizeSTE
+multi_level_spike_count_atgf = MultiLevelSpikeCountSTE
+k_bit_quantize_atgf = KBitQuantizeSTE
 
 __all__ = [
     # spikingjelly.activation_based.quantize
@@ -66,6 +85,17 @@ __all__ = [
     "StepQuantizeATGF",
     "MultiLevelSpikeCountATGF",
     "KBitQuantizeATGF",
+    # SpikingJelly's current names (after 2.0.0)
+    "round_atgf",
+    "ceil_atgf",
+    "floor_atgf",
+    "clamp_atgf",
+    "clamp_backward",
+    "step_quantize_forward",
+    "step_quantize_atgf",
+    "multi_level_spike_count_atgf",
+    "k_bit_quantize_forward",
+    "k_bit_quantize_atgf",
     # our names for the same autograd classes
     "RoundSTE",
     "CeilSTE",
@@ -94,6 +124,7 @@ __all__ = [
     "compute_dtype",
     "state_quant",
     "StateQuantizer",
+    "STATE_QUANT_MAX_BITS",
 ]
 
 from .neuron import (  # noqa: E402

@@ -146,3 +146,116 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
     types (float16, bfloat16), the dtype itself otherwise. The one such rule of snnquant (the
     functional quantizers and the fused kernels use it)."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+# --- Inputs that SpikingJelly also accepts, and step sizes that fit the input's dtype ------------
+
+
+def as_tensor_input(x):
+    """Return a Python real number as a 0-dim tensor of the default dtype; anything else unchanged.
+
+    SpikingJelly's neurons start with the membrane ``v`` as a Python float (``0.0``) and only make
+    it a tensor after the first update, so a quantizer called on ``self.v`` in the first step gets
+    a float.
+    """
+    if is_real_number(x):
+        return torch.tensor(float(x), dtype=torch.get_default_dtype())
+    return x
+
+
+def check_real_tensor(fn: str, x, name: str = "x") -> None:
+    """Raise ``TypeError`` unless ``x`` is a floating-point or integer tensor (not bool, not complex)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(x).__name__}")
+    if x.dtype == torch.bool or x.is_complex() or not (x.is_floating_point() or _is_integer(x)):
+        raise TypeError(
+            f"{fn}: {name} must be a real tensor (floating point: {_FLOAT_DTYPE_NAMES}; or an "
+            f"integer dtype), got dtype {x.dtype}"
+        )
+
+
+def _is_integer(x: torch.Tensor) -> bool:
+    return x.dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+                       torch.uint16, torch.uint32, torch.uint64)
+
+
+def float_from_integer(fn: str, x, *others) -> torch.Tensor:
+    """Check ``x`` (float or integer tensor) and return it in the dtype SpikingJelly's arithmetic
+    gives it: integer tensors become ``torch.result_type(x, *others)`` if that is floating point,
+    else the default dtype. Floating-point tensors are returned unchanged (and checked)."""
+    check_real_tensor(fn, x)
+    if x.is_floating_point():
+        check_float_tensor(fn, x)
+        return x
+    dtype = torch.result_type(x, others[0]) if others else x.dtype
+    for other in others[1:]:
+        dtype = torch.promote_types(dtype, torch.result_type(x, other))
+    if not dtype.is_floating_point:
+        dtype = torch.get_default_dtype()
+    return x.to(dtype)
+
+
+def bits_argument(value):
+    """A one-element integer tensor given as a bit width (SpikingJelly accepts ``torch.tensor(2)``)
+    becomes a Python int; anything else is returned unchanged for :func:`check_bits`."""
+    if (isinstance(value, torch.Tensor) and value.numel() == 1 and _is_integer(value)):
+        return int(value.item())
+    return value
+
+
+def check_step_fits_dtype(fn: str, name: str, step, dtype: torch.dtype, largest_level=None) -> None:
+    """Raise ``ValueError`` unless every ``step`` is a normal number of ``dtype`` (not rounded to
+    0, a subnormal or infinity when the computation casts it) and, when given,
+    ``step * largest_level`` does not overflow ``dtype``. ``step`` has passed
+    :func:`check_positive`."""
+    info = torch.finfo(dtype)
+    if isinstance(step, torch.Tensor):
+        if step.numel() == 0:
+            return
+        with torch.no_grad():
+            low, high = float(step.detach().min()), float(step.detach().max())
+    else:
+        low = high = float(step)
+    if low < info.tiny or high > info.max:
+        bad = low if low < info.tiny else high
+        raise ValueError(
+            f"{fn}: {name}={bad!r} is not representable in {dtype}, the dtype the computation "
+            f"runs in: it must lie in [{info.tiny!r}, {info.max!r}] (x / {name} would overflow, "
+            f"underflow or give NaN)"
+        )
+    if largest_level is not None and high * largest_level > info.max:
+        raise ValueError(
+            f"{fn}: {name}={high!r} times the largest level {largest_level} overflows {dtype} "
+            f"(max {info.max!r})"
+        )
+
+
+def check_quotient_finite(fn: str, name: str, x: torch.Tensor, step, dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` if ``x / step`` overflows ``dtype`` for a finite element of ``x``.
+
+    Only a step below 1 can make the quotient overflow; then ``x`` is scanned once (a device
+    synchronisation on CUDA), and the exact quotient is computed only when the largest finite
+    ``|x|`` comes near the limit ``max(dtype) * step``.
+    """
+    if x.numel() == 0:
+        return
+    info = torch.finfo(dtype)
+    if isinstance(step, torch.Tensor):
+        with torch.no_grad():
+            low = float(step.detach().min())
+    else:
+        low = float(step)
+    if low >= 1.0:
+        return
+    limit = info.max * low
+    with torch.no_grad():
+        largest = float(torch.where(torch.isfinite(x), x.detach().abs(), 0).amax())
+        if largest <= limit * (1 - 4 * info.eps):
+            return
+        quotient = x.detach().to(dtype) / (step.detach() if isinstance(step, torch.Tensor) else step)
+        overflow = bool((torch.isinf(quotient) & torch.isfinite(x.detach())).any())
+    if overflow:
+        raise ValueError(
+            f"{fn}: x / {name} overflows {dtype} for {name}={low!r} (|x| up to {largest!r}; "
+            f"this {name} allows |x| up to about {limit!r}); use a larger {name} or a wider dtype"
+        )

@@ -7,10 +7,17 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import check_bounds, check_finite_real, check_float_tensor, check_int
+from ._validation import (
+    as_tensor_input,
+    check_bounds,
+    check_finite_real,
+    check_int,
+    check_real_tensor,
+)
 
 __all__ = [
     "clamp",
+    "clamp_backward",
     "multi_level_spike_count",
     "clamp_by_linear",
     "ClampSTE",
@@ -25,6 +32,29 @@ def _inside(x: torch.Tensor, low, high) -> torch.Tensor:
     if high is None:
         return x >= low
     return (x >= low) & (x <= high)
+
+
+def clamp_backward(grad_output: torch.Tensor, x: torch.Tensor, min_value, max_value) -> torch.Tensor:
+    r"""The gradient of :func:`clamp`: ``grad_output`` where ``min_value <= x <= max_value``, else 0.
+
+    Drop-in for ``spikingjelly.activation_based.quantize.clamp_backward``.
+
+    .. math::
+
+        \frac{\partial L}{\partial x} = g \cdot \begin{cases} 1 & a \le x \le b \\
+            0 & \text{otherwise} \end{cases}, \quad g = \frac{\partial L}{\partial y}
+
+    Args:
+        grad_output: The upstream gradient :math:`g`.
+        x: The input of the forward pass.
+        min_value: Lower bound :math:`a` (a number, a tensor, or ``None`` for no bound).
+        max_value: Upper bound :math:`b` (likewise).
+
+    Returns:
+        The masked gradient, in ``grad_output``'s dtype (NaN in ``x`` gives 0).
+    """
+    mask = _inside(x, min_value, max_value)
+    return grad_output * mask.to(grad_output.dtype)
 
 
 class ClampSTE(torch.autograd.Function):
@@ -51,8 +81,7 @@ class ClampSTE(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         (x,) = ctx.saved_tensors
-        mask = _inside(x, ctx.min_value, ctx.max_value)
-        return grad_output * mask.to(grad_output.dtype), None, None
+        return clamp_backward(grad_output, x, ctx.min_value, ctx.max_value), None, None
 
 
 def clamp(x: torch.Tensor, min_value, max_value) -> torch.Tensor:
@@ -71,7 +100,8 @@ def clamp(x: torch.Tensor, min_value, max_value) -> torch.Tensor:
     gradient 0; NaN stays NaN with gradient 0.
 
     Args:
-        x: Input tensor. Integer tensors are accepted, as in SpikingJelly.
+        x: Input tensor. Integer tensors are accepted, as in SpikingJelly; a Python number becomes
+            a 0-dim tensor of the default dtype.
         min_value: Lower bound, a number or a tensor broadcastable to ``x``; ``None`` means no lower
             bound.
         max_value: Upper bound, likewise; ``None`` means no upper bound.
@@ -80,8 +110,12 @@ def clamp(x: torch.Tensor, min_value, max_value) -> torch.Tensor:
         A new tensor.
 
     Raises:
+        TypeError: ``x`` is a complex tensor, or neither a tensor nor a number.
         ValueError: ``min_value > max_value`` or a bound is NaN.
     """
+    x = as_tensor_input(x)
+    if not isinstance(x, torch.Tensor) or x.is_complex():
+        check_real_tensor("clamp", x)  # raises the TypeError (bool is accepted, as torch does)
     check_bounds("clamp", "min_value", min_value, "max_value", max_value)
     return ClampSTE.apply(x, min_value, max_value)
 
@@ -140,6 +174,9 @@ def multi_level_spike_count(x: torch.Tensor, max_spike_count, grad_window=None) 
         ValueError: ``max_spike_count`` is negative or not integral, or ``grad_window`` is not an
             ordered pair.
     """
+    x = as_tensor_input(x)
+    if not isinstance(x, torch.Tensor) or x.is_complex():
+        check_real_tensor("multi_level_spike_count", x)
     if isinstance(max_spike_count, torch.Tensor) and max_spike_count.numel() == 1:
         max_spike_count = max_spike_count.item()  # SpikingJelly takes int(max_spike_count) too
     max_spike_count = check_int("multi_level_spike_count", "max_spike_count", max_spike_count, low=0)
@@ -169,23 +206,27 @@ def clamp_by_linear(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     The gradient is the true gradient of this formula (autograd), including the terms through
     :math:`\min(x)` and :math:`\max(x)` (shared evenly between tied extrema, as :func:`torch.max`
     does). Any NaN in ``x`` makes the whole output NaN; an infinite entry makes the output follow the
-    formula (NaN or 0).
+    formula (NaN or 0). An empty ``x`` gives an empty result.
 
     Args:
-        x: Floating-point input tensor (not empty).
+        x: Input tensor, floating point or integer. An integer tensor gives a floating-point result
+            of the default dtype, computed with the same operations as SpikingJelly.
         eps: Finite number ``>= 0`` added to the denominator.
 
     Returns:
-        A new tensor of the same shape and dtype.
+        A new tensor of the same shape (and dtype, for floating-point ``x``).
 
     Raises:
-        TypeError: ``x`` is not a floating-point tensor.
+        TypeError: ``x`` is a bool or complex tensor.
         ValueError: ``eps`` is negative or not finite.
     """
-    check_float_tensor("clamp_by_linear", x)
+    check_real_tensor("clamp_by_linear", x)
     eps = check_finite_real("clamp_by_linear", "eps", eps)
     if eps < 0:
         raise ValueError(f"clamp_by_linear: eps must be >= 0, got {eps!r}")
+    if x.numel() == 0:
+        # torch.max of an empty tensor raises; the formula maps nothing to nothing.
+        return x.clone() if x.is_floating_point() else x.to(torch.get_default_dtype())
     # The same operations in the same order as SpikingJelly, so that values and gradients are
     # bitwise equal (torch.aminmax saves a pass forward but not backward, where the time goes).
     x_max = torch.max(x) + eps

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import check_finite_real, check_float_tensor, check_int, check_positive
+from ._validation import (
+    as_tensor_input,
+    check_finite_real,
+    check_float_tensor,
+    check_int,
+    check_positive,
+    check_step_fits_dtype,
+)
 
 __all__ = ["lsq_quantize"]
 
@@ -18,9 +25,10 @@ class _LSQQuantize(torch.autograd.Function):
         step_is_tensor = isinstance(step, torch.Tensor)
         need_x, need_step = ctx.needs_input_grad[0], step_is_tensor and ctx.needs_input_grad[1]
         if need_x or need_step:
-            below = v < qmin
-            above = v > qmax
-            # d out / d step: round(v) - v inside, qmin below, qmax above; NaN stays NaN.
+            # d out / d step (Esser et al. 2020, eq. 3): qmin where v <= qmin, qmax where
+            # v >= qmax (the end points included), round(v) - v between; NaN stays NaN.
+            below = v <= qmin
+            above = v >= qmax
             step_grad = (
                 torch.where(below, qmin, torch.where(above, qmax, rounded - v)) if need_step else None
             )
@@ -61,13 +69,16 @@ def lsq_quantize(x: torch.Tensor, step, qmin, qmax, grad_scale=1.0) -> torch.Ten
         \frac{\partial y}{\partial x} = \begin{cases} 1 & Q_n \le v \le Q_p \\ 0 &
             \text{otherwise} \end{cases}, \qquad
         \frac{\partial y}{\partial s} = \gamma \cdot \begin{cases}
-            \operatorname{round}(v) - v & Q_n \le v \le Q_p \\
-            Q_n & v < Q_n \\
-            Q_p & v > Q_p \end{cases}
+            Q_n & v \le Q_n \\
+            \operatorname{round}(v) - v & Q_n < v < Q_p \\
+            Q_p & v \ge Q_p \end{cases}
 
     with :math:`s` = ``step``, :math:`Q_n` = ``qmin``, :math:`Q_p` = ``qmax`` and :math:`\gamma` =
     ``grad_scale`` (the paper uses :math:`\gamma = 1/\sqrt{N Q_p}` for :math:`N` weights or
-    features). Both bounds are inside. The step gradient is summed over the dimensions along which
+    features). Both bounds are inside for the ``x`` gradient; at the bounds themselves the step
+    gradient is :math:`Q_n` or :math:`Q_p`, as in the paper's eq. 3 (there
+    :math:`\operatorname{round}(v) - v` would be 0, which matters for inputs already on the grid's
+    end points, such as re-quantized tensors). The step gradient is summed over the dimensions along which
     ``step`` was broadcast, so a scalar step gets a scalar gradient and a per-channel step (shape
     ``[C, 1, 1]`` against ``[N, C, H, W]``, say) a per-channel one. Ties in the rounding go to the
     even integer.
@@ -75,8 +86,13 @@ def lsq_quantize(x: torch.Tensor, step, qmin, qmax, grad_scale=1.0) -> torch.Ten
     NaN input gives NaN output, a zero ``x`` gradient and a NaN ``step`` gradient;
     :math:`\pm\infty` clamps to :math:`s Q_p` / :math:`s Q_n` with a zero ``x`` gradient.
 
+    ``step`` must be a normal number of the dtype the computation runs in, and
+    :math:`s \max(|Q_n|, |Q_p|)` must not overflow it (``step=1e300`` for float32 ``x`` would give
+    NaN).
+
     Args:
-        x: Floating-point input tensor.
+        x: Floating-point input tensor (a Python number becomes a 0-dim tensor of the default
+            dtype).
         step: Step size :math:`s`, a positive number or a positive floating-point tensor
             broadcastable to ``x``, possibly requiring a gradient. A tensor ``step`` is checked once
             per call (a device synchronisation on CUDA).
@@ -89,10 +105,12 @@ def lsq_quantize(x: torch.Tensor, step, qmin, qmax, grad_scale=1.0) -> torch.Ten
 
     Raises:
         TypeError: ``x`` is not a floating-point tensor.
-        ValueError: ``step`` not positive, ``qmin``/``qmax`` not integers, ``qmin >= qmax``, or
+        ValueError: ``step`` not positive or not representable in the dtype (the message names
+            ``step`` and the dtype), ``qmin``/``qmax`` not integers, ``qmin >= qmax``, or
             ``grad_scale`` not finite.
     """
     fn = "lsq_quantize"
+    x = as_tensor_input(x)
     check_float_tensor(fn, x)
     step = check_positive(fn, "step", step)
     qmin = check_int(fn, "qmin", qmin)
@@ -100,6 +118,8 @@ def lsq_quantize(x: torch.Tensor, step, qmin, qmax, grad_scale=1.0) -> torch.Ten
     if qmin >= qmax:
         raise ValueError(f"{fn}: qmin must be < qmax, got qmin={qmin} and qmax={qmax}")
     grad_scale = check_finite_real(fn, "grad_scale", grad_scale)
+    check_step_fits_dtype(fn, "step", step, torch.result_type(x, step),
+                          largest_level=max(abs(qmin), abs(qmax)))
     return _LSQQuantize.apply(x, step, qmin, qmax, grad_scale)
 
 

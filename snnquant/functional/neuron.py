@@ -32,8 +32,9 @@ smallest grid value :math:`\ge V_{th}`, so that the membrane stays on the grid a
 
 Gradients: the quantizer is straight-through inside its range and zero outside
 (:math:`\partial H_q / \partial H = 1` iff :math:`q_{min} \le H/s \le q_{max}`), with the LSQ step
-gradient :math:`\partial H_q / \partial s = \mathrm{round}(H/s) - H/s` inside, :math:`q_{min}` below,
-:math:`q_{max}` above, times ``step_grad_scale``; the spike uses the derivative of the neuron's
+gradient :math:`\partial H_q / \partial s = \mathrm{round}(H/s) - H/s` strictly inside,
+:math:`q_{min}` at and below :math:`q_{min}`, :math:`q_{max}` at and above :math:`q_{max}` (Esser et
+al. 2020, eq. 3), times ``step_grad_scale``; the spike uses the derivative of the neuron's
 surrogate function at :math:`H_q - V_{th}`; ``detach_reset`` cuts the gradient through :math:`S` in
 the reset. :math:`V_{r,q}` and :math:`\theta_q` are constants for autograd.
 """
@@ -257,7 +258,8 @@ def quant_neuron_step_reference(x: torch.Tensor, v: torch.Tensor, *, neuron: str
     hs = h / step
     q = torch.clamp(torch.round(hs), qmin, qmax)
     inside = ((hs >= qmin) & (hs <= qmax)).to(x.dtype)
-    dstep = torch.where(hs < qmin, float(qmin), torch.where(hs > qmax, float(qmax), q - hs)).detach()
+    # Esser et al. 2020, eq. 3: the clamped level at and beyond the end points.
+    dstep = torch.where(hs <= qmin, float(qmin), torch.where(hs >= qmax, float(qmax), q - hs)).detach()
     # value = q * s; d/dh = inside; d/ds = dstep * step_grad_scale
     hq = (q * step).detach() + (h - h.detach()) * inside + (step - step.detach()) * dstep * step_grad_scale
     spike = surrogate_function(hq - v_threshold)
@@ -365,7 +367,7 @@ class QuantNeuronFunction(torch.autograd.Function):
             inside = (hs >= qmin) & (hs <= qmax)
             g_h = g_hq * inside
             if need_step:
-                dstep = torch.where(hs < qmin, float(qmin), torch.where(hs > qmax, float(qmax), q - hs))
+                dstep = torch.where(hs <= qmin, float(qmin), torch.where(hs >= qmax, float(qmax), q - hs))
                 g_step = g_step + (g_hq * dstep).sum(dtype=g_step.dtype)
             g_x[t] = g_h * dh_dx
             if neuron == "plif":

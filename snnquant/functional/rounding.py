@@ -14,7 +14,16 @@ import numbers
 
 import torch
 
-from ._validation import PRECISION_BITS, check_float_tensor, check_positive
+from ._validation import (
+    PRECISION_BITS,
+    as_tensor_input,
+    check_float_tensor,
+    check_positive,
+    check_quotient_finite,
+    check_real_tensor,
+    check_step_fits_dtype,
+    float_from_integer,
+)
 
 __all__ = [
     "round",
@@ -30,6 +39,7 @@ __all__ = [
     "CeilSTE",
     "FloorSTE",
     "StepQuantizeSTE",
+    "step_quantize_forward",
     "PassRound",
     "SoftRound",
     "ScaleGrad",
@@ -109,11 +119,17 @@ def round(x: torch.Tensor) -> torch.Tensor:  # noqa: A001 - SpikingJelly's name
 
     Args:
         x: Input tensor. Integer tensors are accepted (returned rounded, i.e. unchanged), as in
-            SpikingJelly. NaN stays NaN and :math:`\pm\infty` stays :math:`\pm\infty`.
+            SpikingJelly; a Python number becomes a 0-dim tensor of the default dtype. NaN stays
+            NaN and :math:`\pm\infty` stays :math:`\pm\infty`.
 
     Returns:
         A new tensor of the same shape and dtype.
+
+    Raises:
+        TypeError: ``x`` is a bool or complex tensor, or neither a tensor nor a number.
     """
+    x = as_tensor_input(x)
+    check_real_tensor("round", x)
     return RoundSTE.apply(x)
 
 
@@ -127,11 +143,17 @@ def ceil(x: torch.Tensor) -> torch.Tensor:
         y = \lceil x \rceil, \qquad \frac{\partial y}{\partial x} = 1
 
     Args:
-        x: Input tensor. Integer tensors are accepted, as in SpikingJelly.
+        x: Input tensor. Integer tensors are accepted, as in SpikingJelly; a Python number becomes
+            a 0-dim tensor of the default dtype.
 
     Returns:
         A new tensor of the same shape and dtype.
+
+    Raises:
+        TypeError: ``x`` is a bool or complex tensor, or neither a tensor nor a number.
     """
+    x = as_tensor_input(x)
+    check_real_tensor("ceil", x)
     return CeilSTE.apply(x)
 
 
@@ -145,11 +167,17 @@ def floor(x: torch.Tensor) -> torch.Tensor:
         y = \lfloor x \rfloor, \qquad \frac{\partial y}{\partial x} = 1
 
     Args:
-        x: Input tensor. Integer tensors are accepted, as in SpikingJelly.
+        x: Input tensor. Integer tensors are accepted, as in SpikingJelly; a Python number becomes
+            a 0-dim tensor of the default dtype.
 
     Returns:
         A new tensor of the same shape and dtype.
+
+    Raises:
+        TypeError: ``x`` is a bool or complex tensor, or neither a tensor nor a number.
     """
+    x = as_tensor_input(x)
+    check_real_tensor("floor", x)
     return FloorSTE.apply(x)
 
 
@@ -167,11 +195,30 @@ class StepQuantizeSTE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, step):
-        return torch.round(x / step) * step
+        return step_quantize_forward(x, step)
 
     @staticmethod
     def backward(ctx, grad_output):
         return grad_output, None
+
+
+def step_quantize_forward(x: torch.Tensor, step) -> torch.Tensor:
+    r"""The forward value of :func:`step_quantize`, without autograd rules or argument checks.
+
+    Drop-in for ``spikingjelly.activation_based.quantize.step_quantize_forward``.
+
+    .. math::
+
+        y = s \cdot \operatorname{round}(x / s)
+
+    Args:
+        x: Input tensor.
+        step: Grid spacing :math:`s`, a number or a tensor broadcastable to ``x``.
+
+    Returns:
+        A new tensor.
+    """
+    return torch.round(x / step) * step
 
 
 def step_quantize(x: torch.Tensor, step=1.0) -> torch.Tensor:
@@ -186,8 +233,15 @@ def step_quantize(x: torch.Tensor, step=1.0) -> torch.Tensor:
     with :math:`s` = ``step``; ties go to the even multiple. NaN stays NaN, :math:`\pm\infty` stays
     :math:`\pm\infty`.
 
+    ``step`` must fit the dtype the computation runs in (``x``'s dtype, or the promoted dtype for a
+    tensor ``step``): a normal number of that dtype (``1e300`` for float32 x would become
+    infinity, ``1e-45`` a subnormal), and, for a step below 1, small enough that :math:`x / s` does
+    not overflow for any finite element of ``x`` (checked with one pass over ``x``).
+
     Args:
-        x: Floating-point input tensor.
+        x: Input tensor, floating point or integer. Integer tensors give a floating-point result
+            of the default dtype (the promoted dtype for a tensor ``step``), as in SpikingJelly.
+            A Python number becomes a 0-dim tensor of the default dtype.
         step: Grid spacing, a number or a floating-point tensor broadcastable to ``x`` (which then
             gets no gradient), finite and ``> 0``.
 
@@ -195,12 +249,19 @@ def step_quantize(x: torch.Tensor, step=1.0) -> torch.Tensor:
         A new tensor.
 
     Raises:
-        TypeError: ``x`` is not a floating-point tensor.
-        ValueError: ``step`` is not finite and positive.
+        TypeError: ``x`` is a bool or complex tensor.
+        ValueError: ``step`` is not finite and positive, is not representable in the dtype, or
+            makes ``x / step`` overflow; the message names ``step`` and the dtype.
     """
-    check_float_tensor("step_quantize", x)
-    step = check_positive("step_quantize", "step", step)
+    fn = "step_quantize"
+    x = as_tensor_input(x)
+    step = check_positive(fn, "step", step)
+    x = float_from_integer(fn, x, step)
+    dtype = torch.result_type(x, step)
+    check_step_fits_dtype(fn, "step", step, dtype)
+    check_quotient_finite(fn, "step", x, step, dtype)
     return StepQuantizeSTE.apply(x, step)
+
 
 def pass_round(x: torch.Tensor) -> torch.Tensor:
     r"""Round to the nearest integer and pass the gradient unchanged (shok's ``PassRound``).
@@ -210,11 +271,17 @@ def pass_round(x: torch.Tensor) -> torch.Tensor:
         y = \operatorname{round}(x), \qquad \frac{\partial y}{\partial x} = 1
 
     Args:
-        x: Input tensor.
+        x: Input tensor (floating point or integer); a Python number becomes a 0-dim tensor of
+            the default dtype.
 
     Returns:
         A new tensor of the same shape and dtype.
+
+    Raises:
+        TypeError: ``x`` is a bool or complex tensor, or neither a tensor nor a number.
     """
+    x = as_tensor_input(x)
+    check_real_tensor("pass_round", x)
     return RoundSTE.apply(x)
 
 
@@ -231,13 +298,15 @@ class SoftRound(torch.autograd.Function):
         \end{cases}
 
     Used as ``SoftRound.apply(x)``; :func:`soft_round` is the function form. The ratio is saved
-    only when ``x`` requires a gradient.
+    only when ``x`` requires a gradient (decided from ``x.requires_grad``, as shok does, so that
+    ``SoftRound.forward(ctx, x)`` also works with a context that only has ``save_for_backward``).
     """
 
     @staticmethod
     def forward(ctx, x):
-        rounded = torch.round(x)
-        if ctx.needs_input_grad[0]:
+        with torch.no_grad():
+            rounded = torch.round(x)
+        if x.requires_grad:
             nonzero = rounded != 0
             ratio = torch.where(nonzero, x / torch.where(nonzero, rounded, 1), 0)
             ratio = torch.where(x == 0, 1, ratio).to(x.dtype)
@@ -263,11 +332,17 @@ def soft_round(x: torch.Tensor) -> torch.Tensor:
         \end{cases}
 
     Args:
-        x: Input tensor.
+        x: Input tensor (floating point or integer); a Python number becomes a 0-dim tensor of
+            the default dtype.
 
     Returns:
         A new tensor of the same shape and dtype.
+
+    Raises:
+        TypeError: ``x`` is a bool or complex tensor, or neither a tensor nor a number.
     """
+    x = as_tensor_input(x)
+    check_real_tensor("soft_round", x)
     return SoftRound.apply(x)
 
 
@@ -316,7 +391,7 @@ def scale_grad(x: torch.Tensor) -> torch.Tensor:
     Returns:
         A view of ``x``.
     """
-    return ScaleGrad.apply(x)
+    return ScaleGrad.apply(as_tensor_input(x))
 
 
 def smooth_round(x: torch.Tensor, alpha) -> torch.Tensor:
@@ -351,6 +426,7 @@ def smooth_round(x: torch.Tensor, alpha) -> torch.Tensor:
         TypeError: ``x`` is not a floating-point tensor.
         ValueError: ``alpha`` is not finite and positive.
     """
+    x = as_tensor_input(x)
     check_float_tensor("smooth_round", x)
     alpha = check_positive("smooth_round", "alpha", alpha)
     infinite = torch.isinf(x)
@@ -420,6 +496,7 @@ def round_decimals(x: torch.Tensor, decimals: int) -> torch.Tensor:
         TypeError: ``x`` is not a floating-point tensor.
         ValueError: ``decimals`` is not an int or is out of range for the dtype.
     """
+    x = as_tensor_input(x)
     check_float_tensor("round_decimals", x)
     if isinstance(decimals, bool) or not isinstance(decimals, numbers.Integral):
         raise ValueError(f"round_decimals: decimals must be an int, got {decimals!r}")

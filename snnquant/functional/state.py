@@ -6,9 +6,19 @@ import math
 
 import torch
 
-from ._validation import check_bits, check_finite_real, check_flag, check_float_tensor
+from ._validation import (
+    as_tensor_input,
+    check_bits,
+    check_finite_real,
+    check_flag,
+    check_float_tensor,
+)
 
-__all__ = ["state_quant", "StateQuantizer"]
+__all__ = ["state_quant", "StateQuantizer", "STATE_QUANT_MAX_BITS"]
+
+#: Largest ``num_bits`` :func:`state_quant` accepts: its level table holds ``2**num_bits`` values
+#: (8 MiB in float64 at 20 bits, built in about half a second); 32 bits would need 32 GiB.
+STATE_QUANT_MAX_BITS = 20
 
 
 def _default_multiplier(num_bits: int) -> float:
@@ -173,6 +183,12 @@ class StateQuantizer:
                  upper_limit=0.2, multiplier=None):
         fn = "state_quant"
         self.num_bits = check_bits(fn, "num_bits", num_bits)
+        if self.num_bits > STATE_QUANT_MAX_BITS:
+            raise ValueError(
+                f"{fn}: num_bits={self.num_bits} is above the limit of {STATE_QUANT_MAX_BITS} bits "
+                f"(STATE_QUANT_MAX_BITS): the level set is a table of 2**num_bits values; for wider "
+                f"membranes use a uniform grid (snnquant.nn.UniformQuantizer or lsq_quantize)"
+            )
         self.uniform = check_flag(fn, "uniform", uniform)
         self.thr_centered = check_flag(fn, "thr_centered", thr_centered)
         self.threshold = check_finite_real(fn, "threshold", threshold)
@@ -202,7 +218,16 @@ class StateQuantizer:
                 raise ValueError(f"{fn}: multiplier must be > 0, got {multiplier!r}")
             self.multiplier = float(multiplier)
             centre = threshold if self.thr_centered else 0
-            values = _exponential_levels(num_levels, multiplier, min_val, max_val, centre)
+            try:
+                values = _exponential_levels(num_levels, multiplier, min_val, max_val, centre)
+            except OverflowError:
+                values = None
+            if values is None or not all(math.isfinite(v) for v in values):
+                raise ValueError(
+                    f"{fn}: multiplier={multiplier!r} raised to the power of up to "
+                    f"2**num_bits={num_levels} overflows a float; use a multiplier <= 1 or fewer "
+                    f"bits"
+                )
             self.levels = torch.tensor(values, dtype=torch.float64)
             self._float32_levels = self.levels.to(torch.float32)
         # snntorch's running sums can overshoot the centre by a rounding error (for example at 12
@@ -235,6 +260,7 @@ class StateQuantizer:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Quantize ``x`` to the nearest level (straight-through gradient)."""
+        x = as_tensor_input(x)
         check_float_tensor("state_quant", x)
         return _NearestLevelSTE.apply(x, self._table(x.dtype, x.device))
 
@@ -286,8 +312,8 @@ def state_quant(num_bits=8, uniform=True, thr_centered=True, threshold=1.0, lowe
     Exact ties go to the lower level, as snntorch's ``argmin`` (first index) does.
 
     Args:
-        num_bits: Bits per state, an int in ``[1, 32]``; the table has :math:`2^{\text{num\_bits}}`
-            float64 entries (8 MiB at 20 bits), so keep it modest.
+        num_bits: Bits per state, an int in ``[1, 20]`` (:data:`STATE_QUANT_MAX_BITS`); the table
+            has :math:`2^{\text{num\_bits}}` float64 entries (8 MiB at 20 bits).
         uniform: Evenly spaced levels (else exponentially spaced).
         thr_centered: For non-uniform levels, cluster them around the threshold (else around 0).
         threshold: Firing threshold :math:`\theta`, finite and ``> 0``.
@@ -302,9 +328,10 @@ def state_quant(num_bits=8, uniform=True, thr_centered=True, threshold=1.0, lowe
         A :class:`StateQuantizer` with a ``levels`` attribute (sorted float64 tensor).
 
     Raises:
-        ValueError: ``num_bits`` not an int in ``[1, 32]``, a non-finite or non-positive
-            ``threshold``, an empty range, or arguments for which snntorch's construction divides
-            by zero.
+        ValueError: ``num_bits`` not an int in ``[1, 20]`` (the message names the argument, the
+            value and the limit), a non-finite or non-positive ``threshold``, an empty range, a
+            ``multiplier`` whose powers overflow, or arguments for which snntorch's construction
+            divides by zero.
     """
     return StateQuantizer(num_bits, uniform, thr_centered, threshold, lower_limit, upper_limit,
                           multiplier)

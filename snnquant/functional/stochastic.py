@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import check_flag, check_float_tensor, check_positive, compute_dtype
+from ._validation import as_tensor_input, check_flag, check_float_tensor, check_positive, compute_dtype
 from .rounding import StepQuantizeSTE
 
 __all__ = ["stochastic_round", "round_through"]
@@ -73,6 +73,7 @@ def stochastic_round(x: torch.Tensor, step=1.0, generator=None) -> torch.Tensor:
         TypeError: ``x`` is not a floating-point tensor.
         ValueError: ``step`` is not finite and positive.
     """
+    x = as_tensor_input(x)
     check_float_tensor("stochastic_round", x)
     step = check_positive("stochastic_round", "step", step)
     return _StochasticRoundSTE.apply(x, step, generator)
@@ -105,6 +106,7 @@ def round_through(x: torch.Tensor, stochastic=False, step=1.0, generator=None) -
         TypeError: ``x`` is not a floating-point tensor or ``stochastic`` is not a bool.
         ValueError: ``step`` is not finite and positive.
     """
+    x = as_tensor_input(x)
     check_float_tensor("round_through", x)
     stochastic = check_flag("round_through", "stochastic", stochastic)
     step = check_positive("round_through", "step", step)

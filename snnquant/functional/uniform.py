@@ -8,12 +8,15 @@ import numbers
 import torch
 
 from ._validation import (
+    as_tensor_input,
+    bits_argument,
     check_bits,
     check_flag,
     check_float_tensor,
     check_int,
     check_positive,
     compute_dtype,
+    float_from_integer,
 )
 from .stochastic import stochastic_round_integers
 
@@ -22,6 +25,7 @@ __all__ = [
     "affine_k_bit_quantize",
     "quantized_bits",
     "KBitQuantizeSTE",
+    "k_bit_quantize_forward",
 ]
 
 _FLOAT16_MAX = 65504.0
@@ -41,15 +45,37 @@ class KBitQuantizeSTE(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, k):
-        levels = float(1 << k) - 1.0
-        if x.dtype == torch.float16 and levels > _FLOAT16_MAX:
-            # (2**k - 1) * x would overflow float16 (k >= 16): compute in float32.
-            return (torch.round(x.float() * levels) / levels).to(x.dtype)
-        return torch.round(x * levels) / levels
+        return k_bit_quantize_forward(x, k)
 
     @staticmethod
     def backward(ctx, grad_output):
         return grad_output, None
+
+
+def k_bit_quantize_forward(x: torch.Tensor, k: int) -> torch.Tensor:
+    r"""The forward value of :func:`k_bit_quantize`, without autograd rules or argument checks.
+
+    Drop-in for ``spikingjelly.activation_based.quantize.k_bit_quantize_forward``.
+
+    .. math::
+
+        y = \frac{\operatorname{round}\big((2^k - 1)\,x\big)}{2^k - 1}
+
+    float16 input with :math:`k \ge 16` is computed in float32 and cast back (SpikingJelly's
+    float16 arithmetic overflows there).
+
+    Args:
+        x: Input tensor.
+        k: Number of bits, an int (or a one-element integer tensor).
+
+    Returns:
+        A new tensor.
+    """
+    levels = float(1 << k) - 1.0
+    if x.dtype == torch.float16 and levels > _FLOAT16_MAX:
+        # (2**k - 1) * x would overflow float16 (k >= 16): compute in float32.
+        return (torch.round(x.float() * levels) / levels).to(x.dtype)
+    return torch.round(x * levels) / levels
 
 
 def k_bit_quantize(x: torch.Tensor, k: int) -> torch.Tensor:
@@ -68,18 +94,21 @@ def k_bit_quantize(x: torch.Tensor, k: int) -> torch.Tensor:
     computed in float32 (SpikingJelly's float16 arithmetic overflows there).
 
     Args:
-        x: Floating-point input tensor.
-        k: Number of bits, an int in ``[1, 32]``.
+        x: Input tensor, floating point or integer (an integer tensor gives a result of the
+            default dtype, as in SpikingJelly). A Python number becomes a 0-dim tensor of the
+            default dtype.
+        k: Number of bits, an int in ``[1, 32]`` or a one-element integer tensor
+            (``torch.tensor(2)``), as SpikingJelly accepts.
 
     Returns:
-        A new tensor of the same shape and dtype.
+        A new tensor of the same shape and dtype (default dtype for integer ``x``).
 
     Raises:
-        TypeError: ``x`` is not a floating-point tensor.
+        TypeError: ``x`` is a bool or complex tensor.
         ValueError: ``k`` is not an int in ``[1, 32]``.
     """
-    check_float_tensor("k_bit_quantize", x)
-    k = check_bits("k_bit_quantize", "k", k)
+    x = float_from_integer("k_bit_quantize", as_tensor_input(x))
+    k = check_bits("k_bit_quantize", "k", bits_argument(k))
     return KBitQuantizeSTE.apply(x, k)
 
 
@@ -99,8 +128,9 @@ def affine_k_bit_quantize(x: torch.Tensor, k: int, w, b) -> torch.Tensor:
     dimensions); the one for ``x`` is straight through the rounding.
 
     Args:
-        x: Floating-point input tensor, meant to lie in ``[0, 1]``.
-        k: Number of bits, an int in ``[1, 32]``.
+        x: Input tensor meant to lie in ``[0, 1]``, floating point or integer (an integer tensor
+            is quantized in the default dtype, as in SpikingJelly).
+        k: Number of bits, an int in ``[1, 32]`` or a one-element integer tensor.
         w: Scale, a tensor or a number broadcastable to ``x``.
         b: Offset, a tensor or a number broadcastable to ``x``.
 
@@ -108,11 +138,11 @@ def affine_k_bit_quantize(x: torch.Tensor, k: int, w, b) -> torch.Tensor:
         A new tensor.
 
     Raises:
-        TypeError: ``x`` is not a floating-point tensor.
+        TypeError: ``x`` is a bool or complex tensor.
         ValueError: ``k`` is not an int in ``[1, 32]``.
     """
-    check_float_tensor("affine_k_bit_quantize", x)
-    k = check_bits("affine_k_bit_quantize", "k", k)
+    x = float_from_integer("affine_k_bit_quantize", as_tensor_input(x))
+    k = check_bits("affine_k_bit_quantize", "k", bits_argument(k))
     return w * KBitQuantizeSTE.apply(x, k) + b
 
 
@@ -224,6 +254,7 @@ def quantized_bits(
         ValueError: ``bits``, ``integer`` or ``alpha`` out of range.
     """
     fn = "quantized_bits"
+    x = as_tensor_input(x)
     check_float_tensor(fn, x)
     bits = check_bits(fn, "bits", bits)
     if isinstance(integer, bool) or not isinstance(integer, numbers.Integral):

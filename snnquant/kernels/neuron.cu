@@ -420,8 +420,10 @@ __global__ void snq_backward(const typename snq_compute<scalar_t>::type* __restr
                              grad_spike * snq_surrogate_grad<SURROGATE>(q.distance, alpha);
         const real grad_h = inside ? grad_hq : (real)0;
         if (grad_step_partial != 0) {
-            // dHq/ds = rint(H/s) - H/s inside the range, else the clamped level (qmin or qmax)
-            grad_step = grad_step + grad_hq * (inside ? (q.level - q.ratio) : q.level);
+            // dHq/ds = rint(H/s) - H/s strictly inside the range, else the clamped level (qmin or
+            // qmax), the end points included (Esser et al. 2020, eq. 3)
+            const bool strictly_inside = (q.ratio > qmin) && (q.ratio < qmax);
+            grad_step = grad_step + grad_hq * (strictly_inside ? (q.level - q.ratio) : q.level);
         }
         snq_store(grad_x_seq, j, grad_h * dh_dx);
         if (NEURON == SNQ_NEURON_PLIF && grad_k_partial != 0) {

@@ -6,6 +6,7 @@ from .quantizers import (Grid, QuantizerBase, Round, Clamp, StepQuantize, KBitQu
                          MinMaxQuantizer, WeightGridBiasQuantizer)
 from .layers import QuantLinear, QuantConv1d, QuantConv2d
 from .neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode, uniform_membrane_step
+from .custom import CustomIFNode, CustomLIFNode, CustomNode, custom_neuron
 
 __all__ = [
     "Grid", "QuantizerBase", "Round", "Clamp", "StepQuantize", "KBitQuantize", "AffineKBitQuantize",
@@ -14,4 +15,5 @@ __all__ = [
     "WeightGridBiasQuantizer",
     "QuantLinear", "QuantConv1d", "QuantConv2d",
     "QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "uniform_membrane_step",
+    "CustomNode", "CustomIFNode", "CustomLIFNode", "custom_neuron",
 ]

@@ -41,6 +41,7 @@ from spikingjelly.activation_based import neuron, surrogate
 
 from ..functional.neuron import (membrane_reset_values, neuron_charge, neuron_reset,
                                  quant_neuron_multi_step)
+from .custom import refuse_ignored_overrides
 from .quantizers import QuantizerBase, UniformQuantizer, check_bits
 
 __all__ = ["QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "make_membrane_quantizer",
@@ -96,6 +97,11 @@ def _has_trainable(module: torch.nn.Module) -> bool:
 
 class _QuantNeuronMixin:
     _kind = ""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        # The fused membrane update never calls neuronal_charge/fire/reset: refuse overrides.
+        refuse_ignored_overrides(cls, next(k.__name__ for k in cls.__mro__ if k.__module__ == __name__))
 
     def _init_quant(self, v_quant: VQuantArg, backend: str):
         if backend not in BACKENDS:
