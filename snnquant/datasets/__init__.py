@@ -35,6 +35,8 @@ from .nmnist import (
     prepare_nmnist_root,
 )
 from .nmnist_format import EVENT_BYTES, MAX_TIMESTAMP_US, CorruptEventFileError, read_nmnist_bin, write_nmnist_bin
+from .neuromorphic import check_neuromorphic_root, load_neuromorphic_frames, prepare_neuromorphic_root
+from .registry import DATA_ROOT_HELP, DATASET_ERRORS, DATASETS, DatasetInfo, dataset_info, default_network, load_dataset
 from .saccades import saccade_events, saccade_offsets
 from .splits import stratified_split, stratified_subset
 
@@ -60,6 +62,16 @@ __all__ = [
     "NMNIST_LAYOUTS",
     "stratified_split",
     "stratified_subset",
+    "DATASETS",
+    "DATASET_ERRORS",
+    "DATA_ROOT_HELP",
+    "DatasetInfo",
+    "dataset_info",
+    "default_network",
+    "load_dataset",
+    "check_neuromorphic_root",
+    "prepare_neuromorphic_root",
+    "load_neuromorphic_frames",
     "DatasetRootError",
     "NMNIST_URL",
     "NMNIST_CLASSES",

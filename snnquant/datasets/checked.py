@@ -31,7 +31,11 @@ class CorruptDatasetFileError(ValueError):
         rebuild: what to delete (or do) so that it is made again.
     """
 
-    def __init__(self, path: PathLike, reason: str, rebuild: str):
+    def __init__(self, path: PathLike, reason: Optional[str] = None, rebuild: Optional[str] = None):
+        if reason is None and rebuild is None:  # re-created from its message (DataLoader workers)
+            self.path, self.reason, self.rebuild = None, None, None
+            super().__init__(str(path))
+            return
         self.path = Path(path)
         self.reason = reason
         self.rebuild = rebuild
