@@ -147,7 +147,8 @@ def load_dataset(
         builtin = root is None
         if builtin:
             if rank == 0:
-                make_digits_nmnist(seed=0, samples_per_class=samples_per_class)
+                built = make_digits_nmnist(seed=0, samples_per_class=samples_per_class)
+                load_nmnist_frames(built, True, T), load_nmnist_frames(built, False, T)
             wait()
             root = make_digits_nmnist(seed=0, samples_per_class=samples_per_class)
         else:
