@@ -144,6 +144,11 @@ def main():
                                 (r["integer_agreement"] for r in mine if r["integer_agreement"] is not None),
                                 default=None)))
         lines.append(f"| {name} | {pct(acc)} | {pct(dep)} | {pct(agr)} | {per_seed} |")
+    total = sum(r["wall_seconds"] for r in rows)
+    lines += ["", f"Wall time {total:.0f} s for the {len(rows)} runs (CPU, OMP_NUM_THREADS="
+              f"{os.environ.get('OMP_NUM_THREADS')}). Command: `OMP_NUM_THREADS=1 python "
+              f"benchmarks/accuracy_nmnist_real.py --epochs {args.epochs} --finetune-epochs "
+              f"{args.finetune_epochs} --seeds {' '.join(map(str, args.seeds))}`."]
     table = "\n".join(lines)
     print(table)
     os.makedirs(args.out, exist_ok=True)
