@@ -10,7 +10,8 @@ digits dataset) with quantization in the loop.
     torchrun --nproc_per_node=2 examples/train_nmnist.py --epochs 2  # DDP (gloo on CPU, nccl on GPU)
 
 The network is SpikingJelly's CSNN (conv-BN-LIF blocks, multi-step; fully connected for SHD, see
-``snnquant.datasets.default_network``), quantized with ``snnquant.quantize_model``. Outputs under ``--out``: TensorBoard scalars, ``metrics.json``,
+``snnquant.datasets.default_network``), quantized with ``snnquant.quantize_model``. Outputs under
+``--out``: TensorBoard scalars, ``metrics.json``,
 ``accuracy.png``, ``firing_rates.png``, ``checkpoint.pt`` (every epoch, atomic; ``--resume``
 continues from it) and ``model.pt`` (the trained state_dict), plus ``summary.txt``.
 """
