@@ -5,10 +5,12 @@ digits dataset) with quantization in the loop.
     python examples/train_nmnist.py --weight-bits 2 --v-bits 4
     python examples/train_nmnist.py --weight-bits 0 --v-bits 0       # full precision baseline
     python examples/train_nmnist.py --data-root /data/N-MNIST --device cuda --backend auto
+    python examples/train_nmnist.py --dataset dvs128_gesture --data-root /data/DVS128Gesture
+    python examples/train_nmnist.py --dataset shd --data-root /data/SHD
     torchrun --nproc_per_node=2 examples/train_nmnist.py --epochs 2  # DDP (gloo on CPU, nccl on GPU)
 
-The network is SpikingJelly's CSNN (conv-BN-LIF blocks, multi-step), quantized with
-``snnquant.quantize_model``. Outputs under ``--out``: TensorBoard scalars, ``metrics.json``,
+The network is SpikingJelly's CSNN (conv-BN-LIF blocks, multi-step; fully connected for SHD, see
+``snnquant.datasets.default_network``), quantized with ``snnquant.quantize_model``. Outputs under ``--out``: TensorBoard scalars, ``metrics.json``,
 ``accuracy.png``, ``firing_rates.png``, ``checkpoint.pt`` (every epoch; ``--resume`` continues
 from it, and refuses a checkpoint made with other settings, listing them) and ``model.pt`` (the
 trained state_dict), plus ``summary.txt``. Every file is written atomically
@@ -40,12 +42,15 @@ RESUMABLE_FLAGS = ("out", "resume", "workers", "stop_after", "no_integer_check",
 
 def parse_args(argv=None):
     from snnquant.convert import MEMBRANE_QUANTIZERS, WEIGHT_QUANTIZERS
+    from snnquant.datasets import DATASETS, DATA_ROOT_HELP, dataset_info
 
-    ap = argparse.ArgumentParser(description=__doc__,
+    ap = argparse.ArgumentParser(description=__doc__ + DATA_ROOT_HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--dataset", default="nmnist", choices=DATASETS,
+                    help="dataset, loaded with SpikingJelly's own class (default: nmnist)")
     ap.add_argument("--data-root", default=None,
-                    help="real N-MNIST root as SpikingJelly expects it (default: the built-in "
-                         "digits dataset in N-MNIST format)")
+                    help="dataset root in one of the layouts listed below (nmnist without it: the "
+                         "built-in digits dataset in N-MNIST format)")
     ap.add_argument("--weight-bits", type=int, default=4, help="0 = full-precision weights")
     ap.add_argument("--v-bits", type=int, default=8, help="0 = full-precision membrane")
     ap.add_argument("--weight-quantizer", default="lsq_pow2", choices=WEIGHT_QUANTIZERS)
@@ -53,7 +58,9 @@ def parse_args(argv=None):
     ap.add_argument("--per-tensor", action="store_true",
                     help="one weight step per layer instead of one per output channel")
     ap.add_argument("--backend", default="torch", choices=("torch", "cupy", "auto"))
-    ap.add_argument("-T", type=int, default=8, help="frames (time steps) per sample")
+    ap.add_argument("-T", type=int, default=None,
+                    help="frames (time steps) per sample (default: nmnist 8, dvs128_gesture 16, "
+                         "cifar10_dvs 10, shd 20)")
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
@@ -63,16 +70,24 @@ def parse_args(argv=None):
     ap.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     ap.add_argument("--out", default="runs/nmnist", help="output folder")
     ap.add_argument("--resume", action="store_true", help="continue from <out>/checkpoint.pt")
-    ap.add_argument("--channels", type=int, default=16, help="channels of the conv blocks")
+    ap.add_argument("--channels", type=int, default=16,
+                    help="channels of the conv blocks (shd: 8 x channels hidden units)")
     ap.add_argument("--tau", type=float, default=2.0, help="LIF time constant")
     ap.add_argument("--samples-per-class", type=int, default=None,
-                    help="built-in data only: a small subset (quick runs and tests)")
+                    help="a small subset: this many samples of every class in each split, "
+                         "stratified and chosen by --seed (the built-in digits: a fixed subset)")
     ap.add_argument("--no-integer-check", action="store_true",
                     help="skip BN folding, integer export and the agreement check at the end")
     ap.add_argument("--finetune-epochs", type=int, default=10,
                     help="epochs of fine-tuning after folding BN, before integer export")
     ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: simulate an interruption
     args = ap.parse_args(argv)
+    if args.dataset != "nmnist" and args.data_root is None:
+        ap.error(f"--dataset {args.dataset} needs --data-root (only nmnist has built-in data)")
+    if args.T is None:
+        args.T = dataset_info(args.dataset).default_T
+    if args.samples_per_class is not None and args.samples_per_class < 1:
+        ap.error(f"--samples-per-class must be >= 1, got {args.samples_per_class}")
     for name in ("weight_bits", "v_bits"):
         v = getattr(args, name)
         if v != 0 and not 2 <= v <= 32:
@@ -138,6 +153,13 @@ def build_csnn(channels: int, tau: float):
     return net
 
 
+def build_network(args):
+    if args.dataset == "nmnist":
+        return build_csnn(args.channels, args.tau)
+    from snnquant.datasets import default_network
+    return default_network(args.dataset, args.channels, args.tau)
+
+
 def quantize(net, args):
     import snnquant
     if args.weight_bits == 0 and args.v_bits == 0:
@@ -155,25 +177,19 @@ def quantize(net, args):
 
 
 def load_data(args, rank):
-    from snnquant.datasets import load_nmnist_frames, make_digits_nmnist
+    from snnquant.datasets import load_dataset
 
-    if args.data_root is None:
-        if rank == 0:
+    if rank == 0:
+        if args.data_root is None:
             print("data: no --data-root given, using snnquant's built-in digits dataset in N-MNIST "
                   "format (scikit-learn digits through an emulated DVS saccade recording)")
-        # rank 0 builds and converts; the others wait and then load the finished root
-        if rank == 0:
-            root = make_digits_nmnist(seed=0, samples_per_class=args.samples_per_class)
-            load_nmnist_frames(root, True, args.T), load_nmnist_frames(root, False, args.T)
-        barrier()
-        root = make_digits_nmnist(seed=0, samples_per_class=args.samples_per_class)
-    else:
-        root = Path(args.data_root)
-        if rank == 0:
-            print(f"data: N-MNIST at {root}")
-            load_nmnist_frames(root, True, args.T), load_nmnist_frames(root, False, args.T)
-        barrier()
-    return load_nmnist_frames(root, True, args.T), load_nmnist_frames(root, False, args.T)
+        else:
+            print(f"data: {args.dataset} at {args.data_root}")
+    # rank 0 checks and prepares the root; the others wait at the barrier, then load it
+    train_set, test_set, _info = load_dataset(args.dataset, args.data_root, args.T,
+                                              samples_per_class=args.samples_per_class,
+                                              seed=args.seed, rank=rank, barrier=barrier)
+    return train_set, test_set
 
 
 def make_loaders(train_set, test_set, args, rank, world, epoch):
@@ -240,7 +256,7 @@ def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, 
         with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp_dtype,
                                                            enabled=use_amp):
             rate = model(x).float().mean(0)
-            loss = F.mse_loss(rate, F.one_hot(y, 10).float())
+            loss = F.mse_loss(rate, F.one_hot(y, rate.shape[-1]).float())
         if train:
             opt.zero_grad(set_to_none=True)
             if scaler is not None:
@@ -415,7 +431,7 @@ def main(argv=None):
         check_resume_config(ckpt, run_configuration(args, world), ckpt_path)
 
     train_set, test_set = load_data(args, rank)
-    model, report = quantize(build_csnn(args.channels, args.tau), args)
+    model, report = quantize(build_network(args), args)
     model.to(device)
     if rank == 0 and report is not None:
         print(report)
@@ -533,4 +549,9 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
-    main()
+    from snnquant.datasets import DATASET_ERRORS
+    try:
+        main()
+    except DATASET_ERRORS as error:  # a root or file that cannot be loaded: one line, no traceback
+        print(f"{Path(sys.argv[0]).name}: error: {error}", file=sys.stderr)
+        sys.exit(2)

@@ -199,6 +199,24 @@ def test_events_of_an_image_do_not_depend_on_its_batch():
         np.testing.assert_array_equal(together[3][key], alone[0][key])
 
 
+@pytest.mark.parametrize("batch,position", [(2, 1), (7, 6), (19, 11)])
+def test_events_of_an_image_are_the_same_in_every_batch_size_and_position(batch, position):
+    # Regression: a batched BLAS product gave an image last-bit differences that depended on the
+    # batch, moving events that sit on a threshold by 1 us.
+    from sklearn.datasets import load_digits
+
+    digits = load_digits().images / 16.0
+    target = digits[100]
+    others = digits[:batch]
+    images = np.concatenate([others[:position], target[None], others[position + 1 :]])
+    ids = list(range(500, 500 + batch))
+    ids[position] = 42
+    together = D.saccade_events(images, seed=1, image_ids=ids)[position]
+    alone = D.saccade_events(target[None], seed=1, image_ids=[42])[0]
+    for key in "xypt":
+        np.testing.assert_array_equal(together[key], alone[key])
+
+
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [

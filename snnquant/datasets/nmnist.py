@@ -15,13 +15,16 @@ import shutil
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from .checked import LOAD_ERRORS, CorruptDatasetFileError, find_unreadable_npz, wrap_dataset_loader
 from .nmnist_format import EVENT_BYTES
 
 __all__ = [
     "NMNIST_URL",
     "NMNIST_CLASSES",
+    "NMNIST_LAYOUTS",
     "DatasetRootError",
     "check_nmnist_root",
+    "prepare_nmnist_root",
     "convert_extracted",
     "load_nmnist_frames",
 ]
@@ -32,8 +35,8 @@ NMNIST_URL = "https://www.garrickorchard.com/datasets/n-mnist"
 NMNIST_CLASSES = tuple(str(c) for c in range(10))
 """The class folder names, ``'0'`` .. ``'9'``; SpikingJelly's labels are their sorted positions."""
 
-_SPLITS = {"events_np": ("train", "test"), "extract": ("Train", "Test")}
-_EXTENSIONS = {"events_np": (".npz", ".npy"), "extract": (".bin",)}
+_SPLITS = {"events_np": ("train", "test"), "extract": ("Train", "Test"), "extracted": ("Train", "Test")}
+_EXTENSIONS = {"events_np": (".npz", ".npy"), "extract": (".bin",), "extracted": (".bin",)}
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -55,19 +58,33 @@ def _download_instructions(root: Path) -> str:
     )
 
 
-def check_nmnist_root(root: PathLike) -> str:
-    r"""Check that ``root`` can be loaded by SpikingJelly's ``NMNIST`` with the right labels.
+NMNIST_LAYOUTS = (
+    "events_np/{train,test}/<0..9>/*.npz (SpikingJelly's converted events)",
+    "download/Train.zip + download/Test.zip (SpikingJelly's layout of N-MNIST's zips)",
+    "download/train.zip + download/test.zip (tonic's lowercase names, same files)",
+    "extract/{Train,Test}/<0..9>/*.bin (SpikingJelly's extracted zips)",
+    "Train/<0..9>/*.bin + Test/<0..9>/*.bin (the zips extracted into the root)",
+)
+"""The N-MNIST root layouts :func:`check_nmnist_root` accepts, in the order it looks for them."""
 
-    Accepted, in this order:
+
+def check_nmnist_root(root: PathLike) -> str:
+    r"""Check that ``root`` can be loaded as N-MNIST with the right labels; say which layout it has.
+
+    Accepted, in this order (:data:`NMNIST_LAYOUTS`):
 
     1. ``<root>/events_np/{train,test}/<0..9>/`` with at least one ``.npz``/``.npy`` file in each
        of the ten class folders and no other folder (SpikingJelly loads such a root at once and
        never looks at ``download/``); result ``'events_np'``;
     2. ``<root>/download/Train.zip`` and ``Test.zip`` with the md5 sums of the real N-MNIST files
        (checked here, so that SpikingJelly never deletes a differing zip); result ``'download'``;
-    3. ``<root>/extract/{Train,Test}/<0..9>/*.bin`` complete, every file a whole number of 5-byte
-       events; result ``'extract'`` (:func:`load_nmnist_frames` converts it with SpikingJelly's
-       ``NMNIST.create_raw_from_extracted``).
+    3. ``<root>/download/train.zip`` and ``test.zip``, tonic's names for the same two files (same
+       md5 sums); result ``'tonic'`` (:func:`prepare_nmnist_root` extracts them to ``extract/``);
+    4. ``<root>/extract/{Train,Test}/<0..9>/*.bin`` complete, every file a whole number of 5-byte
+       events; result ``'extract'`` (:func:`prepare_nmnist_root` converts it with SpikingJelly's
+       ``NMNIST.create_raw_from_extracted``);
+    5. ``<root>/Train/<0..9>/*.bin`` and ``<root>/Test/<0..9>/*.bin``: the zips extracted straight
+       into the root; result ``'extracted'`` (converted like ``'extract'``).
 
     A class folder that is missing matters because SpikingJelly numbers the classes by the sorted
     folder names: without ``'3'``, the digit 4 would silently get label 3.
@@ -76,12 +93,15 @@ def check_nmnist_root(root: PathLike) -> str:
         root: the dataset root.
 
     Returns:
-        which of the three forms was found: ``'events_np'``, ``'download'`` or ``'extract'``.
+        which form was found: ``'events_np'``, ``'download'``, ``'tonic'``, ``'extract'`` or
+        ``'extracted'``.
 
     Raises:
-        DatasetRootError: the root is none of these; the message lists every missing or empty
-            class folder, extra folder, missing or corrupt download, or unfinished-preparation
-            marker, and what to download from where.
+        DatasetRootError: the root is none of these. The message is one line: for a root that
+            starts one layout but is incomplete, every missing or empty class folder, extra
+            folder, missing or corrupt download, or unfinished-preparation marker; for a root
+            that fits none, every layout looked for and what the root holds; and what to
+            download from where.
     """
     root = Path(root)
     if not root.is_dir():
@@ -102,16 +122,18 @@ def check_nmnist_root(root: PathLike) -> str:
             )
         return "events_np"
     download = root / "download"
-    zips = [download / "Train.zip", download / "Test.zip"]
-    present = [z for z in zips if z.is_file()]
-    if present:
-        missing = [z for z in zips if not z.is_file()]
-        if missing:
-            raise DatasetRootError(
-                "missing " + ", ".join(map(str, missing)) + ". " + _download_instructions(root)
-            )
-        _check_download_md5(zips)
-        return "download"
+    for names, form in ((("Train.zip", "Test.zip"), "download"), (("train.zip", "test.zip"), "tonic")):
+        zips = [download / name for name in names]
+        present = [z for z in zips if z.is_file()]
+        if present:
+            missing = [z for z in zips if not z.is_file()]
+            if missing:
+                raise DatasetRootError(
+                    "missing " + ", ".join(map(str, missing)) + " (found " + ", ".join(map(str, present))
+                    + "). " + _download_instructions(root)
+                )
+            _check_download_md5(zips)
+            return form
     if (root / "extract").exists():
         problems = _class_folder_problems(root, "extract")
         if problems:
@@ -121,10 +143,46 @@ def check_nmnist_root(root: PathLike) -> str:
             )
         _check_bin_sizes(root / "extract")
         return "extract"
+    if (root / "Train").exists() or (root / "Test").exists():
+        problems = _class_folder_problems(root, "extracted")
+        if problems:
+            raise DatasetRootError(
+                f"N-MNIST root {root} holds extracted recordings but they are incomplete: "
+                + "; ".join(problems) + ". " + _download_instructions(root)
+            )
+        _check_bin_sizes(root)
+        return "extracted"
     raise DatasetRootError(
-        f"N-MNIST root {root} has neither events_np/, download/Train.zip + Test.zip, nor extract/. "
-        + _download_instructions(root)
+        f"N-MNIST root {root} fits none of the accepted layouts. Looked for: "
+        + "; ".join(f"({i}) {layout}" for i, layout in enumerate(NMNIST_LAYOUTS, 1))
+        + f". Found: {_describe_folder(root)}. " + _download_instructions(root)
     )
+
+
+def prepare_nmnist_root(root: PathLike) -> str:
+    """Check ``root`` and bring it to the layout SpikingJelly loads at once (``events_np/``).
+
+    ``'tonic'`` roots have their zips extracted to ``<root>/extract/`` (a temporary folder renamed
+    when complete); ``'extract'`` and ``'extracted'`` roots are converted by
+    :func:`convert_extracted`. ``'events_np'`` and ``'download'`` roots are left to SpikingJelly.
+    Under DistributedDataParallel call it on one rank first, the others after a barrier.
+
+    Args:
+        root: the dataset root.
+
+    Returns:
+        the layout :func:`check_nmnist_root` found before the preparation.
+    """
+    root = Path(root)
+    form = check_nmnist_root(root)
+    if form == "tonic":
+        _extract_zips(root, [root / "download" / "train.zip", root / "download" / "test.zip"])
+        convert_extracted(root)
+    elif form == "extract":
+        convert_extracted(root)
+    elif form == "extracted":
+        convert_extracted(root, extract_dir=root)
+    return form
 
 
 def load_nmnist_frames(
@@ -183,9 +241,7 @@ def load_nmnist_frames(
     if split_by not in ("number", "time"):
         raise ValueError(f"split_by must be 'number' or 'time', got {split_by!r}")
     root = Path(root)
-    form = check_nmnist_root(root)
-    if form == "extract":
-        convert_extracted(root)
+    prepare_nmnist_root(root)
     frames_dir = root / f"frames_number_{frames_number}_split_by_{split_by}"
     frames_marker = frames_dir.with_name(frames_dir.name + ".building")
     if frames_marker.exists():
@@ -196,15 +252,20 @@ def load_nmnist_frames(
 
     from spikingjelly.datasets.n_mnist import NMNIST
 
-    dataset = NMNIST(
-        root=str(root),
-        train=train,
-        data_type="frame",
-        frames_number=frames_number,
-        split_by=split_by,
-        transform=transform,
-        target_transform=target_transform,
-    )
+    try:
+        dataset = NMNIST(
+            root=str(root),
+            train=train,
+            data_type="frame",
+            frames_number=frames_number,
+            split_by=split_by,
+            transform=transform,
+            target_transform=target_transform,
+        )
+    except LOAD_ERRORS as error:
+        raise_corrupt_cache(root, frames_dir, error)
+        raise
+    wrap_dataset_loader(dataset, f"delete it (or all of {frames_dir}) to have the frames rebuilt from {root / 'events_np'}")
     split = "train" if train else "test"
     if tuple(dataset.classes) != NMNIST_CLASSES:
         raise DatasetRootError(
@@ -220,8 +281,8 @@ def load_nmnist_frames(
     return dataset
 
 
-def convert_extracted(root: PathLike) -> Path:
-    """Convert ``<root>/extract/`` to ``<root>/events_np/`` with SpikingJelly, atomically.
+def convert_extracted(root: PathLike, extract_dir: Optional[PathLike] = None) -> Path:
+    """Convert ``<root>/extract/`` (or ``extract_dir``) to ``<root>/events_np/`` with SpikingJelly, atomically.
 
     Every ``.bin`` file is read first with :func:`read_nmnist_bin` (34 x 34 sensor, time order),
     so a corrupt file is reported by name and byte offset before SpikingJelly sees it. Then runs
@@ -232,6 +293,8 @@ def convert_extracted(root: PathLike) -> Path:
 
     Args:
         root: a root with complete ``extract/Train`` and ``extract/Test`` folders.
+        extract_dir: the folder that holds ``Train/`` and ``Test/`` instead of ``<root>/extract``
+            (the root itself for the ``'extracted'`` layout).
 
     Returns:
         the path of ``events_np/``.
@@ -241,13 +304,15 @@ def convert_extracted(root: PathLike) -> Path:
     from .nmnist_format import read_nmnist_bin
 
     root = Path(root)
-    for path in sorted((root / "extract").rglob("*.bin")):
-        read_nmnist_bin(path, sensor_size=(34, 34))  # raises CorruptEventFileError(path, offset)
+    extract = root / "extract" if extract_dir is None else Path(extract_dir)
+    for split in ("Train", "Test"):
+        for path in sorted((extract / split).rglob("*.bin")):
+            read_nmnist_bin(path, sensor_size=(34, 34))  # raises CorruptEventFileError(path, offset)
     target = root / "events_np"
     tmp = root / f".events_np.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
-        NMNIST.create_raw_from_extracted(root / "extract", tmp)
+        NMNIST.create_raw_from_extracted(extract, tmp)
         try:
             os.rename(tmp, target)
         except OSError:
@@ -263,7 +328,7 @@ def convert_extracted(root: PathLike) -> Path:
 def _class_folder_problems(root: Path, kind: str) -> List[str]:
     problems = []
     for split in _SPLITS[kind]:
-        split_dir = root / kind / split
+        split_dir = root / split if kind == "extracted" else root / kind / split
         if not split_dir.is_dir():
             problems.append(f"{split_dir} is missing")
             continue
@@ -299,6 +364,7 @@ def _check_download_md5(zips: Sequence[Path]) -> None:
     from spikingjelly.datasets.n_mnist import NMNIST
 
     expected = {name: md5 for name, _, md5 in NMNIST.resource_url_md5()}
+    expected.update({name.lower(): md5 for name, md5 in list(expected.items())})  # tonic's names
     for path in zips:
         digest = hashlib.md5()
         with open(path, "rb") as f:
@@ -326,3 +392,65 @@ def _check_bin_sizes(extract: Path) -> None:
                             size - size % EVENT_BYTES,
                             f"truncated: {size} bytes is not a multiple of {EVENT_BYTES}",
                         )
+
+
+def _describe_folder(root: Path, limit: int = 12) -> str:
+    entries = sorted(os.scandir(root), key=lambda e: e.name)
+    if not entries:
+        return "an empty folder"
+    names = [e.name + ("/" if e.is_dir() else "") for e in entries]
+    download = root / "download"
+    if download.is_dir():
+        inside = sorted(e.name for e in os.scandir(download))
+        names[names.index("download/")] = "download/ (" + (", ".join(inside[:limit]) or "empty") + ")"
+    shown = ", ".join(names[:limit])
+    return shown + (f", ... ({len(names) - limit} more)" if len(names) > limit else "")
+
+
+def _extract_zips(root: Path, zips: Sequence[Path]) -> Path:
+    """Extract the zips into a temporary folder renamed to ``<root>/extract`` when complete."""
+    import zipfile
+
+    target = root / "extract"
+    tmp = root / f".extract.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        for path in zips:
+            try:
+                with zipfile.ZipFile(path) as archive:
+                    archive.extractall(tmp)
+            except (zipfile.BadZipFile, EOFError, OSError) as error:
+                raise DatasetRootError(f"cannot extract {path} ({error}); download it again from {NMNIST_URL}") from None
+        missing = [str(tmp / split) for split in ("Train", "Test") if not (tmp / split).is_dir()]
+        if missing:
+            raise DatasetRootError(
+                f"{', '.join(map(str, zips))} did not extract to Train/ and Test/ folders; download them again from {NMNIST_URL}"
+            )
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.is_dir():
+                raise
+            shutil.rmtree(tmp)  # another process extracted the same root first
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return target
+
+
+def raise_corrupt_cache(root: Path, frames_dir: Path, error: BaseException, raw_dir: str = "events_np") -> None:
+    """After SpikingJelly failed to read its cache: raise a :class:`CorruptDatasetFileError` naming
+    the first unreadable file under ``<root>/<raw_dir>`` or ``frames_dir``; return if none is found."""
+    raw = root / raw_dir
+    bad = find_unreadable_npz([raw, frames_dir])
+    if bad is None:
+        return
+    marker = frames_dir.with_name(frames_dir.name + ".building")
+    if raw in bad.parents:
+        rebuild = (
+            f"delete {raw}, {frames_dir} and {marker} (those that exist) to have them rebuilt from "
+            f"{root / 'download'} or the extracted recordings"
+        )
+    else:
+        rebuild = f"delete {frames_dir} (and {marker} if it exists) to have the frames rebuilt from {raw}"
+    raise CorruptDatasetFileError(bad, f"{type(error).__name__}: {error}", rebuild) from error

@@ -243,7 +243,7 @@ def saccade_events(
 
 
 def _single_threaded_blas():
-    # The products are many small GEMMs (inner size h or w): a threaded BLAS spends more time
+    # The products are many small GEMMs (one per image, inner size h or w): a threaded BLAS spends more time
     # spinning than computing, 5x slower on a loaded 2-core machine. threadpoolctl comes with
     # scikit-learn; without it the BLAS keeps its own setting.
     try:
@@ -274,23 +274,29 @@ def _pixel_weights(corner: np.ndarray, n_src: int, n_sensor: int, scale: float, 
     return 0.5 * (cdf_left - cdf_right)
 
 
-def _log_intensity(images_t, wy, wx, background, out):
-    """ln(b + (1-b) I) for all images at one time; layout [height, N, width]."""
-    h, n, w = images_t.shape
-    rows = (images_t.reshape(h * n, w) @ wx.T).reshape(h, n * wx.shape[0])  # [h, N*width]
-    intensity = wy @ rows  # [height, N*width]
+def _log_intensity(images, wy, wx, background, out):
+    """ln(b + (1-b) I) for all images at one time, written into ``out`` of layout [height, N, width].
+
+    The blur is two matrix products per image, ``wy @ image @ wx.T``, done as a stack of
+    same-shape products (one BLAS call per image) rather than as one product over the whole
+    batch: a BLAS picks its kernels and summation order by the operands' shapes, so a batched
+    product gives an image different last bits depending on its batch and its position in it, and
+    events on a threshold move by a microsecond. Per image, the shapes never depend on the batch.
+    """
+    rows = np.matmul(images, wx.T)  # [N, h, width]
+    intensity = np.matmul(wy, rows)  # [N, height, width]
     np.multiply(intensity, 1.0 - background, out=intensity)
     np.add(intensity, background, out=intensity)
     np.log(intensity, out=intensity)
-    out[...] = intensity.reshape(out.shape)
+    out[...] = intensity.transpose(1, 0, 2)
     return out
 
 
 def _emulate_chunk(images, weights_x, weights_y, times, params: _DvsParams, rngs, noise_rate_hz):
     n = images.shape[0]
     height, width = weights_y.shape[1], weights_x.shape[1]
-    # Layout [height, N, width] lets both matrix products be plain 2-D GEMMs without copies.
-    images_t = np.ascontiguousarray(images.transpose(1, 0, 2), dtype=np.float32)
+    # The pixels' state has layout [height, N, width]; the images stay [N, h, w] for the blur.
+    images_t = np.ascontiguousarray(images, dtype=np.float32)
     wx = weights_x.astype(np.float32)
     wy = weights_y.astype(np.float32)
     shape = (height, n, width)
