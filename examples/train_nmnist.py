@@ -46,7 +46,9 @@ def parse_args(argv=None):
     ap.add_argument("--membrane-quantizer", default="uniform", choices=MEMBRANE_QUANTIZERS)
     ap.add_argument("--per-tensor", action="store_true",
                     help="one weight step per layer instead of one per output channel")
-    ap.add_argument("--backend", default="torch", choices=("torch", "cupy", "auto"))
+    ap.add_argument("--backend", default="torch", choices=("torch", "cupy", "cpp", "auto"),
+                    help="neuron backend: cpp = fused kernels compiled for the CPU, cupy = "
+                         "fused CUDA kernels, auto = cpp on CPU / cupy on CUDA when available")
     ap.add_argument("-T", type=int, default=8, help="frames (time steps) per sample")
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=32)

@@ -24,9 +24,11 @@ quantizer runs a per-step autograd loop with the same dynamics (a soft reset sub
 ``MinMaxQuantizer`` updates its range from every step's charge in training, and its range always
 contains :math:`V_{reset}` and :math:`V_{th}` (set through its ``include_values`` when not given).
 
-``backend``: ``'torch'``, ``'cupy'`` (fused CUDA kernel, CUDA tensors and CuPy required) or
-``'auto'`` (``'cupy'`` for CUDA tensors when CuPy imports and the configuration is supported,
-``'torch'`` otherwise). It applies to the quantized membrane path.
+``backend``: ``'torch'``, ``'cupy'`` (fused CUDA kernel, CUDA tensors and CuPy required),
+``'cpp'`` (the same kernels compiled for the CPU at first use, CPU tensors and a C++ compiler
+required) or ``'auto'`` (``'cpp'`` for CPU tensors when a C++ compiler is found, ``'cupy'`` for
+CUDA tensors when CuPy imports, when the configuration is supported; ``'torch'`` otherwise; see
+:mod:`snnquant.kernels.dispatch`). It applies to the quantized membrane path.
 """
 
 from __future__ import annotations
@@ -39,12 +41,12 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import neuron, surrogate
 
 from ..functional.neuron import _charge, membrane_reset_values, quant_neuron_multi_step
+from ..kernels.dispatch import BACKENDS, check_backend_name, resolve_backend
 from .quantizers import LSQQuantizer, MinMaxQuantizer, QuantizerBase, UniformQuantizer, check_bits
 
 __all__ = ["QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "make_membrane_quantizer",
            "BACKENDS"]
 
-BACKENDS = ("torch", "cupy", "auto")
 VQuantArg = Union[QuantizerBase, int, None]
 
 
@@ -69,8 +71,7 @@ class _QuantNeuronMixin:
     _kind = ""
 
     def _init_quant(self, v_quant: VQuantArg, backend: str):
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        check_backend_name(backend)
         self.v_quant = make_membrane_quantizer(v_quant, self.v_threshold)
         if isinstance(self.v_quant, MinMaxQuantizer) and self.v_quant.include_values is None:
             # an observed membrane range must reach the threshold, or the neuron can never fire
@@ -134,15 +135,7 @@ class _QuantNeuronMixin:
         return getattr(self, "decay_input", True)
 
     def _choose_backend(self, x_seq) -> str:
-        if self.backend == "torch" or (self.backend == "auto" and not x_seq.is_cuda):
-            return "torch"
-        from .. import kernels
-        if self.backend == "cupy":
-            return "cupy"
-        if x_seq.is_cuda and kernels.cupy_available() and kernels.supports(
-                self.surrogate_function, x_seq.dtype):
-            return "cupy"
-        return "torch"
+        return resolve_backend(self.backend, x_seq, self.surrogate_function)
 
     def _quant_multi(self, x_seq, v, store_v_seq):
         self._prime_quantizer(x_seq, v)
@@ -160,9 +153,13 @@ class _QuantNeuronMixin:
                       v_reset=self.v_reset, surrogate_function=self.surrogate_function,
                       detach_reset=self.detach_reset, step=step, qmin=qmin, qmax=qmax,
                       step_grad_scale=grad_scale, store_v_seq=store_v_seq)
-        if self._choose_backend(x_seq) == "cupy":
+        backend = self._choose_backend(x_seq)
+        if backend == "cupy":
             from .. import kernels
             return kernels.fused_quant_neuron_multi_step(x_seq, v, **kwargs)
+        if backend == "cpp":
+            from ..kernels.cpp_backend import cpp_quant_neuron_multi_step
+            return cpp_quant_neuron_multi_step(x_seq, v, **kwargs)
         return quant_neuron_multi_step(x_seq, v, **kwargs)
 
     def _quantize_membrane(self, h):
@@ -230,20 +227,26 @@ class _QuantNeuronMixin:
         return torch.stack(spikes), v, (torch.stack(v_seq) if store_v_seq else None)
 
     def _check_backend(self, x: torch.Tensor) -> None:
-        """``backend='cupy'`` is a request for the fused kernel: refuse what it cannot run."""
-        if self.backend != "cupy":
+        """``backend='cupy'`` or ``'cpp'`` is a request for the fused kernel: refuse what it
+        cannot run."""
+        if self.backend == "cupy":
+            from ..kernels.cupy_backend import _check_cuda, import_cupy
+            _check_cuda("x", x)
+            import_cupy()
+        elif self.backend == "cpp":
+            from ..kernels.cpp_backend import _check_cpu, require_cpp
+            _check_cpu("x", x)
+            require_cpp()
+        else:
             return
-        from ..kernels.cupy_backend import _check_cuda, import_cupy
-        _check_cuda("x", x)
-        import_cupy()
         if self.v_quant is None:
-            raise ValueError(f"{type(self).__name__}(backend='cupy') needs a quantized membrane "
-                             "(v_quant): with v_quant=None it is SpikingJelly's own neuron; use "
-                             "backend='torch' or 'auto'")
+            raise ValueError(f"{type(self).__name__}(backend={self.backend!r}) needs a quantized "
+                             "membrane (v_quant): with v_quant=None it is SpikingJelly's own "
+                             "neuron; use backend='torch' or 'auto'")
         if not self.v_quant.uniform_grid() and not isinstance(self.v_quant, LSQQuantizer):
-            raise ValueError(f"backend='cupy' runs membrane quantizers with a uniform per-tensor "
-                             f"grid; {type(self.v_quant).__name__} has none: use backend='auto' "
-                             "(falls back to torch) or 'torch'")
+            raise ValueError(f"backend={self.backend!r} runs membrane quantizers with a uniform "
+                             f"per-tensor grid; {type(self.v_quant).__name__} has none: use "
+                             "backend='auto' (falls back to torch) or 'torch'")
 
     # ---- SpikingJelly's step contract -------------------------------------------------------------
     def single_step_forward(self, x: torch.Tensor, *args, **kwargs):
@@ -299,7 +302,7 @@ class QuantIFNode(_QuantNeuronMixin, neuron.IFNode):
         v_threshold: as ``neuron.IFNode`` (and so are ``v_reset``, ``surrogate_function``,
             ``detach_reset``, ``step_mode``, ``store_v_seq``).
         v_quant: membrane quantizer module, bit width, or ``None``.
-        backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
+        backend: ``'torch'``, ``'cupy'``, ``'cpp'`` or ``'auto'``.
     """
 
     _kind = "if"
@@ -332,7 +335,7 @@ class QuantLIFNode(_QuantNeuronMixin, neuron.LIFNode):
         tau: as ``neuron.LIFNode`` (and so are ``decay_input``, ``v_threshold``, ``v_reset``,
             ``surrogate_function``, ``detach_reset``, ``step_mode``, ``store_v_seq``).
         v_quant: membrane quantizer module, bit width, or ``None``.
-        backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
+        backend: ``'torch'``, ``'cupy'``, ``'cpp'`` or ``'auto'``.
     """
 
     _kind = "lif"
@@ -366,7 +369,7 @@ class QuantParametricLIFNode(_QuantNeuronMixin, neuron.ParametricLIFNode):
         init_tau: as ``neuron.ParametricLIFNode`` (and so are ``decay_input``, ``v_threshold``,
             ``v_reset``, ``surrogate_function``, ``detach_reset``, ``step_mode``, ``store_v_seq``).
         v_quant: membrane quantizer module, bit width, or ``None``.
-        backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
+        backend: ``'torch'``, ``'cupy'``, ``'cpp'`` or ``'auto'``.
     """
 
     _kind = "plif"
