@@ -34,6 +34,7 @@ RESULT_FLAGS = ("weight_bits", "v_bits", "weight_quantizer", "membrane_quantizer
 
 def parse_args(argv=None):
     from snnquant.convert import MEMBRANE_QUANTIZERS, WEIGHT_QUANTIZERS
+    from snnquant.kernels import BACKENDS, DEFAULT_BACKEND
 
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -46,7 +47,7 @@ def parse_args(argv=None):
     ap.add_argument("--membrane-quantizer", default="uniform", choices=MEMBRANE_QUANTIZERS)
     ap.add_argument("--per-tensor", action="store_true",
                     help="one weight step per layer instead of one per output channel")
-    ap.add_argument("--backend", default="torch", choices=("torch", "cupy", "cpp", "auto"),
+    ap.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS,
                     help="neuron backend: cpp = fused kernels compiled for the CPU, cupy = "
                          "fused CUDA kernels, auto = cpp on CPU / cupy on CUDA when available")
     ap.add_argument("-T", type=int, default=8, help="frames (time steps) per sample")

@@ -17,6 +17,7 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import neuron
 
 from .nn.layers import QuantConv1d, QuantConv2d, QuantLinear
+from .kernels.dispatch import DEFAULT_BACKEND
 from .nn.neurons import BACKENDS, QuantIFNode, QuantLIFNode, QuantParametricLIFNode
 from .nn.quantizers import (LSQQuantizer, MinMaxQuantizer, QuantizedBits, QuantizerBase,
                             StateQuant, UniformQuantizer, WeightGridBiasQuantizer, check_bits)
@@ -60,7 +61,7 @@ class QuantConfig:
     bias_bits: Optional[int] = 16
     v_bits: Optional[int] = None
     membrane_quantizer: str = "uniform"
-    backend: str = "torch"
+    backend: str = DEFAULT_BACKEND
     skip: Sequence[str] = ()
     overrides: Dict[str, dict] = field(default_factory=dict)
 

@@ -235,7 +235,8 @@ def test_a_second_process_loads_the_cached_library(prebuilt, private_cache):
                                                           step=0.125, qmin=-12, qmax=11)
         print(int(s.numel()), sum('-shared' in c for c in commands))
     """)
-    env = dict(os.environ, SNNQUANT_CACHE_DIR=str(private_cache), PYTHONPATH=str(REPO))
+    env = dict(os.environ, SNNQUANT_CACHE_DIR=str(private_cache),
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          cwd=REPO, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -257,7 +258,8 @@ def test_concurrent_builds_from_two_processes(tmp_path):
     """)
     import time
 
-    env = dict(os.environ, SNNQUANT_CACHE_DIR=str(tmp_path), PYTHONPATH=str(REPO))
+    env = dict(os.environ, SNNQUANT_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     start = str(time.time() + 3.0)
     procs = [subprocess.Popen([sys.executable, "-c", code, start], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
@@ -374,7 +376,8 @@ def test_quantize_model_and_example_accept_cpp_and_auto(prebuilt):
         quant(torch.rand(3, 2, 8)).sum().backward()
     with pytest.raises(ValueError, match="backend"):
         QuantConfig(backend="numba")
+    env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     example = subprocess.run([sys.executable, str(REPO / "examples" / "train_nmnist.py"), "--help"],
-                             capture_output=True, text=True, cwd=REPO, timeout=120)
+                             capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
     assert example.returncode == 0, example.stderr
     assert "cpp" in example.stdout and "auto" in example.stdout

@@ -31,7 +31,7 @@ import torch
 BACKENDS = ("torch", "cupy", "cpp", "auto")
 
 #: the default ``backend`` of the quantized neurons and of ``QuantConfig``
-DEFAULT_BACKEND = "torch"
+DEFAULT_BACKEND = "auto"
 
 
 def check_backend_name(backend) -> str:

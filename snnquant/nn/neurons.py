@@ -41,7 +41,7 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import neuron, surrogate
 
 from ..functional.neuron import _charge, membrane_reset_values, quant_neuron_multi_step
-from ..kernels.dispatch import BACKENDS, check_backend_name, resolve_backend
+from ..kernels.dispatch import BACKENDS, DEFAULT_BACKEND, check_backend_name, resolve_backend
 from .quantizers import LSQQuantizer, MinMaxQuantizer, QuantizerBase, UniformQuantizer, check_bits
 
 __all__ = ["QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "make_membrane_quantizer",
@@ -310,7 +310,7 @@ class QuantIFNode(_QuantNeuronMixin, neuron.IFNode):
     def __init__(self, v_threshold: float = 1.0, v_reset: Optional[float] = 0.0,
                  surrogate_function=surrogate.Sigmoid(), detach_reset: bool = False,
                  step_mode="s", store_v_seq: bool = False, v_quant: VQuantArg = None,
-                 backend: str = "torch"):
+                 backend: str = DEFAULT_BACKEND):
         super().__init__(v_threshold, v_reset, surrogate_function, detach_reset,
                          step_mode=step_mode, store_v_seq=store_v_seq)
         self._init_quant(v_quant, backend)
@@ -343,7 +343,7 @@ class QuantLIFNode(_QuantNeuronMixin, neuron.LIFNode):
     def __init__(self, tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
                  v_reset: Optional[float] = 0.0, surrogate_function=surrogate.Sigmoid(),
                  detach_reset: bool = False, step_mode="s", store_v_seq: bool = False,
-                 v_quant: VQuantArg = None, backend: str = "torch"):
+                 v_quant: VQuantArg = None, backend: str = DEFAULT_BACKEND):
         super().__init__(tau, decay_input, v_threshold, v_reset, surrogate_function,
                          detach_reset, step_mode=step_mode, store_v_seq=store_v_seq)
         self._init_quant(v_quant, backend)
@@ -377,7 +377,7 @@ class QuantParametricLIFNode(_QuantNeuronMixin, neuron.ParametricLIFNode):
     def __init__(self, init_tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
                  v_reset: Optional[float] = 0.0, surrogate_function=surrogate.Sigmoid(),
                  detach_reset: bool = False, step_mode="s", store_v_seq: bool = False,
-                 v_quant: VQuantArg = None, backend: str = "torch"):
+                 v_quant: VQuantArg = None, backend: str = DEFAULT_BACKEND):
         super().__init__(init_tau, decay_input, v_threshold, v_reset, surrogate_function,
                          detach_reset, step_mode=step_mode, store_v_seq=store_v_seq)
         self._init_quant(v_quant, backend)
