@@ -48,7 +48,7 @@ class QuantConfig:
         membrane_quantizer: ``'uniform'`` (:math:`2^b` levels on :math:`[-2V_{th}, 2V_{th})`),
             ``'threshold_centered'`` (snnTorch/SQUAT exponential levels centred on the
             threshold) or ``'lsq'`` (learned step).
-        backend: neuron backend, ``'torch'``, ``'cupy'``, ``'cpp'`` or ``'auto'`` (see
+        backend: neuron backend, ``'torch'``, ``'cupy'``, ``'cpp'`` or ``'auto'`` (default; see
             :mod:`snnquant.kernels.dispatch`).
         skip: glob patterns on qualified module names (``'fc.*'``, ``'0'``) left unquantized.
         overrides: ``{pattern: {field: value}}``: per-module changes of the fields above; the first

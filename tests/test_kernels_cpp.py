@@ -309,6 +309,16 @@ def test_missing_compiler_is_an_error_saying_what_to_install(monkeypatch):
     assert torch.equal(auto(x), qnn.QuantLIFNode(step_mode="m", v_quant=8, backend="torch")(x))
 
 
+def test_default_backend_is_auto_and_runs_cpp_on_cpu(prebuilt):
+    assert dispatch.DEFAULT_BACKEND == "auto"
+    node = qnn.QuantLIFNode(step_mode="m", v_quant=8)
+    assert node.backend == "auto" and QuantConfig().backend == "auto"
+    x = torch.rand(4, 3, 5, requires_grad=True) * 2
+    y = node(x)
+    assert type(y.grad_fn.next_functions[0][0]).__name__ == "FusedQuantNeuronFunctionBackward"
+    assert torch.equal(y, qnn.QuantLIFNode(step_mode="m", v_quant=8, backend="torch")(x))
+
+
 def test_resolve_backend():
     x = torch.rand(2, 3)
     assert dispatch.resolve_backend("auto", x) == "cpp"

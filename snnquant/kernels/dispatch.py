@@ -21,6 +21,14 @@
 
 ``'auto'`` also falls back to ``'torch'`` for a surrogate function or dtype the kernels do not
 implement (:func:`snnquant.kernels.supports`) and for other devices.
+
+The default (:data:`DEFAULT_BACKEND`) is ``'auto'``: on a CPU with a C++ compiler the quantized
+neurons run the fused kernels, several times faster than the torch loop, with the same spikes and
+membranes (float32, float64) and gradients equal to rounding. What changes with it: the first
+forward of each configuration compiles for about a second (once per machine, cached on disk);
+gradients are summed in another order (equal to rounding, not bit for bit); float16 and bfloat16
+compute in float32 inside (as on the GPU) where the torch loop computes in the 16-bit type. Pass
+``backend='torch'`` for the torch loop.
 """
 
 from __future__ import annotations
@@ -30,7 +38,7 @@ import torch
 #: the accepted values of ``backend``
 BACKENDS = ("torch", "cupy", "cpp", "auto")
 
-#: the default ``backend`` of the quantized neurons and of ``QuantConfig``
+#: the default ``backend`` of the quantized neurons, of ``QuantConfig`` and of the example
 DEFAULT_BACKEND = "auto"
 
 

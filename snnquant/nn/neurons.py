@@ -28,7 +28,7 @@ contains :math:`V_{reset}` and :math:`V_{th}` (set through its ``include_values`
 ``'cpp'`` (the same kernels compiled for the CPU at first use, CPU tensors and a C++ compiler
 required) or ``'auto'`` (``'cpp'`` for CPU tensors when a C++ compiler is found, ``'cupy'`` for
 CUDA tensors when CuPy imports, when the configuration is supported; ``'torch'`` otherwise; see
-:mod:`snnquant.kernels.dispatch`). It applies to the quantized membrane path.
+:mod:`snnquant.kernels.dispatch`; the default). It applies to the quantized membrane path.
 """
 
 from __future__ import annotations
