@@ -235,9 +235,15 @@ class QuantNeuronFunction(torch.autograd.Function):
         s = step.detach().to(dtype)
         vr_q, theta_q = membrane_reset_values(s, qmin, qmax, v_threshold, v_reset)
         k = torch.sigmoid(w.detach()).to(dtype) if neuron == "plif" else None
+        if g_spike is None:
+            g_spike = torch.zeros_like(h_seq)
         g_v = torch.zeros_like(h_seq[0]) if g_v_last is None else g_v_last.to(dtype)
         if not store_v_seq or g_v_seq is None or g_v_seq.numel() == 0:
             g_v_seq = None
+        g_x = torch.empty_like(h_seq)
+        g_step = torch.zeros((), dtype=torch.float64 if dtype == torch.float64 else torch.float32,
+                             device=h_seq.device)
+        g_k = torch.zeros_like(g_step)
         if neuron == "if":
             dh_dx, dh_dv = 1.0, 1.0
         elif neuron == "lif":
@@ -246,53 +252,43 @@ class QuantNeuronFunction(torch.autograd.Function):
         else:
             dh_dx = k if decay_input else 1.0
             dh_dv = 1.0 - k
-        # Everything except the membrane-gradient recurrence is elementwise over all T steps at
-        # once: per step, g_Hq = g_V E + F (E = dV/dHq + dV/dS g', F = g_S g') and
-        # g_V[t-1] = inside * g_Hq * dH/dV, so the loop over time is one addcmul per step.
-        hs = h_seq / s
-        q = torch.clamp(torch.round(hs), qmin, qmax)
-        hq = q * s
-        spike = ((hq - v_threshold) >= 0).to(dtype)
-        sg = surrogate_derivative(surrogate_function, hq - v_threshold)
-        inside = ((hs >= qmin) & (hs <= qmax)).to(dtype)
-        if v_reset is None:
-            e = torch.ones_like(sg) if detach_reset else 1.0 - theta_q * sg
-        else:
-            e = 1.0 - spike
-            if not detach_reset:
-                e = e + (vr_q - hq) * sg
-        f = None if g_spike is None else g_spike * sg
-        g_v_all = torch.empty_like(h_seq)  # dL/dV[t] including the step's own v_seq gradient
-        if T > 0:
-            decay = inside * e * dh_dv
-            carry = None if f is None else inside * f * dh_dv
-            g_v_all[T - 1] = g_v if g_v_seq is None else g_v + g_v_seq[T - 1]
-            for t in range(T - 1, 0, -1):
-                if carry is None:
-                    torch.mul(g_v_all[t], decay[t], out=g_v_all[t - 1])
+        need_step = ctx.needs_input_grad[2]
+        for t in range(T - 1, -1, -1):
+            h = h_seq[t]
+            hs = h / s
+            q = torch.clamp(torch.round(hs), qmin, qmax)
+            hq = q * s
+            spike = ((hq - v_threshold) >= 0).to(dtype)
+            if g_v_seq is not None:
+                g_v = g_v + g_v_seq[t]
+            sg = surrogate_derivative(surrogate_function, hq - v_threshold)
+            if v_reset is None:
+                g_hq = g_v
+                if not detach_reset:
+                    g_s_total = g_spike[t] - g_v * theta_q
                 else:
-                    torch.addcmul(carry[t], g_v_all[t], decay[t], out=g_v_all[t - 1])
-                if g_v_seq is not None:
-                    g_v_all[t - 1] += g_v_seq[t - 1]
-        g_hq = g_v_all * e if f is None else torch.addcmul(f, g_v_all, e)
-        g_h = g_hq * inside
-        g_x = g_h * dh_dx if not isinstance(dh_dx, float) or dh_dx != 1.0 else g_h
-        g_v = g_h[0] * dh_dv if T > 0 else g_v
-        g_step = torch.zeros((), dtype=torch.float64 if dtype == torch.float64 else torch.float32,
-                             device=h_seq.device)
-        g_k = torch.zeros_like(g_step)
-        if ctx.needs_input_grad[2] and T > 0:
-            # q is qmin below the range and qmax above it: dHq/ds = q - H/s inside, q outside
-            dstep = q - hs * inside
-            if dtype == g_step.dtype:
-                g_step = torch.dot(g_hq.reshape(-1), dstep.reshape(-1))
-            else:  # 16-bit: accumulate in float32
-                g_step = (g_hq * dstep).sum(dtype=g_step.dtype)
-        if neuron == "plif" and T > 0:
-            v_first = v_init.to(dtype).expand_as(h_seq[0]).unsqueeze(0)
-            v_prev = torch.cat([v_first, v_seq[:-1]]) if T > 1 else v_first
-            dh_dk = x_seq - (v_prev - vr_q) if decay_input else -(v_prev - vr_q)
-            g_k = (g_h * dh_dk).sum(dtype=g_k.dtype)
+                    g_s_total = g_spike[t]
+            else:
+                g_hq = g_v * (1.0 - spike)
+                if not detach_reset:
+                    g_s_total = g_spike[t] + g_v * (vr_q - hq)
+                else:
+                    g_s_total = g_spike[t]
+            g_hq = g_hq + g_s_total * sg
+            inside = (hs >= qmin) & (hs <= qmax)
+            g_h = g_hq * inside
+            if need_step:
+                dstep = torch.where(hs < qmin, float(qmin), torch.where(hs > qmax, float(qmax), q - hs))
+                g_step = g_step + (g_hq * dstep).sum(dtype=g_step.dtype)
+            g_x[t] = g_h * dh_dx
+            if neuron == "plif":
+                v_prev = v_seq[t - 1] if t > 0 else v_init.to(dtype).expand_as(h)
+                if decay_input:
+                    dh_dk = x_seq[t] - (v_prev - vr_q)
+                else:
+                    dh_dk = -(v_prev - vr_q)
+                g_k = g_k + (g_h * dh_dk).sum(dtype=g_k.dtype)
+            g_v = g_h * dh_dv
         g_v_init = None
         if ctx.needs_input_grad[1]:
             g_v_init = g_v
@@ -300,7 +296,7 @@ class QuantNeuronFunction(torch.autograd.Function):
                 g_v_init = g_v_init.sum_to_size(ctx.v_init_shape) if len(ctx.v_init_shape) else g_v_init.sum()
             g_v_init = g_v_init.to(v_init.dtype)
         g_step_out = None
-        if ctx.needs_input_grad[2]:
+        if need_step:
             g_step_out = (g_step * step_grad_scale).to(ctx.step_dtype).reshape(ctx.step_shape)
         g_w = None
         if neuron == "plif" and ctx.needs_input_grad[3]:
