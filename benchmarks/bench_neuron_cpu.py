@@ -25,7 +25,8 @@ Groups:
 * ``train_step``: one training step (forward, loss, backward, Adam) of the example's CSNN
   (``examples/train_nmnist.py``'s ``build_csnn``: 16 channels, 34 x 34 x 2 input) quantized by
   ``quantize_model(QuantConfig(weight_bits=4, v_bits=8))`` with the default backend (target:
-  <= 1.1x the unquantized network), with ``backend='cpp'``, and unquantized.
+  <= 1.1x the unquantized network), with ``backend='cpp'`` and ``'torch'`` (when not the
+  default), and unquantized.
 * ``deploy``: samples per second of the BN-folded, integer-exported network run by
   ``snnquant.export.IntegerSNN`` (and by the C runtime ``snnquant.export.to_c`` when it exists).
 
@@ -243,7 +244,7 @@ def train_group(args) -> dict:
     base = example.build_csnn(args.channels, 2.0)
     nets = {"unquantized": base}
     for label, backend in ((f"W4/V8 default backend ({DEFAULT_BACKEND})", None),
-                           ("W4/V8 backend='cpp'", "cpp")):
+                           ("W4/V8 backend='cpp'", "cpp"), ("W4/V8 backend='torch'", "torch")):
         if backend == DEFAULT_BACKEND:
             continue
         cfg = QuantConfig(weight_bits=4, v_bits=8) if backend is None else \
