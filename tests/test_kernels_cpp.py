@@ -391,3 +391,31 @@ def test_quantize_model_and_example_accept_cpp_and_auto(prebuilt):
                              capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
     assert example.returncode == 0, example.stderr
     assert "cpp" in example.stdout and "auto" in example.stdout
+
+
+def test_compiler_without_openmp_builds_single_threaded(monkeypatch, tmp_path):
+    # a compiler that refuses -fopenmp (Apple's clang): the flag is left out, the build works
+    real = cpp_backend.cpp_compiler()
+    wrapper = tmp_path / "no-openmp-c++"
+    wrapper.write_text("#!/bin/sh\nfor a in \"$@\"; do [ \"$a\" = -fopenmp ] && "
+                       "{ echo 'unsupported option -fopenmp' >&2; exit 1; }; done\n"
+                       f"exec {real} \"$@\"\n")
+    wrapper.chmod(0o755)
+    monkeypatch.setenv("CXX", str(wrapper))
+    cpp_backend._compiler_identity.cache_clear()
+    try:
+        flags, identity = cpp_backend._compiler_identity(str(wrapper))
+        assert "-fopenmp" not in flags and "no OpenMP" in identity
+        path = cpp_backend.build_library(_lif_config(), directory=tmp_path / "cache")
+        library = cpp_backend._CppLibrary(path)
+        x = torch.rand(4, 50) * 2
+        spikes = torch.empty_like(x)
+        v_last = torch.empty(50)
+        step = torch.tensor([STEP])
+        library.forward(x.data_ptr(), torch.zeros(50).data_ptr(), step.data_ptr(), None,
+                        spikes.data_ptr(), v_last.data_ptr(), None, None, 2.0, 1.0, 0.0,
+                        float(QMIN), float(QMAX), 4, 50, 2)
+        want = reference_multi_step(x, 0.0, neuron="lif", step=STEP, qmin=QMIN, qmax=QMAX)
+        assert torch.equal(spikes, want[0]) and torch.equal(v_last, want[1])
+    finally:
+        cpp_backend._compiler_identity.cache_clear()

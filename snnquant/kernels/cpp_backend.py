@@ -15,7 +15,8 @@ machine), the flags and the configuration. Several processes (DDP ranks) may bui
 build holds a file lock and writes to a temporary file that is renamed into place, so a library is
 either absent or complete.
 
-Flags (:data:`CXX_FLAGS`): ``-O3 -march=native -fopenmp``, no fast math and
+Flags (:data:`CXX_FLAGS`): ``-O3 -march=native -fopenmp`` (without ``-fopenmp`` when the
+compiler has no OpenMP, e.g. Apple's clang: then one thread), no fast math and
 ``-ffp-contract=off`` (no FMA contraction), so that spikes and membranes are bit-identical to the
 torch backend; ``-fno-math-errno -fno-trapping-math`` let the compiler vectorise ``rint`` and the
 comparisons without changing any result. ``-march=native`` is what makes ``rint`` a vector
@@ -45,6 +46,8 @@ from ._fused import KernelConfig, KernelScalars, run_fused
 CXX_FLAGS = ("-std=c++14", "-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off",
              "-fno-fast-math", "-fno-math-errno", "-fno-trapping-math")
 NATIVE_FLAG = "-march=native"
+#: left out (the kernels then run on one thread) when the compiler has no OpenMP
+OPENMP_FLAG = "-fopenmp"
 
 #: sources compiled into every library, in this order
 SOURCES = ("host_shim.h", "neuron.cu", "cpu_entry.h")
@@ -153,11 +156,19 @@ def _compiler_identity(compiler: str) -> tuple[tuple[str, ...], str]:
     """``(flags, identity)``: the flags this compiler accepts and a text naming it exactly."""
     version = _run([compiler, "--version"])
     identity = version.stdout + version.stderr
+    flags = CXX_FLAGS
+    # a compiler without OpenMP (Apple's clang): build single-threaded rather than fail
+    openmp = subprocess.run([compiler, OPENMP_FLAG, "-E", "-x", "c++", "-"],
+                            input="#include <omp.h>\n", capture_output=True, text=True,
+                            check=False)
+    if openmp.returncode != 0:
+        flags = tuple(f for f in flags if f != OPENMP_FLAG)
+        identity += "\nno OpenMP"
     native = _run([compiler, NATIVE_FLAG, "-###", "-E", "-x", "c++", "-"])
     if native.returncode == 0:
         # what -march=native expands to on this machine (-march=znver3 -mavx2 ...)
-        return (*CXX_FLAGS, NATIVE_FLAG), identity + native.stderr
-    return CXX_FLAGS, identity
+        return (*flags, NATIVE_FLAG), identity + native.stderr
+    return flags, identity
 
 
 def _config_defines(config: KernelConfig) -> list[str]:
