@@ -43,6 +43,7 @@ RESUMABLE_FLAGS = ("out", "resume", "workers", "stop_after", "no_integer_check",
 def parse_args(argv=None):
     from snnquant.convert import MEMBRANE_QUANTIZERS, WEIGHT_QUANTIZERS
     from snnquant.datasets import DATASETS, DATA_ROOT_HELP, dataset_info
+    from snnquant.kernels import BACKENDS, DEFAULT_BACKEND
 
     ap = argparse.ArgumentParser(description=__doc__ + DATA_ROOT_HELP,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -57,7 +58,9 @@ def parse_args(argv=None):
     ap.add_argument("--membrane-quantizer", default="uniform", choices=MEMBRANE_QUANTIZERS)
     ap.add_argument("--per-tensor", action="store_true",
                     help="one weight step per layer instead of one per output channel")
-    ap.add_argument("--backend", default="torch", choices=("torch", "cupy", "auto"))
+    ap.add_argument("--backend", default=DEFAULT_BACKEND, choices=BACKENDS,
+                    help="neuron backend: cpp = fused kernels compiled for the CPU, cupy = "
+                         "fused CUDA kernels, auto = cpp on CPU / cupy on CUDA when available")
     ap.add_argument("-T", type=int, default=None,
                     help="frames (time steps) per sample (default: nmnist 8, dvs128_gesture 16, "
                          "cifar10_dvs 10, shd 20)")

@@ -18,6 +18,7 @@ from spikingjelly.activation_based import neuron
 
 from .functional.state import STATE_QUANT_MAX_BITS
 from .nn.layers import QuantConv1d, QuantConv2d, QuantLinear
+from .kernels.dispatch import DEFAULT_BACKEND
 from .nn.neurons import BACKENDS, QuantIFNode, QuantLIFNode, QuantParametricLIFNode
 from .nn.quantizers import (LSQQuantizer, MinMaxQuantizer, QuantizedBits, StateQuant,
                             UniformQuantizer, WeightGridBiasQuantizer)
@@ -56,7 +57,8 @@ class QuantConfig:
             :math:`[-2V_{th}, 2V_{th})`, :func:`~snnquant.nn.neurons.uniform_membrane_step`),
             ``'threshold_centered'`` (snnTorch/SQUAT exponential levels centred on the
             threshold) or ``'lsq'`` (learned step).
-        backend: neuron backend, ``'torch'``, ``'cupy'`` or ``'auto'``.
+        backend: neuron backend, ``'torch'``, ``'cupy'``, ``'cpp'`` or ``'auto'`` (default; see
+            :mod:`snnquant.kernels.dispatch`).
         skip: glob patterns on qualified module names (``'fc.*'``, ``'0'``) left unquantized.
         overrides: ``{pattern: {field: value}}``: per-module changes of the fields above; the first
             matching pattern wins.
@@ -68,7 +70,7 @@ class QuantConfig:
     bias_bits: Optional[int] = 16
     v_bits: Optional[int] = None
     membrane_quantizer: str = "uniform"
-    backend: str = "torch"
+    backend: str = DEFAULT_BACKEND
     skip: Sequence[str] = ()
     overrides: Dict[str, dict] = field(default_factory=dict)
 

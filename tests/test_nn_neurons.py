@@ -98,7 +98,7 @@ def test_quantized_neuron_follows_reference(neuron_kind, v_reset, detach_reset):
 
 
 def test_one_autograd_node_for_the_sequence():
-    node = qnn.QuantLIFNode(step_mode="m", v_quant=8)
+    node = qnn.QuantLIFNode(step_mode="m", v_quant=8, backend="torch")
     x = torch.randn(16, 4, 10, requires_grad=True)
     y = node(x)
     assert type(y.grad_fn).__name__ == "QuantNeuronFunctionBackward"

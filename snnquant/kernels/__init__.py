@@ -1,23 +1,40 @@
-"""Fused CUDA kernels for multi-step neurons with a quantized membrane (CuPy, optional).
+"""Fused kernels for multi-step neurons with a quantized membrane: CUDA (CuPy) and CPU (C++).
 
 One CUDA C source (``neuron.cu``) holds a forward kernel that runs all ``T`` steps of a neuron
 (charge, quantize, fire, reset) and a backward kernel that runs its gradient in reverse time.
-CuPy compiles it at run time (NVRTC), once per configuration; :mod:`snnquant.kernels.host` builds
-the same source for the CPU with g++ for the tests. Importing this package never imports CuPy.
+CuPy compiles it at run time (NVRTC), once per configuration (the ``cupy`` backend);
+:mod:`snnquant.kernels.cpp_backend` compiles the same source for the CPU with optimisation and
+OpenMP, once per configuration and machine, cached on disk (the ``cpp`` backend);
+:mod:`snnquant.kernels.host` builds it unoptimised for the tests of the arithmetic.
+:mod:`snnquant.kernels.dispatch` decides what ``backend='auto'`` runs. Importing this package
+never imports CuPy and never compiles anything.
 
 Public names:
 
 * :func:`fused_quant_neuron_multi_step`: the fused counterpart of
   ``snnquant.functional.neuron.quant_neuron_multi_step`` for CUDA tensors.
+* :func:`cpp_quant_neuron_multi_step`: the same for CPU tensors (the cpp backend).
 * :func:`cupy_available`: whether CuPy imports (``backend='auto'`` uses it).
+* :func:`cpp_available`: whether a C++ compiler is found (``backend='auto'`` uses it).
+* :func:`resolve_backend`: the backend that runs for a requested one and an input.
 * :func:`supports`: whether a surrogate function and dtype are implemented by the kernels.
 """
 
 from ._fused import SUPPORTED_SURROGATES, supports
+from .cpp_backend import (CppBuildError, CppCompilerUnavailableError, cpp_available,
+                          cpp_quant_neuron_multi_step)
 from .cupy_backend import (CUDATensorsRequiredError, CuPyUnavailableError, cupy_available,
                            fused_quant_neuron_multi_step)
+from .dispatch import BACKENDS, DEFAULT_BACKEND, resolve_backend
 
 __all__ = [
+    "BACKENDS",
+    "CppBuildError",
+    "CppCompilerUnavailableError",
+    "DEFAULT_BACKEND",
+    "cpp_available",
+    "cpp_quant_neuron_multi_step",
+    "resolve_backend",
     "CUDATensorsRequiredError",
     "CuPyUnavailableError",
     "SUPPORTED_SURROGATES",

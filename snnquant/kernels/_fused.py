@@ -37,9 +37,6 @@ SOURCE_FILE = "neuron.cu"
 def kernel_source() -> str:
     """Return the CUDA C source of the fused neuron kernels (``neuron.cu``), shipped in the package.
 
-    .. math::
-        \\text{source} = \\texttt{snnquant/kernels/neuron.cu}
-
     Returns:
         The source text, compiled by NVRTC on the GPU and by g++ (behind ``host_shim.h``) on the CPU.
     """
@@ -85,10 +82,6 @@ def supports(surrogate_function: Any, dtype: torch.dtype = torch.float32) -> boo
 @dataclass(frozen=True)
 class KernelConfig:
     """Compile-time configuration of one pair of kernels (one template instantiation each).
-
-    .. math::
-        (\\text{dtype}, \\text{neuron}, \\text{decay\\_input}, \\text{hard\\_reset},
-        \\text{detach\\_reset}, \\text{surrogate}, \\text{store\\_v\\_seq})
 
     Args:
         dtype: storage dtype.
@@ -139,11 +132,6 @@ def _cpp_bool(value: bool) -> str:
 
 def all_configs() -> list[KernelConfig]:
     """Every configuration the kernels can be specialised for (the compile-check matrix).
-
-    .. math::
-        4\\ \\text{dtypes} \\times 5\\ (\\text{neuron}, \\text{decay\\_input}) \\times
-        2\\ \\text{resets} \\times 2\\ \\text{detach} \\times 2\\ \\text{surrogates} \\times
-        2\\ \\text{store\\_v\\_seq} = 320
 
     Returns:
         The list of :class:`KernelConfig`, IF only with ``decay_input=False``.

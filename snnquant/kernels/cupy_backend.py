@@ -29,10 +29,6 @@ INSTALL_HINT = ("the cupy backend needs CuPy: pip install snnquant[cuda12] (or s
 class CuPyUnavailableError(ImportError):
     """Raised when the cupy backend is asked for but CuPy cannot be imported.
 
-    .. math::
-        \\text{backend} = \\text{cupy} \\wedge \\neg\\,\\text{import cupy} \\Rightarrow
-        \\text{CuPyUnavailableError}
-
     Args:
         message: what failed and what to install.
     """
@@ -54,8 +50,6 @@ def cupy_available() -> bool:
     is supported, see :func:`snnquant.kernels.supports`), else ``'torch'``. The answer is computed
     once per process.
 
-    .. math::
-        \\text{cupy\\_available}() = [\\texttt{import cupy}\\ \\text{succeeds}]
 
     Returns:
         ``True`` when ``import cupy`` succeeds.
@@ -65,9 +59,6 @@ def cupy_available() -> bool:
 
 def import_cupy():
     """Import CuPy or raise :class:`CuPyUnavailableError` saying what to install.
-
-    .. math::
-        \\text{import\\_cupy}() = \\texttt{cupy}
 
     Returns:
         The ``cupy`` module.
@@ -128,9 +119,6 @@ class CUDATensorsRequiredError(ValueError, RuntimeError):
     Both a ``ValueError`` (a bad argument) and a ``RuntimeError`` (what PyTorch raises for tensors
     on the wrong device), so that either ``except`` clause catches it.
 
-    .. math::
-        \\text{backend} = \\text{cupy} \\wedge \\text{tensor.device} \\ne \\text{cuda}
-        \\Rightarrow \\text{CUDATensorsRequiredError}
 
     Args:
         message: which argument is where, and to move the tensors to CUDA.
@@ -156,8 +144,6 @@ class CuPyLauncher:
     the kernel's parameter type, so nothing is copied and nothing is read back to the host: the
     launches are asynchronous like any PyTorch operation.
 
-    .. math::
-        \\text{grid} = \\lceil N / 256 \\rceil,\\quad \\text{block} = 256
 
     Args:
         cupy: the imported ``cupy`` module.

@@ -31,4 +31,32 @@ static inline double __dsub_rn(double a, double b) { return a - b; }
 static inline double __dmul_rn(double a, double b) { return a * b; }
 static inline double __ddiv_rn(double a, double b) { return a / b; }
 
+// exp(x) for float, written so that the compiler can vectorise a loop that calls it (the C
+// library's expf is an opaque call): x = n ln2 + r with n = rint(x / ln2), |r| <= ln2 / 2, a
+// degree-7 polynomial for exp(r) (Cephes' expf), and 2^n applied in two halves so that results
+// near the overflow and underflow limits stay right (overflow gives inf, underflow 0 or a
+// subnormal). Within 2 ulp of expf for normal results; NaN gives NaN.
+static inline float snq_host_expf(float x) {
+    const float xc = x < -104.0f ? -104.0f : (x > 89.0f ? 89.0f : x);
+    const float n = rintf(xc * 1.44269504088896341f);
+    const float r = (xc - n * 0.693359375f) - n * -2.12194440e-4f;
+    const float r2 = r * r;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r2 + r + 1.0f;
+    const int ni = (int)n;
+    const int half = ni / 2;
+    unsigned int b1 = (unsigned int)(half + 127) << 23;
+    unsigned int b2 = (unsigned int)(ni - half + 127) << 23;
+    float s1, s2;
+    __builtin_memcpy(&s1, &b1, sizeof(s1));
+    __builtin_memcpy(&s2, &b2, sizeof(s2));
+    const float result = (p * s1) * s2;
+    return x != x ? x : result;
+}
+
 #endif  // SNQ_HOST_SHIM_H

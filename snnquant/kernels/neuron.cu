@@ -74,13 +74,21 @@ __device__ __forceinline__ float snq_rint(float a) { return rintf(a); }
 __device__ __forceinline__ double snq_rint(double a) { return rint(a); }
 __device__ __forceinline__ float snq_ceil(float a) { return ceilf(a); }
 __device__ __forceinline__ double snq_ceil(double a) { return ceil(a); }
+#ifdef SNQ_HOST_BUILD
+// a vectorisable expf (host_shim.h); used only by the surrogate derivative in the backward
+__device__ __forceinline__ float snq_exp(float a) { return snq_host_expf(a); }
+#else
 __device__ __forceinline__ float snq_exp(float a) { return expf(a); }
+#endif
 __device__ __forceinline__ double snq_exp(double a) { return exp(a); }
+// as torch.clamp: NaN stays NaN; written with comparisons so that a CPU compiler can vectorise it
 __device__ __forceinline__ float snq_clamp(float a, float lo, float hi) {
-    return fminf(fmaxf(a, lo), hi);
+    const float low = a < lo ? lo : a;
+    return low > hi ? hi : low;
 }
 __device__ __forceinline__ double snq_clamp(double a, double lo, double hi) {
-    return fmin(fmax(a, lo), hi);
+    const double low = a < lo ? lo : a;
+    return low > hi ? hi : low;
 }
 
 // ---------------------------------------------------------------------------------------------

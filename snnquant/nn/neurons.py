@@ -25,9 +25,11 @@ quantizer runs a per-step autograd loop with the same dynamics (a soft reset sub
 ``MinMaxQuantizer`` updates its range from every step's charge in training, and its range always
 contains :math:`V_{reset}` and :math:`V_{th}` (set through its ``include_values`` when not given).
 
-``backend``: ``'torch'``, ``'cupy'`` (fused CUDA kernel, CUDA tensors and CuPy required) or
-``'auto'`` (``'cupy'`` for CUDA tensors when CuPy imports and the configuration is supported,
-``'torch'`` otherwise). It applies to the quantized membrane path.
+``backend``: ``'torch'``, ``'cupy'`` (fused CUDA kernel, CUDA tensors and CuPy required),
+``'cpp'`` (the same kernels compiled for the CPU at first use, CPU tensors and a C++ compiler
+required) or ``'auto'`` (``'cpp'`` for CPU tensors when a C++ compiler is found, ``'cupy'`` for
+CUDA tensors when CuPy imports, when the configuration is supported; ``'torch'`` otherwise; see
+:mod:`snnquant.kernels.dispatch`; the default). It applies to the quantized membrane path.
 """
 
 from __future__ import annotations
@@ -41,13 +43,13 @@ from spikingjelly.activation_based import neuron, surrogate
 
 from ..functional.neuron import (membrane_reset_values, neuron_charge, neuron_reset,
                                  quant_neuron_multi_step)
+from ..kernels.dispatch import BACKENDS, DEFAULT_BACKEND, check_backend_name, resolve_backend
 from .custom import refuse_ignored_overrides
 from .quantizers import QuantizerBase, UniformQuantizer, check_bits
 
 __all__ = ["QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "make_membrane_quantizer",
            "uniform_membrane_step", "BACKENDS"]
 
-BACKENDS = ("torch", "cupy", "auto")
 VQuantArg = Union[QuantizerBase, int, None]
 
 
@@ -104,8 +106,7 @@ class _QuantNeuronMixin:
         refuse_ignored_overrides(cls, next(k.__name__ for k in cls.__mro__ if k.__module__ == __name__))
 
     def _init_quant(self, v_quant: VQuantArg, backend: str):
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        check_backend_name(backend)
         self.v_quant = make_membrane_quantizer(v_quant, self.v_threshold)
         if getattr(self.v_quant, "include_values", False) is None:
             # an observed membrane range must reach the threshold, or the neuron can never fire
@@ -159,15 +160,7 @@ class _QuantNeuronMixin:
         return getattr(self, "decay_input", True)
 
     def _choose_backend(self, x_seq) -> str:
-        if self.backend == "torch" or (self.backend == "auto" and not x_seq.is_cuda):
-            return "torch"
-        from .. import kernels
-        if self.backend == "cupy":
-            return "cupy"
-        if x_seq.is_cuda and kernels.cupy_available() and kernels.supports(
-                self.surrogate_function, x_seq.dtype):
-            return "cupy"
-        return "torch"
+        return resolve_backend(self.backend, x_seq, self.surrogate_function)
 
     def _quant_multi(self, x_seq, v, store_v_seq):
         self._prime_quantizer(x_seq, v)
@@ -185,9 +178,13 @@ class _QuantNeuronMixin:
                       v_reset=self.v_reset, surrogate_function=self.surrogate_function,
                       detach_reset=self.detach_reset, step=step, qmin=qmin, qmax=qmax,
                       step_grad_scale=grad_scale, store_v_seq=store_v_seq)
-        if self._choose_backend(x_seq) == "cupy":
+        backend = self._choose_backend(x_seq)
+        if backend == "cupy":
             from .. import kernels
             return kernels.fused_quant_neuron_multi_step(x_seq, v, **kwargs)
+        if backend == "cpp":
+            from ..kernels.cpp_backend import cpp_quant_neuron_multi_step
+            return cpp_quant_neuron_multi_step(x_seq, v, **kwargs)
         return quant_neuron_multi_step(x_seq, v, **kwargs)
 
     def _quantize_membrane(self, h):
@@ -259,21 +256,27 @@ class _QuantNeuronMixin:
         return torch.stack(spikes), v, (torch.stack(v_seq) if store_v_seq else None)
 
     def _check_backend(self, x: torch.Tensor) -> None:
-        """``backend='cupy'`` is a request for the fused kernel: refuse what it cannot run."""
-        if self.backend != "cupy":
+        """``backend='cupy'`` or ``'cpp'`` is a request for the fused kernel: refuse what it
+        cannot run."""
+        if self.backend == "cupy":
+            from ..kernels.cupy_backend import check_cuda, import_cupy
+            check_cuda("x", x)
+            import_cupy()
+        elif self.backend == "cpp":
+            from ..kernels.cpp_backend import check_cpu, require_cpp
+            check_cpu("x", x)
+            require_cpp()
+        else:
             return
-        from ..kernels.cupy_backend import check_cuda, import_cupy
-        check_cuda("x", x)
-        import_cupy()
         if self.v_quant is None:
-            raise ValueError(f"{type(self).__name__}(backend='cupy') needs a quantized membrane "
-                             "(v_quant): with v_quant=None it is SpikingJelly's own neuron; use "
-                             "backend='torch' or 'auto'")
+            raise ValueError(f"{type(self).__name__}(backend={self.backend!r}) needs a quantized "
+                             "membrane (v_quant): with v_quant=None it is SpikingJelly's own "
+                             "neuron; use backend='torch' or 'auto'")
         grid = self.v_quant.grid()
         if grid is None or not grid.per_tensor:
-            raise ValueError(f"backend='cupy' runs membrane quantizers with a uniform per-tensor "
-                             f"grid; {type(self.v_quant).__name__} has none: use backend='auto' "
-                             "(falls back to torch) or 'torch'")
+            raise ValueError(f"backend={self.backend!r} runs membrane quantizers with a uniform "
+                             f"per-tensor grid; {type(self.v_quant).__name__} has none: use "
+                             "backend='auto' (falls back to torch) or 'torch'")
 
     # ---- SpikingJelly's step contract -------------------------------------------------------------
     def single_step_forward(self, x: torch.Tensor, *args, **kwargs):
@@ -329,7 +332,7 @@ class QuantIFNode(_QuantNeuronMixin, neuron.IFNode):
         v_threshold: as ``neuron.IFNode`` (and so are ``v_reset``, ``surrogate_function``,
             ``detach_reset``, ``step_mode``, ``store_v_seq``).
         v_quant: membrane quantizer module, bit width, or ``None``.
-        backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
+        backend: ``'torch'``, ``'cupy'``, ``'cpp'`` or ``'auto'``.
     """
 
     _kind = "if"
@@ -337,7 +340,7 @@ class QuantIFNode(_QuantNeuronMixin, neuron.IFNode):
     def __init__(self, v_threshold: float = 1.0, v_reset: Optional[float] = 0.0,
                  surrogate_function=surrogate.Sigmoid(), detach_reset: bool = False,
                  step_mode="s", store_v_seq: bool = False, v_quant: VQuantArg = None,
-                 backend: str = "torch"):
+                 backend: str = DEFAULT_BACKEND):
         super().__init__(v_threshold, v_reset, surrogate_function, detach_reset,
                          step_mode=step_mode, store_v_seq=store_v_seq)
         self._init_quant(v_quant, backend)
@@ -362,7 +365,7 @@ class QuantLIFNode(_QuantNeuronMixin, neuron.LIFNode):
         tau: as ``neuron.LIFNode`` (and so are ``decay_input``, ``v_threshold``, ``v_reset``,
             ``surrogate_function``, ``detach_reset``, ``step_mode``, ``store_v_seq``).
         v_quant: membrane quantizer module, bit width, or ``None``.
-        backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
+        backend: ``'torch'``, ``'cupy'``, ``'cpp'`` or ``'auto'``.
     """
 
     _kind = "lif"
@@ -370,7 +373,7 @@ class QuantLIFNode(_QuantNeuronMixin, neuron.LIFNode):
     def __init__(self, tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
                  v_reset: Optional[float] = 0.0, surrogate_function=surrogate.Sigmoid(),
                  detach_reset: bool = False, step_mode="s", store_v_seq: bool = False,
-                 v_quant: VQuantArg = None, backend: str = "torch"):
+                 v_quant: VQuantArg = None, backend: str = DEFAULT_BACKEND):
         super().__init__(tau, decay_input, v_threshold, v_reset, surrogate_function,
                          detach_reset, step_mode=step_mode, store_v_seq=store_v_seq)
         self._init_quant(v_quant, backend)
@@ -396,7 +399,7 @@ class QuantParametricLIFNode(_QuantNeuronMixin, neuron.ParametricLIFNode):
         init_tau: as ``neuron.ParametricLIFNode`` (and so are ``decay_input``, ``v_threshold``,
             ``v_reset``, ``surrogate_function``, ``detach_reset``, ``step_mode``, ``store_v_seq``).
         v_quant: membrane quantizer module, bit width, or ``None``.
-        backend: ``'torch'``, ``'cupy'`` or ``'auto'``.
+        backend: ``'torch'``, ``'cupy'``, ``'cpp'`` or ``'auto'``.
     """
 
     _kind = "plif"
@@ -404,7 +407,7 @@ class QuantParametricLIFNode(_QuantNeuronMixin, neuron.ParametricLIFNode):
     def __init__(self, init_tau: float = 2.0, decay_input: bool = True, v_threshold: float = 1.0,
                  v_reset: Optional[float] = 0.0, surrogate_function=surrogate.Sigmoid(),
                  detach_reset: bool = False, step_mode="s", store_v_seq: bool = False,
-                 v_quant: VQuantArg = None, backend: str = "torch"):
+                 v_quant: VQuantArg = None, backend: str = DEFAULT_BACKEND):
         super().__init__(init_tau, decay_input, v_threshold, v_reset, surrogate_function,
                          detach_reset, step_mode=step_mode, store_v_seq=store_v_seq)
         self._init_quant(v_quant, backend)
