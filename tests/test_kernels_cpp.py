@@ -411,8 +411,9 @@ def test_compiler_without_openmp_builds_single_threaded(monkeypatch, tmp_path):
         x = torch.rand(4, 50) * 2
         spikes = torch.empty_like(x)
         v_last = torch.empty(50)
+        v_init = torch.zeros(50)  # kept alive: the library reads it through a raw pointer
         step = torch.tensor([STEP])
-        library.forward(x.data_ptr(), torch.zeros(50).data_ptr(), step.data_ptr(), None,
+        library.forward(x.data_ptr(), v_init.data_ptr(), step.data_ptr(), None,
                         spikes.data_ptr(), v_last.data_ptr(), None, None, 2.0, 1.0, 0.0,
                         float(QMIN), float(QMAX), 4, 50, 2)
         want = reference_multi_step(x, 0.0, neuron="lif", step=STEP, qmin=QMIN, qmax=QMAX)

@@ -317,6 +317,7 @@ def _pointer(tensor: Optional[torch.Tensor]) -> Optional[int]:
 
 
 def check_cpu(name: str, tensor: torch.Tensor) -> None:
+    """Raise ValueError naming ``name`` and the device unless ``tensor`` is on the CPU."""
     if tensor.device.type != "cpu":
         raise ValueError(f"{name} is on {tensor.device}: the cpp backend runs on CPU tensors only; "
                          "use backend='cupy' (or 'auto') for CUDA tensors, or 'torch'")
@@ -327,7 +328,6 @@ class CppLauncher:
 
     Each launch is one call into the library of its configuration, with
     ``torch.get_num_threads()`` OpenMP threads (one thread for fewer than 32,768 elements).
-
     """
 
     def __init__(self, cache: Optional[_LibraryCache] = None):

@@ -147,7 +147,9 @@ static inline void backward_block(
             const real grad_hq = gv * (SNQ_HARD_RESET ? ((real)1 - q.spike) : (real)1) +
                                  grad_spike * snq_surrogate_grad<SNQ_SURROGATE>(q.distance, alpha);
             const real grad_h = inside ? grad_hq : (real)0;
-            grad_step[l] = grad_step[l] + grad_hq * (inside ? (q.level - q.ratio) : q.level);
+            // the clamped level at and beyond the end points (Esser et al. 2020, eq. 3), as neuron.cu
+            const bool strictly_inside = (q.ratio > qmin) && (q.ratio < qmax);
+            grad_step[l] = grad_step[l] + grad_hq * (strictly_inside ? (q.level - q.ratio) : q.level);
             snq_store(grad_x_seq + base, l, grad_h * dh_dx);
             if (SNQ_NEURON == SNQ_NEURON_PLIF) {
                 real v_before;
