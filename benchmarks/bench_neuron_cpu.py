@@ -28,7 +28,7 @@ Groups:
   <= 1.1x the unquantized network), with ``backend='cpp'`` and ``'torch'`` (when not the
   default), and unquantized.
 * ``deploy``: samples per second of the BN-folded, integer-exported network run by
-  ``snnquant.export.IntegerSNN`` (and by the C runtime ``snnquant.export.to_c`` when it exists).
+  ``snnquant.export.IntegerSNN`` (the C runtime ``snnquant.export.to_c`` is timed by ``benchmarks/bench_c_runtime.py``).
 
 Writes ``benchmarks/results/bench_neuron_cpu.json`` and ``.md`` (with ``--quick``:
 ``bench_neuron_cpu_quick.*``, tiny sizes, for a smoke test only) and prints the table.
@@ -278,12 +278,9 @@ def train_group(args) -> dict:
 
 
 def c_runtime_case(desc, x_int):
-    """The C runtime's samples per second, once ``snnquant.export.to_c`` exists."""
-    import snnquant.export as export
-    if not hasattr(export, "to_c"):
-        return None, "snnquant.export.to_c does not exist in this version: row skipped"
-    return None, ("snnquant.export.to_c exists but this script does not drive it yet: add its "
-                  "build and run here (c_runtime_case)")
+    """The C runtime's throughput is measured by ``benchmarks/bench_c_runtime.py`` (one home)."""
+    return None, ("measured by benchmarks/bench_c_runtime.py (compiled C model, gcc -O2, one core, "
+                  "vs IntegerSNN): see benchmarks/results/bench_c_runtime.md")
 
 
 def deploy_group(args, train) -> dict:
