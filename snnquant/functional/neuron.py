@@ -51,6 +51,7 @@ import torch
 __all__ = [
     "NEURON_KINDS",
     "NeuronParams",
+    "check_real",
     "membrane_reset_values",
     "neuron_charge",
     "neuron_fire",
@@ -112,15 +113,17 @@ class NeuronParams:
             object.__setattr__(self, name, int(value))
         if not self.qmin < self.qmax:
             raise ValueError(f"qmin must be < qmax, got qmin={self.qmin}, qmax={self.qmax}")
-        object.__setattr__(self, "v_threshold", _real("v_threshold", self.v_threshold))
-        object.__setattr__(self, "step_grad_scale", _real("step_grad_scale", self.step_grad_scale))
+        object.__setattr__(self, "v_threshold", check_real("v_threshold", self.v_threshold))
+        object.__setattr__(self, "step_grad_scale", check_real("step_grad_scale", self.step_grad_scale))
         if self.v_reset is not None:
-            object.__setattr__(self, "v_reset", _real("v_reset", self.v_reset))
+            object.__setattr__(self, "v_reset", check_real("v_reset", self.v_reset))
         if self.neuron == "lif":
-            object.__setattr__(self, "tau", _real("tau", self.tau, positive=True))
+            object.__setattr__(self, "tau", check_real("tau", self.tau, positive=True))
 
 
-def _real(name: str, value, positive: bool = False) -> float:
+def check_real(name: str, value, positive: bool = False) -> float:
+    """Return ``value`` as a float, or raise TypeError/ValueError naming ``name`` and the value
+    (not a real number, not finite, or not > 0 with ``positive``)."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
     value = float(value)

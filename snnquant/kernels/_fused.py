@@ -18,7 +18,7 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..functional import compute_dtype
-from ..functional.neuron import NeuronParams
+from ..functional.neuron import NeuronParams, check_real
 
 NEURON_CODES = {"if": 0, "lif": 1, "plif": 2}
 SURROGATE_CODES = {"Sigmoid": 0, "ATan": 1}
@@ -265,16 +265,6 @@ def _contiguous(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
     return None if tensor is None else tensor.contiguous()
 
 
-def _check_real(name: str, value: Any, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
-    value = float(value)
-    if not math.isfinite(value) or (positive and value <= 0.0):
-        kind = "a finite number > 0" if positive else "a finite number"
-        raise ValueError(f"{name} must be {kind}, got {value!r}")
-    return value
-
-
 def _check_scalar_tensor(name: str, value: Any) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a one-element floating-point tensor, got "
@@ -341,7 +331,7 @@ def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, *, neuron: str, t
                          f"{surrogate_function!r}; use backend='torch' for others")
     surrogate_code, alpha = kind
     if isinstance(step, numbers.Real) and not isinstance(step, bool):
-        step = torch.tensor(_check_real("step", step, positive=True), dtype=x_seq.dtype,
+        step = torch.tensor(check_real("step", step, positive=True), dtype=x_seq.dtype,
                             device=x_seq.device)
     step = _check_scalar_tensor("step", step)
     _check_same_device("step", step, x_seq)
