@@ -8,9 +8,12 @@ from ._version import __version__
 from . import functional
 from . import nn
 from .convert import QuantConfig, QuantReport, quantize_model, summary
+from .calibrate import CalibrationReport, calibrate
+from .sensitivity import SensitivityResult, assign_bits, sensitivity
 
 __all__ = ["__version__", "functional", "nn", "QuantConfig", "QuantReport", "quantize_model",
-           "summary", "export", "datasets", "kernels"]
+           "summary", "calibrate", "CalibrationReport", "sensitivity", "SensitivityResult",
+           "assign_bits", "export", "datasets", "kernels"]
 
 _LAZY = ("export", "datasets", "kernels")
 

@@ -15,6 +15,7 @@ from .clamping import (
     clamp_by_linear,
     multi_level_spike_count,
 )
+from .binary import binary_quantize, ternary_quantize
 from .lsq import lsq_quantize
 from .rounding import (
     CeilSTE,
@@ -88,6 +89,8 @@ __all__ = [
     # QKeras, LSQ, snntorch
     "quantized_bits",
     "lsq_quantize",
+    "binary_quantize",
+    "ternary_quantize",
     "state_quant",
     "StateQuantizer",
 ]
