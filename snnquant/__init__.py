@@ -7,13 +7,15 @@
 from ._version import __version__
 from . import functional
 from . import nn
-from .convert import QuantConfig, QuantReport, quantize_model, summary
+from .convert import QuantConfig, QuantReport, quantize_model
+from .summary import Summary, summary
+from .utils import copy_model, is_multi_step
 from .calibrate import CalibrationReport, calibrate
 from .sensitivity import SensitivityResult, assign_bits, sensitivity
 
 __all__ = ["__version__", "functional", "nn", "QuantConfig", "QuantReport", "quantize_model",
-           "summary", "calibrate", "CalibrationReport", "sensitivity", "SensitivityResult",
-           "assign_bits", "export", "datasets", "kernels"]
+           "summary", "Summary", "copy_model", "is_multi_step", "calibrate", "CalibrationReport",
+           "sensitivity", "SensitivityResult", "assign_bits", "export", "datasets", "kernels"]
 
 _LAZY = ("export", "datasets", "kernels")
 

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn as nn
 
-from ..convert import copy_model
+from ..utils import copy_model
 
 from .description import IntegerNetwork
 from .exporter import is_multi_step, to_integer

@@ -45,7 +45,8 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..convert import copy_model
+from ..utils import copy_model, is_multi_step
+from .integer_ops import pow2_exponent
 
 from .description import (ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp)
 
@@ -81,27 +82,6 @@ def _container_context(module, inherited: str) -> Optional[str]:
     if isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward:
         return inherited
     return None
-
-
-def is_multi_step(model: nn.Module) -> bool:
-    """Whether ``model`` takes whole sequences ``[T, N, ...]`` in one call (SpikingJelly 'm' mode).
-
-    True when a SeqToANNContainer/MultiStepContainer is used or any step module has
-    ``step_mode='m'``; otherwise the model is run one step at a time.
-    """
-    base, layer, _ = _sj()
-    for m in model.modules():
-        if isinstance(m, (layer.SeqToANNContainer, layer.MultiStepContainer)):
-            return True
-        if isinstance(m, base.StepModule) and getattr(m, "step_mode", "s") == "m" \
-                and not isinstance(m, _quantizer_types()):
-            return True
-    return False
-
-
-def _quantizer_types():
-    from ..nn.quantizers import QuantizerBase
-    return (QuantizerBase,)
 
 
 def model_walk(model: nn.Module) -> List[Tuple[str, nn.Module, int]]:
@@ -148,13 +128,6 @@ def _mantissa_exponent(x: float) -> Tuple[int, int]:
     return num, e
 
 
-def _pow2_exponent(x: float) -> Optional[int]:
-    if not (isinstance(x, float) and math.isfinite(x) and x > 0):
-        return None
-    m, e = _mantissa_exponent(x)
-    return e if m == 1 else None
-
-
 def _frac_bits(x: float) -> int:
     """Fractional bits of the float ``x``: the smallest ``f >= 0`` with ``x * 2**f`` an integer."""
     return Fraction(x).denominator.bit_length() - 1
@@ -177,8 +150,6 @@ def _int_dtype_for(lo: int, hi: int) -> torch.dtype:
 
 def _weight_integers(name, layer, dtype):
     """Integer weights ``q``, per-channel steps (floats) and bit width of a quantized layer."""
-    from ..nn.quantizers import LSQQuantizer, MinMaxQuantizer, QuantizedBits, UniformQuantizer
-
     wq = layer.weight_quant
     if wq is None:
         _fail(name, layer, "the weights are not quantized (weight_quant is None); quantize the "
@@ -192,23 +163,11 @@ def _weight_integers(name, layer, dtype):
             Wq = probe.quantized_weight().detach()
     except RuntimeError as exc:
         _fail(name, layer, f"the weight quantizer cannot quantize yet: {exc}")
-    if isinstance(pq, LSQQuantizer):
-        step = pq.effective_step().detach().to(dtype)
-        qmin, qmax = pq.qmin, pq.qmax
-    elif isinstance(pq, UniformQuantizer):
-        step, qmin, qmax = pq.step.detach().to(dtype), pq.qmin, pq.qmax
-    elif isinstance(pq, MinMaxQuantizer):
-        step, qmin, qmax = pq.grid()
-        step = step.detach().to(dtype)
-    elif isinstance(pq, QuantizedBits):
-        grid = pq.uniform_grid()
-        if grid is None:
-            _fail(name, layer, f"the weight quantizer {pq!r} has no uniform grid (1 bit or alpha set)")
-        step, qmin, qmax = grid[0].detach().to(dtype), grid[1], grid[2]
-    else:
-        _fail(name, layer, f"the weight quantizer {type(pq).__name__} has no uniform integer grid "
-                           f"that the export can read (supported: LSQQuantizer, UniformQuantizer, "
-                           f"MinMaxQuantizer, QuantizedBits)")
+    grid = pq.grid()
+    if grid is None or grid.step is None:
+        _fail(name, layer, f"the weight quantizer {pq!r} has no uniform integer grid (its grid() "
+                           f"is {grid!r}), so the weights are not integers times one step")
+    step, qmin, qmax = grid.step.detach().to(dtype), grid.qmin, grid.qmax
     step_c = step.reshape(-1)
     if step_c.numel() == 1:
         step_c = step_c.expand(c_out)
@@ -239,7 +198,7 @@ def _weight_integers(name, layer, dtype):
 
 
 def _non_pow2_advice(steps, dtype, what):
-    pow2 = all(_pow2_exponent(v) is not None for v in steps)
+    pow2 = all(pow2_exponent(v) is not None for v in steps)
     text = what
     if not pow2:
         text += (f" (weight step {steps[0]:.6g} is not a power of two, so the {dtype} products and "
@@ -345,7 +304,6 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
 
 def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
     from ..nn.neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode
-    from ..nn.quantizers import LSQQuantizer
 
     if not isinstance(module, (QuantIFNode, QuantLIFNode, QuantParametricLIFNode)):
         _fail(name, module, "unquantized neuron; quantize it with quantize_model / "
@@ -353,24 +311,31 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
     vq = module.v_quant
     if vq is None:
         _fail(name, module, "the membrane is not quantized (v_quant is None)")
-    if isinstance(vq, LSQQuantizer) and not vq.is_initialized:
-        _fail(name, module, "the membrane LSQ step was never initialised; run the model on data "
-                            "first (or load a trained state_dict)")
-    grid = vq.uniform_grid()
-    if grid is None:
+    if not vq.is_initialized:
+        _fail(name, module, f"the membrane quantizer {type(vq).__name__} was never initialised; "
+                            f"run the model on data first (or load a trained state_dict)")
+    grid = vq.grid()
+    if grid is None or grid.step is None:
         _fail(name, module, f"the membrane quantizer {type(vq).__name__} has no uniform grid "
                             f"(its levels are not equally spaced), so the membrane is not an "
                             f"integer times one scale; use membrane_quantizer='uniform'")
-    step, qmin, qmax, _ = grid
-    if not isinstance(step, torch.Tensor) or step.dim() != 0:
-        _fail(name, module, "the membrane step is not a scalar tensor")
-    qmin, qmax = int(qmin), int(qmax)
+    if not grid.per_tensor:
+        _fail(name, module, "the membrane step is not one scalar (per-channel membrane grid)")
+    step, qmin, qmax = grid.step, grid.qmin, grid.qmax
     s_v = float(step.detach().to(dtype))
-    e_v = _pow2_exponent(s_v)
+    e_v = pow2_exponent(s_v)
     if e_v is None:
+        if grid.power_of_two:
+            hint = ""
+        elif any(p.requires_grad for p in vq.parameters()):
+            hint = (f"; the step of {type(vq).__name__} is learned: restrict it to powers of two "
+                    f"(e.g. LSQQuantizer(..., power_of_two=True)) or use "
+                    f"membrane_quantizer='uniform', whose step is always a power of two")
+        else:
+            hint = (f"; give {type(vq).__name__} a power-of-two step, or use v_quant=b / "
+                    f"membrane_quantizer='uniform', whose step is always a power of two")
         _fail(name, module, f"the membrane step {s_v!r} is not a power of two, so the float "
-                            f"model's division by it rounds; with v_quant=b the step is "
-                            f"v_threshold * 2^(2-b): use a v_threshold that is a power of two")
+                            f"model's division by it rounds{hint}")
     # leak
     multiplier, round_shift, exact, tau_src = 1, 0, True, None
     if isinstance(module, QuantIFNode):
@@ -380,7 +345,7 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
         if isinstance(module, QuantParametricLIFNode):
             kval = float(torch.sigmoid(module.w.detach()).to(dtype))
             tau_src = 1.0 / kval
-            inv = _pow2_exponent(kval)
+            inv = pow2_exponent(kval)
             if inv is None or inv > 0:
                 if leak_bits is None:
                     _fail(name, module, f"the learned tau = 1/sigmoid(w) = {1 / kval:.6g} is not a "
@@ -396,7 +361,7 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
         else:
             tau_src = float(module.tau)
             tau = _as_dtype_float(module.tau, dtype)
-            e = _pow2_exponent(tau)
+            e = pow2_exponent(tau)
             if e is None or e < 0 or tau != float(module.tau):
                 if leak_bits is None:
                     _fail(name, module, f"tau = {module.tau!r} is not a power of two >= 1; the leak "
@@ -497,7 +462,7 @@ def _export_pool(name, module, domain):
     for v in ks:
         area *= v
     divisor = getattr(module, "divisor_override", None) or area
-    a = _pow2_exponent(float(divisor))
+    a = pow2_exponent(float(divisor))
     if a is None:
         _fail(name, module, f"average pooling divides by {divisor}, not a power of two, so the "
                             f"pooled value is not an exact binary fraction")

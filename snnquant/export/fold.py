@@ -8,10 +8,11 @@ from typing import Optional
 import torch
 import torch.nn as nn
 
-from ..convert import copy_model
+from ..utils import copy_model
 
 from .description import ExportError
-from .exporter import _pow2_exponent, model_walk
+from .exporter import model_walk
+from .integer_ops import pow2_exponent
 
 __all__ = ["fold_batchnorm"]
 
@@ -36,49 +37,46 @@ def _membrane_step(neuron_module) -> Optional[float]:
     vq = getattr(neuron_module, "v_quant", None)
     if vq is None:
         return None
-    from ..nn.quantizers import LSQQuantizer
-    if isinstance(vq, LSQQuantizer) and not vq.is_initialized:
+    if not vq.is_initialized:
         return None
-    grid = vq.uniform_grid()
-    if grid is None or not isinstance(grid[0], torch.Tensor) or grid[0].dim() != 0:
+    grid = vq.grid()
+    if grid is None or not grid.per_tensor:
         return None
-    s = float(grid[0].detach())
-    return s if _pow2_exponent(s) is not None else None
+    s = float(grid.step.detach())
+    return s if pow2_exponent(s) is not None else None
 
 
 def _weight_step(layer) -> Optional[float]:
     """The smallest power-of-two weight step of a quantized layer (after re-initialisation)."""
-    from ..nn.quantizers import LSQQuantizer, UniformQuantizer
     wq = getattr(layer, "weight_quant", None)
-    if isinstance(wq, LSQQuantizer):
-        if not wq.is_initialized:
-            _reinit_weight_quantizer(layer)  # what the first forward pass would do
-        steps = wq.effective_step().detach().reshape(-1)
-    elif isinstance(wq, UniformQuantizer):
-        steps = wq.step.detach().reshape(-1)
-    else:
+    if wq is None:
         return None
-    vals = [float(v) for v in steps]
-    if all(_pow2_exponent(v) is not None for v in vals):
+    if not wq.is_initialized:
+        _reinit_weight_quantizer(layer)  # what the first forward pass would do
+    grid = wq.grid()
+    if grid is None or grid.step is None:
+        return None
+    vals = [float(v) for v in grid.step.detach().reshape(-1)]
+    if all(pow2_exponent(v) is not None for v in vals):
         return min(vals)
     return None
 
 
 @torch.no_grad()
 def _reinit_weight_quantizer(layer) -> str:
-    from ..nn.quantizers import LSQQuantizer, MinMaxQuantizer
     wq = getattr(layer, "weight_quant", None)
-    was = wq.training if wq is not None else False
-    if isinstance(wq, LSQQuantizer):
-        wq.train(False)
-        wq.initialize(layer.weight.detach())
+    if wq is None:
+        return "weight quantizer kept as it is"
+    was = wq.training
+    wq.mark_uninitialized()
+    if wq.is_initialized:  # a quantizer without statistics (a fixed grid)
+        return "weight quantizer kept as it is"
+    wq.train(False)
+    try:
+        wq.ensure_initialized(layer.weight.detach())
+    finally:
         wq.train(was)
-        return "LSQ step re-initialised from the folded weight"
-    if isinstance(wq, MinMaxQuantizer):
-        wq.mark_uninitialized()
-        wq.observe(layer.weight.detach())
-        return "min/max range re-observed from the folded weight"
-    return "weight quantizer kept as it is"
+    return f"{type(wq).__name__} statistics re-initialised from the folded weight"
 
 
 def _grid_bias_quantizer(layer, leaves, i, bias_bits):

@@ -8,9 +8,12 @@ ties the same way.
 
 from __future__ import annotations
 
+import math
+from typing import Optional
+
 import torch
 
-__all__ = ["round_half_even_shift", "pack_int", "unpack_int", "PACKABLE_BITS"]
+__all__ = ["round_half_even_shift", "pack_int", "unpack_int", "pow2_exponent", "PACKABLE_BITS"]
 
 #: Bit widths whose weights are also stored packed, several values to a byte.
 PACKABLE_BITS = (2, 4)
@@ -122,3 +125,12 @@ def unpack_int(packed: torch.Tensor, bits: int, shape) -> torch.Tensor:
     u = (packed.to(torch.int64).unsqueeze(1) >> shifts) & ((1 << bits) - 1)
     v = u - ((u >= (1 << (bits - 1))).to(torch.int64) << bits)
     return v.reshape(-1)[:n].reshape(shape).to(torch.int8)
+
+
+def pow2_exponent(x: float) -> Optional[int]:
+    """``e`` when the float ``x`` is exactly :math:`2^e`, else ``None`` (also for non-finite or
+    non-positive ``x``, and for anything that is not a Python float)."""
+    if not (isinstance(x, float) and math.isfinite(x) and x > 0):
+        return None
+    mantissa, exponent = math.frexp(x)
+    return exponent - 1 if mantissa == 0.5 else None

@@ -16,7 +16,7 @@ from .clamping import (
     multi_level_spike_count,
 )
 from .binary import binary_quantize, ternary_quantize
-from .lsq import lsq_quantize
+from .lsq import lsq_quantize, lsq_quantize_unchecked
 from .rounding import (
     CeilSTE,
     FloorSTE,
@@ -89,6 +89,7 @@ __all__ = [
     # QKeras, LSQ, snntorch
     "quantized_bits",
     "lsq_quantize",
+    "lsq_quantize_unchecked",
     "binary_quantize",
     "ternary_quantize",
     "state_quant",

@@ -101,3 +101,14 @@ def lsq_quantize(x: torch.Tensor, step, qmin, qmax, grad_scale=1.0) -> torch.Ten
         raise ValueError(f"{fn}: qmin must be < qmax, got qmin={qmin} and qmax={qmax}")
     grad_scale = check_finite_real(fn, "grad_scale", grad_scale)
     return _LSQQuantize.apply(x, step, qmin, qmax, grad_scale)
+
+
+def lsq_quantize_unchecked(x: torch.Tensor, step, qmin: int, qmax: int,
+                           grad_scale: float = 1.0) -> torch.Tensor:
+    r""":func:`lsq_quantize` without argument checks, for callers that validated them once.
+
+    Same forward and gradients as :func:`lsq_quantize`. It reads no device tensor, so a module can
+    call it on every forward without a host synchronisation (and under ``torch.compile``); the
+    caller guarantees a floating-point ``x``, a positive finite ``step`` and int ``qmin < qmax``.
+    """
+    return _LSQQuantize.apply(x, step, qmin, qmax, grad_scale)

@@ -48,6 +48,7 @@ import torch
 __all__ = [
     "NEURON_KINDS",
     "membrane_reset_values",
+    "neuron_charge",
     "surrogate_derivative",
     "quant_neuron_step_reference",
     "quant_neuron_multi_step",
@@ -84,8 +85,6 @@ def membrane_reset_values(step: torch.Tensor, qmin: int, qmax: int, v_threshold:
     return vr, theta
 
 
-_closed_form_cache: dict = {}
-
 
 def surrogate_derivative(surrogate_function, x: torch.Tensor) -> torch.Tensor:
     r"""Derivative :math:`g'(x)` of a SpikingJelly surrogate function at ``x``.
@@ -110,7 +109,12 @@ def surrogate_derivative(surrogate_function, x: torch.Tensor) -> torch.Tensor:
     return g
 
 
-def _charge(neuron: str, v, x, tau, k, decay_input: bool, vr):
+def neuron_charge(neuron: str, v, x, tau, k, decay_input: bool, vr):
+    r"""The charge :math:`H = f(V, X)` of a neuron kind (see the module docstring).
+
+    ``k`` is :math:`\mathrm{sigmoid}(w)` for ``'plif'`` (else unused), ``vr`` the reset value
+    :math:`V_r` used in the leak.
+    """
     # The operation order follows SpikingJelly's torch neurons, so that spikes agree bit for bit.
     if neuron == "if":
         return v + x
@@ -163,7 +167,7 @@ def quant_neuron_step_reference(x: torch.Tensor, v: torch.Tensor, *, neuron: str
     vr_q, theta_q = membrane_reset_values(step, qmin, qmax, v_threshold, v_reset)
     vr_q, theta_q = vr_q.to(x.dtype), theta_q.to(x.dtype)
     k = torch.sigmoid(w).to(x.dtype) if neuron == "plif" else None
-    h = _charge(neuron, v, x, tau, k, decay_input, vr_q)
+    h = neuron_charge(neuron, v, x, tau, k, decay_input, vr_q)
     hs = h / step
     q = torch.clamp(torch.round(hs), qmin, qmax)
     inside = ((hs >= qmin) & (hs <= qmax)).to(x.dtype)
@@ -202,7 +206,7 @@ class QuantNeuronFunction(torch.autograd.Function):
         keep_v = store_v_seq or neuron == "plif"
         v_seq = torch.empty_like(x_seq) if keep_v else None
         for t in range(T):
-            h = _charge(neuron, v, x_seq[t], tau, k, decay_input, vr_q)
+            h = neuron_charge(neuron, v, x_seq[t], tau, k, decay_input, vr_q)
             h_seq[t] = h
             hq = torch.clamp(torch.round(h / s), qmin, qmax) * s
             spike = ((hq - v_threshold) >= 0).to(dtype)

@@ -137,7 +137,8 @@ class CUDATensorsRequiredError(ValueError, RuntimeError):
     """
 
 
-def _check_cuda(name: str, tensor: torch.Tensor) -> None:
+def check_cuda(name: str, tensor: torch.Tensor) -> None:
+    """Raise :class:`CUDATensorsRequiredError` naming ``name`` unless ``tensor`` is on CUDA."""
     if tensor.device.type != "cuda":
         raise CUDATensorsRequiredError(f"{name} is on {tensor.device}: the cupy backend runs on CUDA tensors "
                          "only; move the tensors to CUDA (e.g. x_seq.cuda()) or use "
@@ -174,7 +175,7 @@ class CuPyLauncher:
             name: argument name for the message.
             tensor: the tensor to check.
         """
-        _check_cuda(name, tensor)
+        check_cuda(name, tensor)
 
     def _launch(self, config: KernelConfig, which: int, device: torch.device, n: int,
                 args: tuple) -> None:
@@ -297,7 +298,7 @@ def fused_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, t
     for name, tensor in (("x_seq", x_seq), ("v_init", v_init), ("step", step),
                          ("w", w if neuron == "plif" else None)):
         if isinstance(tensor, torch.Tensor):
-            _check_cuda(name, tensor)
+            check_cuda(name, tensor)
     cupy = import_cupy()
     return run_fused(CuPyLauncher(cupy), x_seq, v_init, neuron=neuron, tau=tau, w=w,
                      decay_input=decay_input, v_threshold=v_threshold, v_reset=v_reset,

@@ -1,15 +1,17 @@
 """Step-compatible modules: quantizers, quantized layers and quantized neurons."""
 
-from .quantizers import (QuantizerBase, Round, Clamp, StepQuantize, KBitQuantize, AffineKBitQuantize,
-                         ClampByLinear, StochasticRound, QuantizedBits, StateQuant, Quantize,
-                         UniformQuantizer, LSQQuantizer, MinMaxQuantizer, WeightGridBiasQuantizer)
+from .quantizers import (Grid, QuantizerBase, Round, Clamp, StepQuantize, KBitQuantize,
+                         AffineKBitQuantize, ClampByLinear, StochasticRound, QuantizedBits,
+                         StateQuant, Quantize, UniformQuantizer, LSQQuantizer, MinMaxObserver,
+                         MinMaxQuantizer, WeightGridBiasQuantizer)
 from .layers import QuantLinear, QuantConv1d, QuantConv2d
-from .neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode
+from .neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode, uniform_membrane_step
 
 __all__ = [
-    "QuantizerBase", "Round", "Clamp", "StepQuantize", "KBitQuantize", "AffineKBitQuantize",
+    "Grid", "QuantizerBase", "Round", "Clamp", "StepQuantize", "KBitQuantize", "AffineKBitQuantize",
     "ClampByLinear", "StochasticRound", "QuantizedBits", "StateQuant", "Quantize",
-    "UniformQuantizer", "LSQQuantizer", "MinMaxQuantizer", "WeightGridBiasQuantizer",
+    "UniformQuantizer", "LSQQuantizer", "MinMaxObserver", "MinMaxQuantizer",
+    "WeightGridBiasQuantizer",
     "QuantLinear", "QuantConv1d", "QuantConv2d",
-    "QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode",
+    "QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "uniform_membrane_step",
 ]

@@ -21,18 +21,23 @@ from spikingjelly.activation_based import layer
 
 from .quantizers import LSQQuantizer, QuantizerBase, WeightGridBiasQuantizer, check_bits
 
-__all__ = ["QuantLinear", "QuantConv1d", "QuantConv2d", "make_weight_quantizer"]
+__all__ = ["QuantLinear", "QuantConv1d", "QuantConv2d", "make_weight_quantizer",
+           "make_bias_quantizer", "DEFAULT_BIAS_BITS"]
 
 QuantArg = Union[QuantizerBase, int, None]
+
+#: Bit width of the bias that a layer built with ``bias_quant='auto'`` gets (as ``QuantConfig``).
+DEFAULT_BIAS_BITS = 16
 
 
 def make_weight_quantizer(spec: QuantArg, name: str, num_channels: Optional[int] = None,
                           per_channel: bool = False) -> Optional[QuantizerBase]:
     """Turn a ``weight_quant``/``bias_quant`` argument into a quantizer module.
 
-    A module is used as is; an int ``b`` means ``LSQQuantizer(b)`` (signed, per tensor unless
-    ``per_channel``); ``None`` means no quantization. (For ``bias_quant`` the layers turn an int
-    into a :class:`~snnquant.nn.WeightGridBiasQuantizer` on their weight grid.)
+    A module is used as is; an int ``b`` means ``LSQQuantizer(b, power_of_two=True)`` (signed,
+    per tensor unless ``per_channel``), the default of :class:`~snnquant.QuantConfig`
+    (``weight_quantizer='lsq_pow2'``), so that a layer built by hand exports to integers like one
+    made by :func:`~snnquant.quantize_model`; ``None`` means no quantization.
     """
     if spec is None or isinstance(spec, QuantizerBase):
         return spec
@@ -41,29 +46,78 @@ def make_weight_quantizer(spec: QuantArg, name: str, num_channels: Optional[int]
                         f"{type(spec).__name__}")
     bits = check_bits(spec, name, 2, 32)
     return LSQQuantizer(bits, signed=True, per_channel=per_channel, channel_dim=0,
-                        num_channels=num_channels)
+                        power_of_two=True, num_channels=num_channels)
+
+
+def make_bias_quantizer(spec, weight_quant: Optional[QuantizerBase], has_bias: bool):
+    """Turn a ``bias_quant`` argument into a quantizer module.
+
+    ``'auto'`` (the layers' default) means a :data:`DEFAULT_BIAS_BITS`-bit bias on the weight grid
+    (:class:`~snnquant.nn.WeightGridBiasQuantizer`) when the layer has a bias and quantized
+    weights, else none (as :class:`~snnquant.QuantConfig`'s ``bias_bits=16``); an int ``b`` means
+    a ``b``-bit bias on the weight grid; a module is used as is; ``None`` keeps a float bias.
+    """
+    if isinstance(spec, str):
+        if spec != "auto":
+            raise ValueError(f"bias_quant must be 'auto', a quantizer module, a bit width or None, "
+                             f"got {spec!r}")
+        if not has_bias or weight_quant is None:
+            return None
+        spec = DEFAULT_BIAS_BITS
+    if not has_bias and spec is not None:
+        raise ValueError(f"bias_quant={spec!r} was given but the layer has bias=False")
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        if weight_quant is None:
+            raise ValueError(f"bias_quant={spec} (bits on the weight grid) needs a weight "
+                             "quantizer; pass a quantizer module instead")
+        return WeightGridBiasQuantizer(check_bits(spec, "bias_quant", 2, 32))
+    return make_weight_quantizer(spec, "bias_quant")
 
 
 class _QuantLayerMixin:
     """Shared quantized-weight machinery of the layers."""
 
     def _init_quant(self, weight_quant: QuantArg, bias_quant: QuantArg):
-        if self.bias is None and bias_quant is not None:
-            raise ValueError(f"bias_quant={bias_quant!r} was given but the layer has bias=False")
         out_channels = self.weight.shape[0]
         self.weight_quant = make_weight_quantizer(weight_quant, "weight_quant", out_channels)
-        if isinstance(bias_quant, int) and not isinstance(bias_quant, bool):
-            if self.weight_quant is None:
-                raise ValueError(f"bias_quant={bias_quant} (bits on the weight grid) needs a weight "
-                                 "quantizer; pass a quantizer module instead")
-            bias_quant = WeightGridBiasQuantizer(check_bits(bias_quant, "bias_quant", 2, 32))
-        self.bias_quant = make_weight_quantizer(bias_quant, "bias_quant")
-        if isinstance(self.bias_quant, WeightGridBiasQuantizer):
-            self.bias_quant.bind(self)
+        self.bias_quant = make_bias_quantizer(bias_quant, self.weight_quant, self.bias is not None)
+        bind = getattr(self.bias_quant, "bind", None)
+        if callable(bind):  # a bias quantizer that reads the layer (its weight grid)
+            bind(self)
         # quantizers must follow the layer's device/dtype
         for q in (self.weight_quant, self.bias_quant):
             if q is not None:
                 q.to(device=self.weight.device, dtype=self.weight.dtype)
+
+    def _cache_key(self):
+        """Identity and version counter of every tensor the quantized weight and bias depend on."""
+        key = []
+        for module in (self.weight_quant, self.bias_quant):
+            if module is not None:
+                for t in list(module.parameters()) + list(module.buffers()):
+                    key.append((t.data_ptr(), t._version, t.device, t.dtype))
+        for t in (self.weight, self.bias):
+            if t is not None:
+                key.append((t.data_ptr(), t._version, t.device, t.dtype))
+        return tuple(key)
+
+    def _quantized_parameters(self):
+        """``(Q_w(W), Q_b(b))``, computed once per forward; in eval mode without autograd the
+        result is kept until the weight, the bias or a quantizer's state changes (checked with
+        the tensors' version counters, no device read)."""
+        cacheable = not self.training and not torch.is_grad_enabled() and \
+            not torch.compiler.is_compiling()
+        if cacheable:
+            key = self._cache_key()
+            cached = self.__dict__.get("_qparam_cache")
+            if cached is not None and cached[0] == key:
+                return cached[1]
+        result = (self.quantized_weight(), self.quantized_bias())
+        if cacheable:
+            self.__dict__["_qparam_cache"] = (self._cache_key(), result)
+        else:
+            self.__dict__.pop("_qparam_cache", None)
+        return result
 
     def quantized_weight(self) -> torch.Tensor:
         """The weight used in forward: :math:`Q_w(W)` (or :math:`W` without a weight quantizer)."""
@@ -94,13 +148,15 @@ class QuantLinear(_QuantLayerMixin, layer.Linear):
 
     Args:
         in_features: as ``layer.Linear`` (and so are ``out_features``, ``bias``, ``step_mode``).
-        weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
-        bias_quant: a quantizer module, a bit width (the bias on the weight grid,
-            :class:`~snnquant.nn.WeightGridBiasQuantizer`) or ``None``.
+        weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits, power_of_two=True)``,
+            as ``quantize_model``'s default) or ``None``.
+        bias_quant: ``'auto'`` (a 16-bit bias on the weight grid when the weights are
+            quantized, as ``quantize_model``), a quantizer module, a bit width (the bias on the
+            weight grid, :class:`~snnquant.nn.WeightGridBiasQuantizer`) or ``None`` (float bias).
     """
 
     def __init__(self, in_features: int, out_features: int, bias: bool = True, step_mode="s",
-                 weight_quant: QuantArg = 8, bias_quant: QuantArg = None, device=None, dtype=None):
+                 weight_quant: QuantArg = 8, bias_quant: QuantArg = "auto", device=None, dtype=None):
         super().__init__(in_features, out_features, bias, step_mode=step_mode)
         if device is not None or dtype is not None:
             self.to(device=device, dtype=dtype)
@@ -110,7 +166,7 @@ class QuantLinear(_QuantLayerMixin, layer.Linear):
         if self.step_mode == "m" and x.dim() < 2:
             raise ValueError(f"QuantLinear in step_mode='m' expects x with shape [T, N, ...] "
                              f"(last dimension in_features), got shape {tuple(x.shape)}")
-        return F.linear(x, self.quantized_weight(), self.quantized_bias())
+        return F.linear(x, *self._quantized_parameters())
 
     def extra_repr(self):
         return super().extra_repr() + self._quant_extra_repr()
@@ -122,7 +178,7 @@ class _QuantConvNd(_QuantLayerMixin):
 
     def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1,
                  groups=1, bias=True, padding_mode="zeros", step_mode="s",
-                 weight_quant: QuantArg = 8, bias_quant: QuantArg = None, device=None, dtype=None):
+                 weight_quant: QuantArg = 8, bias_quant: QuantArg = "auto", device=None, dtype=None):
         super().__init__(in_channels, out_channels, kernel_size, stride, padding, dilation, groups,
                          bias, padding_mode, step_mode=step_mode)
         if device is not None or dtype is not None:
@@ -130,7 +186,7 @@ class _QuantConvNd(_QuantLayerMixin):
         self._init_quant(weight_quant, bias_quant)
 
     def _conv(self, x):
-        return self._conv_forward(x, self.quantized_weight(), self.quantized_bias())
+        return self._conv_forward(x, *self._quantized_parameters())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.step_mode == "s":
@@ -155,9 +211,11 @@ class QuantConv1d(_QuantConvNd, layer.Conv1d):
 
     Args:
         in_channels: as ``layer.Conv1d`` (and so are the other arguments up to ``step_mode``).
-        weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
-        bias_quant: a quantizer module, a bit width (the bias on the weight grid,
-            :class:`~snnquant.nn.WeightGridBiasQuantizer`) or ``None``.
+        weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits, power_of_two=True)``,
+            as ``quantize_model``'s default) or ``None``.
+        bias_quant: ``'auto'`` (a 16-bit bias on the weight grid when the weights are
+            quantized, as ``quantize_model``), a quantizer module, a bit width (the bias on the
+            weight grid, :class:`~snnquant.nn.WeightGridBiasQuantizer`) or ``None`` (float bias).
     """
 
     _expected_dim = 4
@@ -173,9 +231,11 @@ class QuantConv2d(_QuantConvNd, layer.Conv2d):
 
     Args:
         in_channels: as ``layer.Conv2d`` (and so are the other arguments up to ``step_mode``).
-        weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits)``) or ``None``.
-        bias_quant: a quantizer module, a bit width (the bias on the weight grid,
-            :class:`~snnquant.nn.WeightGridBiasQuantizer`) or ``None``.
+        weight_quant: a quantizer module, a bit width (``LSQQuantizer(bits, power_of_two=True)``,
+            as ``quantize_model``'s default) or ``None``.
+        bias_quant: ``'auto'`` (a 16-bit bias on the weight grid when the weights are
+            quantized, as ``quantize_model``), a quantizer module, a bit width (the bias on the
+            weight grid, :class:`~snnquant.nn.WeightGridBiasQuantizer`) or ``None`` (float bias).
     """
 
     _expected_dim = 5

@@ -13,10 +13,11 @@ The gradient of :math:`Q` is straight-through inside its range and 0 outside; th
 neuron's surrogate gradient. The exact definition (reset values on the grid, step gradient) is in
 :mod:`snnquant.functional.neuron`.
 
-``v_quant`` is a quantizer module, a bit width ``b`` (``UniformQuantizer(b, step=v_threshold *
-2 ** (2 - b))``: range :math:`[-2V_{th}, 2V_{th})`), or ``None`` (then the neuron is exactly the
-SpikingJelly neuron it replaces). Quantizers with a uniform grid (``UniformQuantizer``,
-per-tensor ``LSQQuantizer``) run the whole sequence as one autograd node
+``v_quant`` is a quantizer module, a bit width ``b`` (``UniformQuantizer(b,
+step=uniform_membrane_step(v_threshold, b))``: a power-of-two step whose range covers
+:math:`[-2V_{th}, 2V_{th})`), or ``None`` (then the neuron is exactly the
+SpikingJelly neuron it replaces). Quantizers whose :meth:`~snnquant.nn.QuantizerBase.grid` is a
+uniform per-tensor grid (``UniformQuantizer``, per-tensor ``LSQQuantizer``, ...) run the whole sequence as one autograd node
 (:class:`~snnquant.functional.neuron.QuantNeuronFunction`) or the fused CUDA kernel; any other
 quantizer runs a per-step autograd loop with the same dynamics (a soft reset subtracts
 :math:`\theta_q` whenever the quantizer has a uniform grid, and re-quantizes
@@ -38,27 +39,54 @@ import torch
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import neuron, surrogate
 
-from ..functional.neuron import _charge, membrane_reset_values, quant_neuron_multi_step
-from .quantizers import LSQQuantizer, MinMaxQuantizer, QuantizerBase, UniformQuantizer, check_bits
+from ..functional.neuron import neuron_charge, membrane_reset_values, quant_neuron_multi_step
+from .quantizers import QuantizerBase, UniformQuantizer, check_bits
 
 __all__ = ["QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "make_membrane_quantizer",
-           "BACKENDS"]
+           "uniform_membrane_step", "BACKENDS"]
 
 BACKENDS = ("torch", "cupy", "auto")
 VQuantArg = Union[QuantizerBase, int, None]
 
 
+def uniform_membrane_step(v_threshold: float, bits: int) -> float:
+    r"""The step of the uniform ``bits``-bit membrane grid of a neuron with threshold ``v_threshold``.
+
+    The grid must hold :math:`[-R, R)` with :math:`R = 2|V_{th}|` (:math:`R = 2` for
+    :math:`V_{th} = 0`); its step is the smallest power of two whose :math:`2^b` levels cover it:
+
+    .. math::
+
+        s = 2^{\lceil \log_2 (R / 2^{b-1}) \rceil}
+
+    For a threshold that is a power of two this is :math:`|V_{th}|\,2^{2-b}` (range exactly
+    :math:`[-2V_{th}, 2V_{th})`); for any other threshold the range is wider, up to
+    :math:`[-4V_{th}, 4V_{th})`. The step is always a power of two, so the network exports to
+    integers exactly whatever the threshold; the threshold itself acts on the grid as
+    :math:`\theta_q = s \lceil V_{th} / s \rceil`, rounded up to the grid like the reset values.
+    This is the one membrane-step formula of snnquant (``v_quant=b`` and
+    ``QuantConfig(membrane_quantizer='uniform')`` both use it).
+    """
+    bits = check_bits(bits, "bits", 2, 32)
+    span = 2.0 * (abs(float(v_threshold)) or 1.0)
+    if not math.isfinite(span):
+        raise ValueError(f"v_threshold must be finite, got {v_threshold!r}")
+    mantissa, exponent = math.frexp(span)  # span = mantissa * 2^exponent, mantissa in [0.5, 1)
+    cover = exponent - 1 if mantissa == 0.5 else exponent  # smallest e with 2^e >= span
+    return math.ldexp(1.0, cover - (bits - 1))
+
+
 def make_membrane_quantizer(spec: VQuantArg, v_threshold: float) -> Optional[QuantizerBase]:
     r"""Turn a ``v_quant`` argument into a membrane quantizer.
 
-    An int ``b`` means ``UniformQuantizer(b, step=|V_th| 2^{2-b})``: :math:`2^b` levels on
-    :math:`[-2|V_{th}|, 2|V_{th}|)`; a quantizer module is used as is; ``None`` means none.
+    An int ``b`` means ``UniformQuantizer(b, step=uniform_membrane_step(v_threshold, b))``:
+    :math:`2^b` levels with a power-of-two step covering :math:`[-2|V_{th}|, 2|V_{th}|)`
+    (see :func:`uniform_membrane_step`); a quantizer module is used as is; ``None`` means none.
     """
     if spec is None or isinstance(spec, QuantizerBase):
         return spec
     bits = check_bits(spec, "v_quant", 2, 32)
-    scale = abs(float(v_threshold)) or 1.0
-    return UniformQuantizer(bits, step=scale * 2.0 ** (2 - bits))
+    return UniformQuantizer(bits, step=uniform_membrane_step(v_threshold, bits))
 
 
 def _has_trainable(module: torch.nn.Module) -> bool:
@@ -72,7 +100,7 @@ class _QuantNeuronMixin:
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         self.v_quant = make_membrane_quantizer(v_quant, self.v_threshold)
-        if isinstance(self.v_quant, MinMaxQuantizer) and self.v_quant.include_values is None:
+        if getattr(self.v_quant, "include_values", False) is None:
             # an observed membrane range must reach the threshold, or the neuron can never fire
             self.v_quant.include_values = (self.v_reset or 0.0, self.v_threshold)
         self.backend = backend
@@ -99,35 +127,25 @@ class _QuantNeuronMixin:
         """Give a data-dependent membrane quantizer its first statistics from the first step's
         unquantized charge (learned-step init of LSQ, first range of MinMax)."""
         q = self.v_quant
-        needs_init = (isinstance(q, LSQQuantizer) and not q.is_initialized) or \
-            (isinstance(q, MinMaxQuantizer) and not q.is_initialized)
-        if not needs_init:
+        if q.is_initialized:
             return
         with torch.no_grad():
             vr = 0.0 if self.v_reset is None else self.v_reset
             v0 = v if isinstance(v, torch.Tensor) and v.shape == x_seq.shape[1:] \
                 else torch.full_like(x_seq[0], float(vr))
             k = torch.sigmoid(self._w().detach()).to(x_seq.dtype) if self._kind == "plif" else None
-            h0 = _charge(self._kind, v0, x_seq[0], self._tau(), k, self.decay_input_, vr)
-            if isinstance(q, LSQQuantizer):
-                q.initialize(h0)
-            else:
-                q.observe(h0)
+            h0 = neuron_charge(self._kind, v0, x_seq[0], self._tau(), k, self.decay_input_, vr)
+            q.ensure_initialized(h0)
 
     def _membrane_grid(self, x_seq):
         """``(step, qmin, qmax, grad_scale)`` for the one-node path, or None for the per-step path."""
         q = self.v_quant
-        if isinstance(q, MinMaxQuantizer) and q.training:
-            return None  # its range moves with every step: per-step path
-        grid = q.uniform_grid()
-        if grid is None:
+        if q.observing:
+            return None  # its grid moves with every step: per-step path
+        grid = q.grid()
+        if grid is None or not grid.per_tensor:
             return None
-        step, qmin, qmax, grad_scale = grid
-        if not isinstance(step, torch.Tensor) or step.dim() != 0:
-            return None
-        if grad_scale is None:
-            grad_scale = 1.0 / math.sqrt(max(1, x_seq[0].numel()) * qmax)
-        return step, int(qmin), int(qmax), float(grad_scale)
+        return grid.step, grid.qmin, grid.qmax, q.step_grad_scale(x_seq[0])
 
     @property
     def decay_input_(self):
@@ -188,12 +206,10 @@ class _QuantNeuronMixin:
     def _reset_values(self, like):
         """``(v_reset_q, theta_q)``: on the quantizer's uniform grid when it has one (as the one-node
         path), else ``Q(v_reset)`` and ``None`` (soft reset then re-quantizes)."""
-        grid = self.v_quant.uniform_grid()
-        if grid is not None and isinstance(grid[0], torch.Tensor) and grid[0].dim() == 0:
-            vr_q, theta_q = membrane_reset_values(grid[0].to(device=like.device, dtype=like.dtype),
-                                                  int(grid[1]), int(grid[2]), self.v_threshold,
-                                                  self.v_reset)
-            return vr_q, theta_q
+        grid = self.v_quant.grid()
+        if grid is not None and grid.per_tensor:
+            return membrane_reset_values(grid.step.to(device=like.device, dtype=like.dtype),
+                                         grid.qmin, grid.qmax, self.v_threshold, self.v_reset)
         vr_q = torch.zeros((), dtype=like.dtype, device=like.device) if self.v_reset is None \
             else self._on_grid(self.v_reset, like)
         return vr_q, None
@@ -206,7 +222,7 @@ class _QuantNeuronMixin:
         k = torch.sigmoid(self._w()).to(dtype) if self._kind == "plif" else None
         spikes, v_seq = [], []
         for t in range(x_seq.shape[0]):
-            h = _charge(self._kind, v, x_seq[t], self._tau(), k, self.decay_input_, vr_q)
+            h = neuron_charge(self._kind, v, x_seq[t], self._tau(), k, self.decay_input_, vr_q)
             hq = self._quantize_membrane(h)
             spike = self.surrogate_function(hq - self.v_threshold)
             spike_r = spike.detach() if self.detach_reset else spike
@@ -225,7 +241,7 @@ class _QuantNeuronMixin:
             spikes.append(spike)
             if store_v_seq:
                 v_seq.append(v)
-            if isinstance(self.v_quant, MinMaxQuantizer) and t + 1 < x_seq.shape[0]:
+            if self.v_quant.observing and t + 1 < x_seq.shape[0]:
                 vr_q, theta_q = self._reset_values(x_seq[0])  # the range moved
         return torch.stack(spikes), v, (torch.stack(v_seq) if store_v_seq else None)
 
@@ -233,14 +249,15 @@ class _QuantNeuronMixin:
         """``backend='cupy'`` is a request for the fused kernel: refuse what it cannot run."""
         if self.backend != "cupy":
             return
-        from ..kernels.cupy_backend import _check_cuda, import_cupy
-        _check_cuda("x", x)
+        from ..kernels.cupy_backend import check_cuda, import_cupy
+        check_cuda("x", x)
         import_cupy()
         if self.v_quant is None:
             raise ValueError(f"{type(self).__name__}(backend='cupy') needs a quantized membrane "
                              "(v_quant): with v_quant=None it is SpikingJelly's own neuron; use "
                              "backend='torch' or 'auto'")
-        if not self.v_quant.uniform_grid() and not isinstance(self.v_quant, LSQQuantizer):
+        grid = self.v_quant.grid()
+        if grid is None or not grid.per_tensor:
             raise ValueError(f"backend='cupy' runs membrane quantizers with a uniform per-tensor "
                              f"grid; {type(self.v_quant).__name__} has none: use backend='auto' "
                              "(falls back to torch) or 'torch'")

@@ -1,0 +1,41 @@
+r"""Step-compatible quantizer modules, one concept per file.
+
+* :mod:`~snnquant.nn.quantizers.base`: :class:`QuantizerBase` and :class:`Grid`, the interface
+  every other part of snnquant reads;
+* :mod:`~snnquant.nn.quantizers.elementwise`: SpikingJelly-style element-wise wrappers;
+* :mod:`~snnquant.nn.quantizers.lsq`: learned step size (:class:`LSQQuantizer`);
+* :mod:`~snnquant.nn.quantizers.observers`: range observers and :class:`MinMaxQuantizer`;
+* :mod:`~snnquant.nn.quantizers.fixed`: fixed grids (:class:`UniformQuantizer`,
+  :class:`QuantizedBits`, :class:`StateQuant`);
+* :mod:`~snnquant.nn.quantizers.bias`: :class:`WeightGridBiasQuantizer`.
+"""
+
+from .base import Grid, QuantizerBase, check_bits, signed_range
+from .elementwise import (AffineKBitQuantize, Clamp, ClampByLinear, KBitQuantize, Quantize, Round,
+                          StepQuantize, StochasticRound)
+from .fixed import QuantizedBits, StateQuant, UniformQuantizer
+from .lsq import LSQQuantizer
+from .observers import MinMaxObserver, MinMaxQuantizer
+from .bias import WeightGridBiasQuantizer
+
+__all__ = [
+    "Grid",
+    "QuantizerBase",
+    "Round",
+    "Clamp",
+    "StepQuantize",
+    "KBitQuantize",
+    "AffineKBitQuantize",
+    "ClampByLinear",
+    "StochasticRound",
+    "QuantizedBits",
+    "StateQuant",
+    "Quantize",
+    "UniformQuantizer",
+    "LSQQuantizer",
+    "MinMaxObserver",
+    "MinMaxQuantizer",
+    "WeightGridBiasQuantizer",
+    "check_bits",
+    "signed_range",
+]
