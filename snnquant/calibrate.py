@@ -34,12 +34,15 @@ with :math:`r_\pm` the largest positive / negative magnitude kept, and for a pow
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 from typing import Iterable, List, NamedTuple, Optional
 
 import torch
 import torch.nn as nn
+
+from .nn.quantizers.base import QuantizerBase
 
 __all__ = ["calibrate", "CalibrationReport", "CalibratedQuantizer", "CALIBRATION_METHODS"]
 
@@ -116,18 +119,14 @@ class CalibrationReport:
 
 
 # --------------------------------------------------------------------------------------------------
-# the quantizer interface calibrate uses: grid() to read, set_step() to write, freeze()
-
-
-def _grid(q):
-    """The quantizer's grid, or None when it has none that a step sets."""
-    return q.grid() if hasattr(q, "grid") and callable(q.grid) else None
+# the quantizer interface calibrate uses: ensure_initialized, grid, can_set_step/set_step,
+# calibration_step, freeze (snnquant.nn.quantizers.base.QuantizerBase)
 
 
 def _settable(q) -> Optional[str]:
     """None when ``calibrate`` can set the step of ``q``, else the reason why not."""
-    if not callable(getattr(q, "set_step", None)):
-        return "its grid has no step to set (fixed levels)"
+    if not getattr(q, "can_set_step", False):
+        return "its levels are fixed: no step to set"
     return None
 
 
@@ -240,7 +239,7 @@ def run_batches(model: nn.Module, batches: Iterable, num_batches: Optional[int] 
     """
     from spikingjelly.activation_based import functional as sjf
 
-    from .export.exporter import is_multi_step
+    from .utils import is_multi_step
     multi = is_multi_step(model)
     ref = next((t for t in list(model.parameters()) + list(model.buffers())
                 if t.is_floating_point()), None)
@@ -340,8 +339,10 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
                 todo.append((name, module, kind, q))
         for name, module, kind, q in todo:
             if kind == "weight":
-                report.calibrated.append(_calibrate_tensor(
-                    name, kind, q, module.weight.detach(), power_of_two, settings))
+                entry = _calibrate_tensor(name, kind, q, module.weight.detach(), power_of_two,
+                                          settings)
+                (report.calibrated if isinstance(entry, CalibratedQuantizer)
+                 else report.skipped).append(entry)
         membrane_todo = [t for t in todo if t[2] == "membrane"]
         if membrane_todo:
             report.num_batches = _calibrate_membranes(model, membrane_todo, batches, num_batches,
@@ -356,7 +357,10 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
 
 
 def _calibrate_tensor(name, kind, q, x, power_of_two, settings, floor=None):
-    grid = _grid(q)
+    q.ensure_initialized(x)
+    grid = q.grid()
+    if grid is None or grid.step is None:
+        return SkippedQuantizer(name, kind, type(q).__name__, "it has no uniform grid")
     qmin, qmax = int(grid.qmin), int(grid.qmax)
     pow2 = bool(grid.power_of_two) if power_of_two is None else power_of_two
     cdim = grid.channel_dim
@@ -364,35 +368,69 @@ def _calibrate_tensor(name, kind, q, x, power_of_two, settings, floor=None):
         rows = x.movedim(cdim % x.dim(), 0).reshape(x.shape[cdim % x.dim()], -1)
     else:
         rows = x.reshape(1, -1)
-    step = _choose_step(rows, qmin=qmin, qmax=qmax, power_of_two=pow2, floor=floor, **settings)
+    method = settings["method"]
+    own = q.calibration_step(x.detach())
+    if own is not None:  # the quantizer's own closed form (binary/ternary alpha)
+        step = own.detach().double().reshape(-1)
+        if pow2:
+            step = torch.exp2(torch.round(torch.log2(step)))
+        method = "own rule"
+    else:
+        step = _choose_step(rows, qmin=qmin, qmax=qmax, power_of_two=pow2, floor=floor,
+                            **settings)
     step_t = step.to(torch.float32) if cdim is not None else step.reshape(()).to(torch.float32)
     q.set_step(step_t)
-    new = _grid(q).step.detach().double().reshape(-1).expand(rows.shape[0]).reshape(-1, 1)
+    new = q.grid().step.detach().double().reshape(-1).expand(rows.shape[0]).reshape(-1, 1)
     clipped = ((rows.double() > qmax * new) | (rows.double() < qmin * new)).double().mean()
     steps = [float(v) for v in new.reshape(-1)]
+    if kind == "weight" and qmin == -1 and qmax == 1 and own is not None:
+        clipped = torch.zeros(())  # binary/ternary: every weight maps to a level by design
     return CalibratedQuantizer(
-        name, kind, type(q).__name__, settings["method"], steps if cdim is not None else steps[0],
+        name, kind, type(q).__name__, method, steps if cdim is not None else steps[0],
         qmin, qmax, (float(rows.min()), float(rows.max())),
         (qmin * max(steps), qmax * max(steps)), float(clipped))
 
 
-class _ChargeRecorder(nn.Module):
-    """Stands in for a membrane quantizer during calibration: the identity, recording its input."""
+class _ChargeRecorder(QuantizerBase):
+    """Stands in for a membrane quantizer during calibration: the identity with no grid (so the
+    neuron runs its per-step path with a float membrane), recording the charge it is given.
+
+    The neuron also calls it, in eval mode, for its reset value and a soft reset's re-quantization;
+    kept in training mode itself, it records only the charge."""
+
+    data_dependent = True
 
     def __init__(self, reservoir: _Reservoir):
         super().__init__()
-        self.reservoir = reservoir
+        self.__dict__["reservoir"] = reservoir
 
-    def forward(self, h):
-        self.reservoir.add(h)
+    @property
+    def observing(self) -> bool:
+        return True
+
+    def quantize(self, h):
+        if self.training:
+            self.reservoir.add(h)
         return h
 
 
+@contextlib.contextmanager
+def _membrane_recorders(pairs):
+    """Swap each neuron's ``v_quant`` for a recorder while the block runs."""
+    saved = [(m, m.v_quant) for m, _ in pairs]
+    try:
+        for m, recorder in pairs:
+            m.v_quant = recorder.train(True)
+        yield
+    finally:
+        for m, q in saved:
+            m.v_quant = q
+
+
 def _calibrate_membranes(model, todo, batches, num_batches, power_of_two, settings, seed, report):
-    from .nn.neurons import membrane_observation
     generator = torch.Generator().manual_seed(seed)
     reservoirs = {}
-    with membrane_observation([(m, _ChargeRecorder(reservoirs.setdefault(
+    with _membrane_recorders([(m, _ChargeRecorder(reservoirs.setdefault(
             name, _Reservoir(_SAMPLE_LIMIT, generator)))) for name, m, _, _ in todo]):
         count = run_batches(model, batches, num_batches)
     if count == 0:
@@ -405,7 +443,8 @@ def _calibrate_membranes(model, todo, batches, num_batches, power_of_two, settin
             continue
         vth = abs(float(module.v_threshold))
         vr = 0.0 if module.v_reset is None else float(module.v_reset)
-        grid = _grid(q)
+        q.ensure_initialized(torch.tensor([res.low, res.high]))
+        grid = q.grid()
         qmin, qmax = int(grid.qmin), int(grid.qmax)
         # the grid must reach the threshold (else the neuron never fires) and the reset value
         need = _step_for_range(torch.tensor([max(vth, vr, 0.0)], dtype=torch.float64),
@@ -413,6 +452,9 @@ def _calibrate_membranes(model, todo, batches, num_batches, power_of_two, settin
         values = res.sample if settings["method"] != "minmax" else torch.tensor([res.low, res.high])
         values = torch.cat([values, torch.tensor([res.low, res.high])])
         entry = _calibrate_tensor(name, kind, q, values, power_of_two, settings, floor=need)
-        entry = entry._replace(observed=(res.low, res.high))
-        report.calibrated.append(entry)
+        if isinstance(entry, CalibratedQuantizer):
+            entry = entry._replace(observed=(res.low, res.high))
+            report.calibrated.append(entry)
+        else:
+            report.skipped.append(entry)
     return count

@@ -224,7 +224,9 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
         A :class:`SensitivityResult` (``str()`` is the table, ``.plot()`` a heat map).
     """
     from .calibrate import CALIBRATION_METHODS, _input_of, calibrate, run_batches
-    from .convert import QuantConfig, copy_model, quantize_model, summary
+    from .convert import QuantConfig, quantize_model
+    from .summary import summary
+    from .utils import copy_model
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
