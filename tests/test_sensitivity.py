@@ -19,6 +19,9 @@ def mlp(seed=0):
         layer.Linear(24, 8), neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan()),
         layer.Linear(8, 3, bias=False), neuron.IFNode(surrogate_function=surrogate.ATan()),
     )
+    with torch.no_grad():  # strong enough that every layer spikes
+        for i in (0, 2, 4):
+            net[i].weight.mul_(4.0)
     sjf.set_step_mode(net, "m")
     return net
 
@@ -44,10 +47,6 @@ def test_one_entry_per_layer_kind_and_bits(result):
     assert e.bytes == 24 * 8 * 2 / 8 + 8 * 16 / 8  # weights at 2 bits, bias at 16 bits
     counts = {(c.layer, c.kind): c.count for c in result.costs}
     assert counts[("1", "membrane")] == 24 and counts[("0", "weight")] == 12 * 24
-    # 2-bit weights everywhere at once hurt more than 8 bits (summed over layers)
-    d2 = sum(e.delta_loss for e in result.entries if e.bits == 2)
-    d8 = sum(e.delta_loss for e in result.entries if e.bits == 8)
-    assert d2 > d8
     assert "8-bit dloss" in str(result) and "membrane" in str(result)
 
 
@@ -66,9 +65,13 @@ def test_only_the_measured_layer_is_quantized(monkeypatch):
 
 
 def test_without_labels_the_loss_is_the_distance_to_full_precision():
-    res = sensitivity(mlp(), [x for x, _ in data()], candidates=(4, 8), weights=False)
+    res = sensitivity(mlp(), [x for x, _ in data()], candidates=(2, 8), membranes=False)
     assert res.baseline_accuracy is None and res.baseline_loss == 0.0
     assert all(e.accuracy is None and e.delta_loss >= 0 for e in res.entries)
+    # 2-bit weights move the output further from full precision than 8-bit ones
+    d2 = sum(e.delta_loss for e in res.entries if e.bits == 2)
+    d8 = sum(e.delta_loss for e in res.entries if e.bits == 8)
+    assert d2 > d8
 
 
 def test_plot(result, tmp_path):
@@ -100,8 +103,10 @@ def test_assign_bits_fits_the_budget_as_summary_counts_it(result, fraction):
     measured = _model_bytes(q, x)
     assert measured == pytest.approx(cfg.assignment["bytes"])
     assert measured <= budget + 1e-6
-    if fraction == 1.0:
-        assert set(b for o in cfg.overrides.values() for b in o.values()) == {8}
+    if fraction == 1.0:  # everything fits: each layer at its own best bit width
+        best = sum(min(result.delta(layer, kind, b) for b in result.candidates)
+                   for layer, kind in result.layers)
+        assert cfg.assignment["predicted_delta_loss"] == pytest.approx(best)
     if fraction == 0.0:
         assert set(b for o in cfg.overrides.values() for b in o.values()) == {2}
 
@@ -118,7 +123,7 @@ def test_assign_bits_is_optimal():
             entries.append(SensitivityEntry(c.layer, c.kind, bits, delta, delta, None, None, 0.0))
     res = SensitivityResult(entries, 0.0, None, costs, 5.0, (2, 4, 8), QuantConfig(),
                             layers=[(c.layer, c.kind) for c in costs])
-    for budget in (60.0, 80.0, 100.0, 130.0, 200.0):
+    for budget in (62.0, 80.0, 100.0, 130.0, 250.0):
         cfg = assign_bits(res, budget_bytes=budget)
         best = min(sum(res.delta(c.layer, c.kind, b) for c, b in zip(costs, choice))
                    for choice in itertools.product((2, 4, 8), repeat=4)
