@@ -37,11 +37,12 @@ def example_args(ex, epochs: int, seed: int, data_root=None, extra=()):
 class Bench:
     """Data, training and evaluation of the example's CSNN for one data root."""
 
-    def __init__(self, epochs: int, data_root=None, T: int = 8):
+    def __init__(self, epochs: int, data_root=None, T: int = 8, quick: bool = False):
         self.ex = example()
         self.epochs = epochs
         self.data_root = data_root
-        self.args = example_args(self.ex, epochs, 0, data_root, ["-T", str(T)])
+        extra = ["-T", str(T)] + (["--samples-per-class", "4", "-T", "4"] if quick else [])
+        self.args = example_args(self.ex, epochs, 0, data_root, extra)
         self.train_set, self.test_set = self.ex.load_data(self.args, 0)
         self.device = torch.device("cpu")
 
@@ -67,7 +68,8 @@ class Bench:
         args.epochs = epochs
         for epoch in range(epochs):
             loader, _ = self.ex.make_loaders(self.train_set, self.test_set, args, 0, 1, epoch)
-            self.ex.run_epoch(model, loader, opt, None, args, self.device, True, 0, epoch,
+            # rank=1: no progress bar
+            self.ex.run_epoch(model, loader, opt, None, args, self.device, True, 1, epoch,
                               reduce=False)
             sched.step()
         return model, self.evaluate(model, seed)
@@ -75,7 +77,7 @@ class Bench:
     def evaluate(self, model, seed: int = 0) -> float:
         args = self.args_for(seed)
         _, loader = self.ex.make_loaders(self.train_set, self.test_set, args, 0, 1, 0)
-        _, acc = self.ex.run_epoch(model, loader, None, None, args, self.device, False, 0, 0,
+        _, acc = self.ex.run_epoch(model, loader, None, None, args, self.device, False, 1, 0,
                                    label="test", reduce=False)
         return acc
 
@@ -133,5 +135,6 @@ def common_args(description: str, default_epochs: int):
                     help="real N-MNIST root (default: the built-in digits dataset)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--quick", action="store_true",
-                    help="smoke test: 1 epoch, 1 seed, results not written")
+                    help="smoke test: 1 epoch, 1 seed, 4 samples per class, T=4, results not "
+                         "written")
     return ap

@@ -44,7 +44,8 @@ import torch.nn as nn
 
 from .nn.quantizers.base import QuantizerBase
 
-__all__ = ["calibrate", "CalibrationReport", "CalibratedQuantizer", "CALIBRATION_METHODS"]
+__all__ = ["calibrate", "CalibrationReport", "CalibratedQuantizer", "SkippedQuantizer", "run_batches",
+           "CALIBRATION_METHODS"]
 
 CALIBRATION_METHODS = ("minmax", "percentile", "mse")
 
