@@ -5,7 +5,7 @@ Per run: test accuracy of the trained network; for the quantized ones also after
 the binary/ternary weights (per-channel alpha absorbs the BN scale), and the agreement of the
 exact integer export (weights stored 1 and 2 bits each) with the folded float model.
 
-    OMP_NUM_THREADS=1 python benchmarks/accuracy_binary_ternary.py [--epochs 10] [--data-root R]
+    OMP_NUM_THREADS=1 python benchmarks/accuracy_binary_ternary.py [--epochs 4] [--data-root R]
 
 Target (issue 15): within 2 points of full precision on the built-in data.
 """
@@ -43,7 +43,7 @@ def deploy(bench, model, samples: int = 64):
 
 
 def main():
-    ap = common.common_args(__doc__, default_epochs=10)
+    ap = common.common_args(__doc__, default_epochs=4)
     args = ap.parse_args()
     if args.quick:
         args.epochs, args.seeds = 1, args.seeds[:1]

@@ -20,18 +20,29 @@ def test_binary_gradients():
     x = torch.tensor([-2.0, -0.5, 0.0, 0.3, 1.5], requires_grad=True)
     alpha = torch.tensor(1.0, requires_grad=True)
     g = torch.tensor([1.0, 2.0, 3.0, 4.0, 5.0])
-    (QF.binary_quantize(x, alpha, grad_scale=0.5) * g).sum().backward()
-    # straight-through inside [-alpha, alpha], zero outside
+    (QF.binary_quantize(x, alpha, grad_scale=0.5, clip=None) * g).sum().backward()
+    # clip=None: straight-through inside [-alpha, alpha], zero outside
     assert torch.equal(x.grad, torch.tensor([0.0, 2.0, 3.0, 4.0, 0.0]))
     # LSQ step gradient with sign as the rounding: sign(v) - v inside, sign(v) outside
     d = torch.tensor([-1.0, -1.0 + 0.5, 1.0 - 0.0, 1.0 - 0.3, 1.0])
     assert alpha.grad.item() == pytest.approx(0.5 * float((g * d).sum()))
 
 
+def test_default_clip_range_is_one_whatever_alpha():
+    x = torch.tensor([-1.5, -0.9, 0.2, 1.0, 1.2], requires_grad=True)
+    QF.binary_quantize(x, 0.1).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([0.0, 1.0, 1.0, 1.0, 0.0]))
+    x.grad = None
+    QF.ternary_quantize(x, 0.1, 0.05, clip=0.5).sum().backward()
+    assert torch.equal(x.grad, torch.tensor([0.0, 0.0, 1.0, 0.0, 0.0]))
+    with pytest.raises(ValueError, match="clip"):
+        QF.binary_quantize(x, 0.1, clip=0)
+
+
 def test_ternary_values_and_gradients():
     x = torch.tensor([-2.0, -0.5, 0.1, 0.3, 0.9], requires_grad=True)
     alpha = torch.tensor(1.0, requires_grad=True)
-    y = QF.ternary_quantize(x, alpha, 0.35)
+    y = QF.ternary_quantize(x, alpha, 0.35, clip=None)
     assert torch.equal(y.detach(), torch.tensor([-1.0, -1.0, 0.0, 0.0, 1.0]))
     y.sum().backward()
     assert torch.equal(x.grad, torch.tensor([0.0, 1.0, 1.0, 1.0, 1.0]))

@@ -2,6 +2,8 @@ r"""Binary and ternary weight quantization with a learnable scale :math:`\alpha`
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 
 __all__ = ["binary_quantize", "ternary_quantize"]
@@ -16,14 +18,15 @@ class _ScaledCodes(torch.autograd.Function):
     """``alpha * code(x)`` with the straight-through / LSQ-style gradients of the two functions."""
 
     @staticmethod
-    def forward(ctx, x, alpha, delta, grad_scale):
+    def forward(ctx, x, alpha, delta, grad_scale, clip):
         v = x / alpha
         code = _sign(v) if delta is None else _sign(v) * (x.abs() > delta).to(x.dtype)
         out = alpha * code
         inside = v.abs() <= 1
+        passes = inside if clip is None else x.abs() <= clip
         need_alpha = isinstance(alpha, torch.Tensor) and ctx.needs_input_grad[1]
         alpha_grad = torch.where(inside, code - v, _sign(v)) if need_alpha else None
-        ctx.save_for_backward(inside, alpha_grad)
+        ctx.save_for_backward(passes, alpha_grad)
         ctx.grad_scale = grad_scale
         ctx.alpha_shape = alpha.shape if isinstance(alpha, torch.Tensor) else None
         ctx.alpha_dtype = alpha.dtype if isinstance(alpha, torch.Tensor) else None
@@ -40,10 +43,13 @@ class _ScaledCodes(torch.autograd.Function):
         if alpha_grad is not None:
             grad_alpha = (grad_output * alpha_grad).sum_to_size(ctx.alpha_shape)
             grad_alpha = (grad_alpha * ctx.grad_scale).to(ctx.alpha_dtype)
-        return grad_x, grad_alpha, None, None
+        return grad_x, grad_alpha, None, None, None
 
 
-def _check(x, alpha, grad_scale):
+def _check(x, alpha, grad_scale, clip):
+    if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                             or not clip > 0):
+        raise ValueError(f"clip must be None or a positive number, got {clip!r}")
     if not isinstance(x, torch.Tensor) or not x.is_floating_point():
         raise TypeError(f"x must be a floating-point tensor, got "
                         f"{getattr(x, 'dtype', type(x).__name__)}")
@@ -57,7 +63,8 @@ def _check(x, alpha, grad_scale):
         raise ValueError(f"grad_scale must be a number, got {grad_scale!r}")
 
 
-def binary_quantize(x: torch.Tensor, alpha, grad_scale: float = 1.0) -> torch.Tensor:
+def binary_quantize(x: torch.Tensor, alpha, grad_scale: float = 1.0,
+                    clip: Optional[float] = 1.0) -> torch.Tensor:
     r"""Binary quantization :math:`y = \alpha\,\mathrm{sign}(x)` with :math:`\mathrm{sign}(0) = +1`.
 
     .. math::
@@ -66,13 +73,16 @@ def binary_quantize(x: torch.Tensor, alpha, grad_scale: float = 1.0) -> torch.Te
 
     .. math::
 
-        \frac{\partial y}{\partial x} = [\,|v| \le 1\,],\qquad
+        \frac{\partial y}{\partial x} = [\,|x| \le c\,],\qquad
         \frac{\partial y}{\partial \alpha} = \gamma \cdot \begin{cases}
             \mathrm{sign}(v) - v & |v| \le 1 \\
             \mathrm{sign}(v) & |v| > 1 \end{cases}
 
-    The input gradient is straight-through inside the clip range :math:`[-\alpha, \alpha]` and
-    zero outside; the :math:`\alpha` gradient is LSQ's step gradient (Esser et al., 2020) with
+    The input gradient is straight-through inside the clip range :math:`[-c, c]` and zero outside
+    (:math:`c` = ``clip``, 1 by default: the hard-tanh estimator of BinaryConnect and XNOR-Net;
+    ``clip=None`` clips at :math:`c = \alpha` instead, as LSQ clips at its outer levels, which
+    leaves every weight above :math:`\alpha` without a gradient and trains markedly worse); the
+    :math:`\alpha` gradient is LSQ's step gradient (Esser et al., 2020) with
     :math:`\mathrm{sign}` as the rounding, scaled by :math:`\gamma` = ``grad_scale`` and summed
     over the dimensions :math:`\alpha` was broadcast along (per-channel :math:`\alpha` of shape
     ``[C, 1, ...]``).
@@ -82,15 +92,17 @@ def binary_quantize(x: torch.Tensor, alpha, grad_scale: float = 1.0) -> torch.Te
         alpha: the scale :math:`\alpha > 0`, a number or a tensor broadcastable to ``x``
             (possibly requiring a gradient).
         grad_scale: the factor :math:`\gamma` of the :math:`\alpha` gradient.
+        clip: the clip range :math:`c > 0` of the input gradient, or ``None`` for :math:`\alpha`.
 
     Returns:
         A tensor of :math:`\pm\alpha`.
     """
-    _check(x, alpha, grad_scale)
-    return _ScaledCodes.apply(x, alpha, None, float(grad_scale))
+    _check(x, alpha, grad_scale, clip)
+    return _ScaledCodes.apply(x, alpha, None, float(grad_scale), clip)
 
 
-def ternary_quantize(x: torch.Tensor, alpha, delta, grad_scale: float = 1.0) -> torch.Tensor:
+def ternary_quantize(x: torch.Tensor, alpha, delta, grad_scale: float = 1.0,
+                     clip: Optional[float] = 1.0) -> torch.Tensor:
     r"""Ternary quantization to :math:`\{-\alpha, 0, +\alpha\}` with threshold :math:`\Delta`.
 
     .. math::
@@ -99,13 +111,14 @@ def ternary_quantize(x: torch.Tensor, alpha, delta, grad_scale: float = 1.0) -> 
 
     .. math::
 
-        \frac{\partial y}{\partial x} = [\,|v| \le 1\,],\qquad
+        \frac{\partial y}{\partial x} = [\,|x| \le c\,],\qquad
         \frac{\partial y}{\partial \alpha} = \gamma \cdot \begin{cases}
             t - v & |v| \le 1 \\
             \mathrm{sign}(v) & |v| > 1 \end{cases},\qquad
         \frac{\partial y}{\partial \Delta} = 0
 
     (Ternary Weight Networks, Li et al. 2016, take :math:`\Delta = 0.7\,\mathrm{mean}|x|`.)
+    The clip range :math:`c` is as in :func:`binary_quantize`.
 
     Args:
         x: floating-point tensor.
@@ -113,13 +126,14 @@ def ternary_quantize(x: torch.Tensor, alpha, delta, grad_scale: float = 1.0) -> 
         delta: the threshold :math:`\Delta \ge 0`, a number or a tensor broadcastable to ``x``
             (no gradient).
         grad_scale: the factor :math:`\gamma` of the :math:`\alpha` gradient.
+        clip: the clip range :math:`c > 0` of the input gradient, or ``None`` for :math:`\alpha`.
 
     Returns:
         A tensor of values in :math:`\{-\alpha, 0, \alpha\}`.
     """
-    _check(x, alpha, grad_scale)
+    _check(x, alpha, grad_scale, clip)
     if isinstance(delta, torch.Tensor):
         delta = delta.detach()
     elif isinstance(delta, bool) or not isinstance(delta, (int, float)) or not delta >= 0:
         raise ValueError(f"delta must be a number >= 0 or a tensor, got {delta!r}")
-    return _ScaledCodes.apply(x, alpha, delta, float(grad_scale))
+    return _ScaledCodes.apply(x, alpha, delta, float(grad_scale), clip)

@@ -45,8 +45,12 @@ class _ScaledSignQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
 
     def __init__(self, alpha: str = "learned", per_channel: bool = True, channel_dim: int = 0,
                  power_of_two: bool = False, num_channels: Optional[int] = None,
-                 step_mode: str = "s"):
+                 clip: Optional[float] = 1.0, step_mode: str = "s"):
         super().__init__(step_mode)
+        if clip is not None and (isinstance(clip, bool) or not isinstance(clip, (int, float))
+                                 or not 0 < clip < math.inf):
+            raise ValueError(f"clip must be None or a finite number > 0, got {clip!r}")
+        self.clip = None if clip is None else float(clip)
         if alpha not in _ALPHA_MODES:
             raise ValueError(f"alpha must be one of {_ALPHA_MODES}, got {alpha!r}")
         if not isinstance(per_channel, bool):
@@ -178,13 +182,13 @@ class _ScaledSignQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
         return a
 
     def config(self):
-        return dict(super().config(), bits=self.bits, alpha=self.alpha_mode,
+        return dict(super().config(), bits=self.bits, alpha=self.alpha_mode, clip=self.clip,
                     per_channel=self.per_channel,
                     channel_dim=self.channel_dim if self.per_channel else None,
                     power_of_two=self.power_of_two)
 
     def extra_repr(self):
-        return (f"alpha={self.alpha_mode!r}, per_channel={self.per_channel}, "
+        return (f"alpha={self.alpha_mode!r}, per_channel={self.per_channel}, clip={self.clip}, "
                 f"power_of_two={self.power_of_two}, {super().extra_repr()}")
 
 
@@ -197,12 +201,13 @@ class BinaryQuantizer(_ScaledSignQuantizer):
 
     .. math::
 
-        \frac{\partial y}{\partial w} = [\,|w| \le \alpha\,],\qquad
+        \frac{\partial y}{\partial w} = [\,|w| \le c\,],\qquad
         \frac{\partial y}{\partial \alpha} = g \cdot \begin{cases}
             \mathrm{sign}(w) - w/\alpha & |w| \le \alpha \\
             \mathrm{sign}(w) & |w| > \alpha \end{cases},\qquad g = \frac{1}{\sqrt{n}}
 
-    (see :func:`~snnquant.functional.binary_quantize`; :math:`n` weights per :math:`\alpha`).
+    (see :func:`~snnquant.functional.binary_quantize`; :math:`n` weights per :math:`\alpha`,
+    :math:`c` = ``clip``).
     :math:`\mathrm{mean}|w|` is the :math:`\alpha` that minimises :math:`\lVert \alpha\,
     \mathrm{sign}(w) - w \rVert^2`.
 
@@ -215,6 +220,8 @@ class BinaryQuantizer(_ScaledSignQuantizer):
         power_of_two: round :math:`\alpha` to a power of two (exact integer export in float32).
         num_channels: the number of channels, so that a learned :math:`\alpha` has its final
             shape before an optimizer sees it.
+        clip: the clip range :math:`c` of the straight-through weight gradient (default 1: the
+            hard tanh of BinaryConnect and XNOR-Net), or ``None`` for :math:`c = \alpha`.
     """
 
     bits = 1
@@ -224,7 +231,7 @@ class BinaryQuantizer(_ScaledSignQuantizer):
         return rows.abs().mean(dim=1)
 
     def quantize(self, x):
-        return QF.binary_quantize(x, self._alpha_for(x), self.grad_scale(x))
+        return QF.binary_quantize(x, self._alpha_for(x), self.grad_scale(x), self.clip)
 
 
 class TernaryQuantizer(_ScaledSignQuantizer):
@@ -242,7 +249,7 @@ class TernaryQuantizer(_ScaledSignQuantizer):
 
     .. math::
 
-        \frac{\partial y}{\partial w} = [\,|w| \le \alpha\,],\qquad
+        \frac{\partial y}{\partial w} = [\,|w| \le c\,],\qquad
         \frac{\partial y}{\partial \alpha} = g \cdot \begin{cases}
             t - w/\alpha & |w| \le \alpha \\
             \mathrm{sign}(w) & |w| > \alpha \end{cases},\qquad
@@ -258,6 +265,7 @@ class TernaryQuantizer(_ScaledSignQuantizer):
         channel_dim: the channel dimension (for weights, 0).
         power_of_two: round :math:`\alpha` to a power of two (exact integer export in float32).
         num_channels: the number of channels (see :class:`BinaryQuantizer`).
+        clip: the clip range of the weight gradient (see :class:`BinaryQuantizer`).
     """
 
     bits = 2
@@ -265,14 +273,16 @@ class TernaryQuantizer(_ScaledSignQuantizer):
 
     def __init__(self, alpha: str = "learned", threshold: Optional[float] = 0.7,
                  per_channel: bool = True, channel_dim: int = 0, power_of_two: bool = False,
-                 num_channels: Optional[int] = None, step_mode: str = "s"):
+                 num_channels: Optional[int] = None, clip: Optional[float] = 1.0,
+                 step_mode: str = "s"):
         if threshold is not None and (isinstance(threshold, bool)
                                       or not isinstance(threshold, (int, float))
                                       or not 0 <= threshold < math.inf):
             raise ValueError(f"threshold must be None or a finite number >= 0, got {threshold!r}")
         self.threshold = None if threshold is None else float(threshold)
         super().__init__(alpha=alpha, per_channel=per_channel, channel_dim=channel_dim,
-                         power_of_two=power_of_two, num_channels=num_channels, step_mode=step_mode)
+                         power_of_two=power_of_two, num_channels=num_channels, clip=clip,
+                         step_mode=step_mode)
 
     def _delta_rows(self, rows):
         if self.threshold is None:
@@ -297,7 +307,7 @@ class TernaryQuantizer(_ScaledSignQuantizer):
                 delta = delta.reshape(alpha.shape)
             else:
                 delta = delta.reshape(())
-        return QF.ternary_quantize(x, alpha, delta, self.grad_scale(x))
+        return QF.ternary_quantize(x, alpha, delta, self.grad_scale(x), self.clip)
 
     def config(self):
         return dict(super().config(), threshold=self.threshold)
