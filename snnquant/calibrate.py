@@ -164,7 +164,10 @@ def _choose_step(x: torch.Tensor, *, method: str, qmin: int, qmax: int, power_of
             pos, neg = torch.minimum(pos, r), torch.minimum(neg, r)
     step = _step_for_range(pos, neg, qmin, qmax)
     if floor is not None:
-        step = torch.maximum(step, floor.double())
+        floor = floor.double()
+        if power_of_two:  # the smallest allowed step must itself be on the power-of-two ladder
+            floor = _power_of_two_up(floor)
+        step = torch.maximum(step, floor)
     if power_of_two:
         step = _power_of_two_up(step)
     if method != "mse":
@@ -176,7 +179,7 @@ def _choose_step(x: torch.Tensor, *, method: str, qmin: int, qmax: int, power_of
         fr = torch.arange(1, mse_candidates + 1, dtype=torch.float64) / mse_candidates
         cands = fr.reshape(-1, 1) * step.reshape(1, -1)
     if floor is not None:
-        cands = torch.maximum(cands, floor.double().reshape(1, -1).expand_as(cands))
+        cands = torch.maximum(cands, floor.reshape(1, -1).expand_as(cands))
     errors = torch.stack([((_fake_quant(x, c.reshape(-1, 1), qmin, qmax) - x) ** 2).sum(dim=1)
                           for c in cands])
     best = errors.argmin(dim=0)

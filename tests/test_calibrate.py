@@ -89,6 +89,16 @@ def test_threshold_is_always_reachable():
         assert report[name, "membrane"].covered[1] >= 1.0
 
 
+@pytest.mark.parametrize("method", ["minmax", "percentile", "mse"])
+def test_power_of_two_membrane_step_stays_one_when_the_threshold_sets_it(method):
+    # regression: with 'mse' the threshold floor (1/127) replaced the power-of-two candidates
+    q, _ = quantize_model(mlp(), QuantConfig(weight_bits=8, v_bits=8))
+    calibrate(q, [0.01 * torch.rand(4, 2, 20)], method=method)
+    for name in ("1", "3"):
+        step = float(q.get_submodule(name).v_quant.grid().step)
+        assert step == 2.0 ** round(math.log2(step)) and step * 127 >= 1.0
+
+
 def test_calibrated_w8v16_model_matches_full_precision():
     net = mlp(hidden=32)
     q, _ = quantize_model(net, QuantConfig(weight_bits=8, per_channel=True, v_bits=16))

@@ -5,6 +5,8 @@ import pathlib
 import subprocess
 import sys
 
+import pytest
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SMALL = ["--samples-per-class", "3", "-T", "4", "--batch-size", "8", "--channels", "4"]
 
@@ -17,6 +19,7 @@ def run(env, *args, check=True):
     return res
 
 
+@pytest.mark.slow
 def test_ptq_flag(tmp_path):
     env = dict(os.environ, SNNQUANT_DATA=str(tmp_path / "data"), OMP_NUM_THREADS="1",
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
