@@ -55,7 +55,8 @@ class QuantConfig:
             or ``None`` to keep float biases (which the integer export refuses: a float bias is
             not an integer on any grid).
         v_bits: bit width of membrane potentials (2..32), or ``None`` to leave neurons as they are.
-        membrane_quantizer: ``'uniform'`` (:math:`2^b` levels on :math:`[-2V_{th}, 2V_{th})`),
+        membrane_quantizer: ``'uniform'`` (:math:`2^b` levels with a power-of-two step covering
+            :math:`[-2V_{th}, 2V_{th})`, :func:`~snnquant.nn.neurons.uniform_membrane_step`),
             ``'threshold_centered'`` (snnTorch/SQUAT exponential levels centred on the
             threshold) or ``'lsq'`` (learned step).
         backend: neuron backend, ``'torch'``, ``'cupy'`` or ``'auto'``.

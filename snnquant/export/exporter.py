@@ -240,6 +240,10 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
         u = e - in_frac if f_b is None else min(e - in_frac, -f_b)
         w_term = l1[c] * m * (1 << (e - in_frac - u))
         b_term = 0 if bias_vals is None else int(abs(Fraction(bias_vals[c])) * Fraction(2) ** (-u))
+        if b_term > limit and any(mm != 1 for mm, _ in parts):
+            _fail(name, layer, _non_pow2_advice(
+                steps, dtype, f"the bias of output channel {c} cannot be added exactly on the "
+                              f"grid 2^{u} that the weight step imposes"))
         if b_term > limit:
             _fail(name, layer, f"the bias of output channel {c} ({bias_vals[c]!r}) needs more than "
                                f"{p} significand bits on the grid 2^{u}: it is not quantized to a "

@@ -15,6 +15,7 @@ from .clamping import (
     clamp_by_linear,
     multi_level_spike_count,
 )
+from ._validation import check_bit_width, compute_dtype
 from .binary import binary_quantize, ternary_quantize
 from .lsq import lsq_quantize, lsq_quantize_unchecked
 from .rounding import (
@@ -90,6 +91,8 @@ __all__ = [
     "quantized_bits",
     "lsq_quantize",
     "lsq_quantize_unchecked",
+    "check_bit_width",
+    "compute_dtype",
     "binary_quantize",
     "ternary_quantize",
     "state_quant",

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from typing import Optional
 
 import torch
 
@@ -37,14 +38,24 @@ def is_real_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+def check_bit_width(value, name: str = "bits", low: int = 1, high: int = MAX_BITS,
+                    fn: Optional[str] = None) -> int:
+    """Return ``value`` as an ``int`` if it is an integer in ``[low, high]``, else raise
+    ``ValueError`` naming ``name`` (and the function ``fn``, when given) and the value.
+
+    The one bit-width check of snnquant: the functional quantizers, the quantizer modules
+    (:func:`snnquant.nn.quantizers.check_bits`) and :class:`~snnquant.QuantConfig` use it.
+    """
+    prefix = f"{fn}: " if fn else ""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
+            not low <= int(value) <= high:
+        raise ValueError(f"{prefix}{name} must be an int in [{low}, {high}], got {value!r}")
+    return int(value)
+
+
 def check_bits(fn: str, name: str, value) -> int:
-    """Return ``value`` as an ``int`` if it is an integer in ``[1, 32]``, else raise ``ValueError``."""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise ValueError(f"{fn}: {name} must be an int in [1, {MAX_BITS}], got {value!r}")
-    value = int(value)
-    if not 1 <= value <= MAX_BITS:
-        raise ValueError(f"{fn}: {name} must be an int in [1, {MAX_BITS}], got {value!r}")
-    return value
+    """:func:`check_bit_width` of ``value`` in ``[1, 32]`` for the function ``fn``."""
+    return check_bit_width(value, name, 1, MAX_BITS, fn)
 
 
 def check_int(fn: str, name: str, value, low=None, high=None) -> int:
@@ -131,5 +142,7 @@ def check_bounds(fn: str, min_name: str, min_value, max_name: str, max_value) ->
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype to compute in for inputs of ``dtype``: float32 for the 16-bit types."""
+    """The dtype to compute in for values stored in ``dtype``: float32 for the 16-bit floating
+    types (float16, bfloat16), the dtype itself otherwise. The one such rule of snnquant (the
+    functional quantizers and the fused kernels use it)."""
     return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype

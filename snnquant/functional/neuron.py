@@ -41,14 +41,19 @@ the reset. :math:`V_{r,q}` and :math:`\theta_q` are constants for autograd.
 from __future__ import annotations
 
 import math
-from typing import Optional
+import numbers
+from dataclasses import dataclass
+from typing import Any, Optional
 
 import torch
 
 __all__ = [
     "NEURON_KINDS",
+    "NeuronParams",
     "membrane_reset_values",
     "neuron_charge",
+    "neuron_fire",
+    "neuron_reset",
     "surrogate_derivative",
     "quant_neuron_step_reference",
     "quant_neuron_multi_step",
@@ -56,6 +61,94 @@ __all__ = [
 ]
 
 NEURON_KINDS = ("if", "lif", "plif")
+
+
+@dataclass(frozen=True)
+class NeuronParams:
+    """The Python constants of a quantized neuron, validated once when built.
+
+    One object carries them to the reference step, :class:`QuantNeuronFunction` (forward and
+    backward) and the fused kernels' launcher.
+
+    Attributes:
+        neuron: ``'if'``, ``'lif'`` or ``'plif'``.
+        tau: membrane time constant of ``'lif'`` (``None`` otherwise).
+        decay_input: whether the input decays with the membrane (LIF/PLIF).
+        v_threshold: firing threshold :math:`V_{th}`.
+        v_reset: hard-reset value, or ``None`` for soft reset.
+        surrogate_function: SpikingJelly surrogate module.
+        detach_reset: cut the gradient through the spike in the reset.
+        qmin: lowest integer level of the membrane grid.
+        qmax: highest integer level of the membrane grid.
+        step_grad_scale: factor on the membrane step gradient.
+        store_v_seq: also return the membrane after reset at every step.
+    """
+
+    neuron: str
+    tau: Optional[float]
+    decay_input: bool
+    v_threshold: float
+    v_reset: Optional[float]
+    surrogate_function: Any
+    detach_reset: bool
+    qmin: int
+    qmax: int
+    step_grad_scale: float = 1.0
+    store_v_seq: bool = False
+
+    def __post_init__(self):
+        # one rule per kind of mistake: a wrong type is a TypeError, a wrong value a ValueError
+        if self.neuron not in NEURON_KINDS:
+            raise ValueError(f"neuron must be one of {list(NEURON_KINDS)}, got {self.neuron!r}")
+        for name in ("decay_input", "detach_reset", "store_v_seq"):
+            if not isinstance(getattr(self, name), bool):
+                value = getattr(self, name)
+                raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+        for name in ("qmin", "qmax"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+                raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
+            object.__setattr__(self, name, int(value))
+        if not self.qmin < self.qmax:
+            raise ValueError(f"qmin must be < qmax, got qmin={self.qmin}, qmax={self.qmax}")
+        object.__setattr__(self, "v_threshold", _real("v_threshold", self.v_threshold))
+        object.__setattr__(self, "step_grad_scale", _real("step_grad_scale", self.step_grad_scale))
+        if self.v_reset is not None:
+            object.__setattr__(self, "v_reset", _real("v_reset", self.v_reset))
+        if self.neuron == "lif":
+            object.__setattr__(self, "tau", _real("tau", self.tau, positive=True))
+
+
+def _real(name: str, value, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{name} must be a real number, got {value!r} ({type(value).__name__})")
+    value = float(value)
+    if not math.isfinite(value) or (positive and value <= 0.0):
+        kind = "a finite number > 0" if positive else "a finite number"
+        raise ValueError(f"{name} must be {kind}, got {value!r}")
+    return value
+
+
+def neuron_fire(hq: torch.Tensor, v_threshold: float) -> torch.Tensor:
+    r"""The spike :math:`S = \Theta(H_q - V_{th})` (1 where :math:`H_q \ge V_{th}`), in ``hq``'s dtype."""
+    return ((hq - v_threshold) >= 0).to(hq.dtype)
+
+
+def neuron_reset(hq: torch.Tensor, spike: torch.Tensor, v_reset: Optional[float], vr_q,
+                 theta_q) -> torch.Tensor:
+    r"""The membrane after the reset.
+
+    .. math::
+
+        V = H_q (1 - S) + V_{r,q} S\ \text{(hard)},\qquad V = H_q - \theta_q S\ \text{(soft)}
+
+    with gradients :math:`\partial V/\partial H_q = 1 - S` (hard) or 1 (soft) and
+    :math:`\partial V/\partial S = V_{r,q} - H_q` (hard) or :math:`-\theta_q` (soft). The one
+    written reset of the quantized neurons (reference step, one-node forward, per-step path).
+    """
+    if v_reset is None:
+        return hq - spike * theta_q
+    return (1.0 - spike) * hq + spike * vr_q
 
 
 def membrane_reset_values(step: torch.Tensor, qmin: int, qmax: int, v_threshold: float,
@@ -127,21 +220,14 @@ def neuron_charge(neuron: str, v, x, tau, k, decay_input: bool, vr):
     return v - (v - vr) * k + x
 
 
-def _check_args(x_seq, neuron, tau, w, step, qmin, qmax):
-    if neuron not in NEURON_KINDS:
-        raise ValueError(f"neuron must be one of {NEURON_KINDS}, got {neuron!r}")
+def _check_tensors(x_seq, neuron, w, step):
     if not isinstance(x_seq, torch.Tensor) or not x_seq.is_floating_point():
         raise TypeError(f"x_seq must be a floating-point tensor, got "
                         f"{getattr(x_seq, 'dtype', type(x_seq))}")
     if x_seq.dim() < 1:
         raise ValueError(f"x_seq must have shape [T, ...], got shape {tuple(x_seq.shape)}")
-    if neuron == "lif" and not (isinstance(tau, (int, float)) and tau > 0):
-        raise ValueError(f"tau must be a positive number for 'lif', got {tau!r}")
     if neuron == "plif" and not isinstance(w, torch.Tensor):
         raise ValueError(f"w must be a tensor for 'plif', got {type(w).__name__}")
-    if not (isinstance(qmin, int) and isinstance(qmax, int)) or qmin >= qmax:
-        raise ValueError(f"qmin and qmax must be ints with qmin < qmax, got qmin={qmin!r}, "
-                         f"qmax={qmax!r}")
     if not isinstance(step, torch.Tensor):
         if not step > 0:
             raise ValueError(f"step must be > 0, got {step!r}")
@@ -176,11 +262,7 @@ def quant_neuron_step_reference(x: torch.Tensor, v: torch.Tensor, *, neuron: str
     hq = (q * step).detach() + (h - h.detach()) * inside + (step - step.detach()) * dstep * step_grad_scale
     spike = surrogate_function(hq - v_threshold)
     spike_r = spike.detach() if detach_reset else spike
-    if v_reset is None:
-        v_next = hq - spike_r * theta_q
-    else:
-        v_next = (1.0 - spike_r) * hq + spike_r * vr_q
-    return spike, v_next
+    return spike, neuron_reset(hq, spike_r, v_reset, vr_q, theta_q)
 
 
 class QuantNeuronFunction(torch.autograd.Function):
@@ -192,9 +274,10 @@ class QuantNeuronFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x_seq, v_init, step, w, cfg):
-        """Run the time loop; ``cfg`` holds the Python constants of the neuron."""
-        (neuron, tau, decay_input, v_threshold, v_reset, surrogate_function, detach_reset,
-         qmin, qmax, step_grad_scale, store_v_seq) = cfg
+        """Run the time loop; ``cfg`` is the neuron's :class:`NeuronParams`."""
+        neuron, tau, decay_input = cfg.neuron, cfg.tau, cfg.decay_input
+        v_threshold, v_reset, qmin, qmax = cfg.v_threshold, cfg.v_reset, cfg.qmin, cfg.qmax
+        store_v_seq = cfg.store_v_seq
         dtype = x_seq.dtype
         s = step.detach().to(dtype)
         vr_q, theta_q = membrane_reset_values(s, qmin, qmax, v_threshold, v_reset)
@@ -209,12 +292,9 @@ class QuantNeuronFunction(torch.autograd.Function):
             h = neuron_charge(neuron, v, x_seq[t], tau, k, decay_input, vr_q)
             h_seq[t] = h
             hq = torch.clamp(torch.round(h / s), qmin, qmax) * s
-            spike = ((hq - v_threshold) >= 0).to(dtype)
+            spike = neuron_fire(hq, v_threshold)
             spike_seq[t] = spike
-            if v_reset is None:
-                v = hq - spike * theta_q
-            else:
-                v = (1.0 - spike) * hq + spike * vr_q
+            v = neuron_reset(hq, spike, v_reset, vr_q, theta_q)
             if keep_v:
                 v_seq[t] = v
         v_last = v.clone() if T > 0 else v.contiguous()
@@ -231,8 +311,11 @@ class QuantNeuronFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g_spike, g_v_last, g_v_seq):
         """Run the time loop in reverse (see the module docstring for the gradients)."""
-        (neuron, tau, decay_input, v_threshold, v_reset, surrogate_function, detach_reset,
-         qmin, qmax, step_grad_scale, store_v_seq) = ctx.cfg
+        cfg = ctx.cfg
+        neuron, tau, decay_input = cfg.neuron, cfg.tau, cfg.decay_input
+        v_threshold, v_reset, qmin, qmax = cfg.v_threshold, cfg.v_reset, cfg.qmin, cfg.qmax
+        surrogate_function, detach_reset = cfg.surrogate_function, cfg.detach_reset
+        step_grad_scale, store_v_seq = cfg.step_grad_scale, cfg.store_v_seq
         h_seq, v_seq, v_init, step, w, x_seq = ctx.saved_tensors
         dtype = h_seq.dtype
         T = h_seq.shape[0]
@@ -262,7 +345,7 @@ class QuantNeuronFunction(torch.autograd.Function):
             hs = h / s
             q = torch.clamp(torch.round(hs), qmin, qmax)
             hq = q * s
-            spike = ((hq - v_threshold) >= 0).to(dtype)
+            spike = neuron_fire(hq, v_threshold)
             if g_v_seq is not None:
                 g_v = g_v + g_v_seq[t]
             sg = surrogate_derivative(surrogate_function, hq - v_threshold)
@@ -339,10 +422,13 @@ def quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau: fl
     Returns:
         ``(spike_seq, v_last, v_seq)`` with ``v_seq`` ``None`` unless ``store_v_seq``.
     """
-    _check_args(x_seq, neuron, tau, w, step, qmin, qmax)
     if surrogate_function is None:
         from spikingjelly.activation_based import surrogate
         surrogate_function = surrogate.Sigmoid()
+    cfg = NeuronParams(neuron, tau if neuron == "lif" else None, decay_input, v_threshold,
+                       v_reset, surrogate_function, detach_reset, qmin, qmax, step_grad_scale,
+                       store_v_seq)
+    _check_tensors(x_seq, neuron, w, step)
     dev = x_seq.device
     if not isinstance(step, torch.Tensor):
         step = torch.tensor(float(step), dtype=x_seq.dtype, device=dev)
@@ -350,8 +436,5 @@ def quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau: fl
         v_init = torch.tensor(float(v_init), dtype=x_seq.dtype, device=dev)
     if w is None:
         w = torch.zeros((), device=dev)
-    cfg = (neuron, float(tau) if neuron == "lif" else None, bool(decay_input), float(v_threshold),
-           None if v_reset is None else float(v_reset), surrogate_function, bool(detach_reset),
-           int(qmin), int(qmax), float(step_grad_scale), bool(store_v_seq))
     spike_seq, v_last, v_seq = QuantNeuronFunction.apply(x_seq, v_init, step, w, cfg)
     return spike_seq, v_last, (v_seq if store_v_seq else None)

@@ -17,6 +17,9 @@ from typing import Any, Optional, Protocol
 import torch
 from torch.autograd.function import once_differentiable
 
+from ..functional import compute_dtype
+from ..functional.neuron import NeuronParams
+
 NEURON_CODES = {"if": 0, "lif": 1, "plif": 2}
 SURROGATE_CODES = {"Sigmoid": 0, "ATan": 1}
 SUPPORTED_SURROGATES = ("spikingjelly.activation_based.surrogate.Sigmoid",
@@ -41,19 +44,6 @@ def kernel_source() -> str:
         The source text, compiled by NVRTC on the GPU and by g++ (behind ``host_shim.h``) on the CPU.
     """
     return resources.files(__package__).joinpath(SOURCE_FILE).read_text(encoding="utf-8")
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """Return the dtype the kernels compute in for a storage ``dtype``.
-
-    .. math::
-        \\text{compute}(d) = \\begin{cases} \\text{float64} & d = \\text{float64} \\\\
-        \\text{float32} & d \\in \\{\\text{float32}, \\text{float16}, \\text{bfloat16}\\}\\end{cases}
-
-    Args:
-        dtype: storage dtype of the sequences (one of ``DTYPE_CODES``).
-    """
-    return torch.float64 if dtype == torch.float64 else torch.float32
 
 
 def _surrogate_kind(surrogate_function: Any) -> Optional[tuple[int, float]]:
@@ -297,12 +287,6 @@ def _check_real(name: str, value: Any, *, positive: bool = False) -> float:
     return value
 
 
-def _check_bool(name: str, value: Any) -> bool:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
-    return value
-
-
 def _check_scalar_tensor(name: str, value: Any) -> torch.Tensor:
     if not isinstance(value, torch.Tensor):
         raise TypeError(f"{name} must be a one-element floating-point tensor, got "
@@ -347,26 +331,21 @@ def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, *, neuron: str, t
         raise ValueError(f"x_seq must have a leading time dimension [T, ...], got shape "
                          f"{tuple(x_seq.shape)}")
     launcher.check_device("x_seq", x_seq)
-    if neuron not in NEURON_CODES:
-        raise ValueError(f"neuron must be one of {sorted(NEURON_CODES)}, got {neuron!r}")
-    neuron_code = NEURON_CODES[neuron]
-    decay_input = _check_bool("decay_input", decay_input)
-    detach_reset = _check_bool("detach_reset", detach_reset)
-    store_v_seq = _check_bool("store_v_seq", store_v_seq)
-    v_threshold = _check_real("v_threshold", v_threshold)
-    hard_reset = v_reset is not None
-    v_reset_value = _check_real("v_reset", v_reset) if hard_reset else 0.0
-    tau_value = _check_real("tau", tau, positive=True) if neuron == "lif" else 1.0
-    step_grad_scale = _check_real("step_grad_scale", step_grad_scale)
-    for name, value in (("qmin", qmin), ("qmax", qmax)):
-        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-            raise TypeError(f"{name} must be an int, got {value!r} ({type(value).__name__})")
-    if not qmin < qmax:
-        raise ValueError(f"qmin must be < qmax, got qmin={qmin}, qmax={qmax}")
     if surrogate_function is None:
         from spikingjelly.activation_based import surrogate
 
         surrogate_function = surrogate.Sigmoid()
+    # the neuron's constants, validated once by the object every path shares
+    params = NeuronParams(neuron, tau if neuron == "lif" else None, decay_input, v_threshold,
+                          v_reset, surrogate_function, detach_reset, qmin, qmax,
+                          step_grad_scale, store_v_seq)
+    neuron_code = NEURON_CODES[params.neuron]
+    decay_input, detach_reset = params.decay_input, params.detach_reset
+    store_v_seq, v_threshold = params.store_v_seq, params.v_threshold
+    hard_reset = params.v_reset is not None
+    v_reset_value = params.v_reset if hard_reset else 0.0
+    tau_value = params.tau if neuron == "lif" else 1.0
+    step_grad_scale, qmin, qmax = params.step_grad_scale, params.qmin, params.qmax
     kind = _surrogate_kind(surrogate_function)
     if kind is None:
         raise ValueError(f"the fused kernels support the surrogate functions "

@@ -34,8 +34,8 @@ _LIBRARY_NAME = "libsnnquant_neuron_host.so"
 def host_compiler() -> Optional[str]:
     """Path of the C++ compiler used for the host build (``$CXX`` or ``g++``), or ``None``.
 
-    .. math::
-        \\text{compiler} = \\$\\text{CXX} \\;\\text{or}\\; \\texttt{which g++}
+    The compiler is the one named by the ``CXX`` environment variable, or else ``g++`` found on
+    the ``PATH``.
 
     Returns:
         The compiler's path, or ``None`` when there is none.
@@ -56,9 +56,8 @@ class HostKernels:
     Runs each kernel body once per neuron in a loop (as one GPU thread per neuron would), on
     contiguous CPU tensors. Slow; meant for tests of the kernel arithmetic.
 
-    .. math::
-        \\text{forward}_{host}(i) \\equiv \\text{forward}_{GPU}(\\text{thread } i),\\quad
-        i = 0, \\dots, N - 1
+    The host runs, for each neuron :math:`i = 0, \\dots, N - 1` in turn, the code that GPU
+    thread :math:`i` runs, so its results are those of the GPU kernels.
 
     Args:
         library: path of the shared library made by :meth:`build`.
@@ -82,9 +81,8 @@ class HostKernels:
     def build(cls, build_dir: Union[str, Path], compiler: Optional[str] = None) -> "HostKernels":
         """Compile ``neuron.cu`` for the host into ``build_dir`` and load it.
 
-        .. math::
-            \\texttt{g++ } \\text{CXX\\_FLAGS} \\texttt{ host\\_shim.h + neuron.cu +
-            host\\_entry.h} \\rightarrow \\texttt{.so}
+        The compiler (with the flags in ``CXX_FLAGS``) builds ``host_shim.h``, ``neuron.cu`` and
+        ``host_entry.h``, concatenated, into a shared library.
 
         Args:
             build_dir: an existing directory for the generated source and the library.
@@ -167,8 +165,8 @@ class HostKernels:
                                 store_v_seq: bool = False):
         """:func:`snnquant.kernels.fused_quant_neuron_multi_step` on CPU tensors, via the host build.
 
-        .. math::
-            \\text{same dynamics and gradients as the GPU kernels}
+        The dynamics and gradients are those of the GPU kernels (and of
+        :func:`snnquant.functional.neuron.quant_neuron_multi_step`).
 
         Args:
             x_seq: input ``[T, N, ...]`` on the CPU; the other arguments as in

@@ -39,7 +39,8 @@ import torch
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import neuron, surrogate
 
-from ..functional.neuron import neuron_charge, membrane_reset_values, quant_neuron_multi_step
+from ..functional.neuron import (membrane_reset_values, neuron_charge, neuron_reset,
+                                 quant_neuron_multi_step)
 from .quantizers import QuantizerBase, UniformQuantizer, check_bits
 
 __all__ = ["QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "make_membrane_quantizer",
@@ -206,7 +207,15 @@ class _QuantNeuronMixin:
     def _reset_values(self, like):
         """``(v_reset_q, theta_q)``: on the quantizer's uniform grid when it has one (as the one-node
         path), else ``Q(v_reset)`` and ``None`` (soft reset then re-quantizes)."""
-        grid = self.v_quant.grid()
+        q = self.v_quant
+        if q.observing:  # the grid moves with every step: read it with tensor arithmetic only
+            step = q.current_step()
+            if step is not None:
+                step = step.detach().to(device=like.device, dtype=like.dtype)
+                vr_q = torch.zeros((), dtype=like.dtype, device=like.device) \
+                    if self.v_reset is None else self._on_grid(self.v_reset, like)
+                return vr_q, torch.ceil(self.v_threshold / step) * step
+        grid = None if q.observing else q.grid()
         if grid is not None and grid.per_tensor:
             return membrane_reset_values(grid.step.to(device=like.device, dtype=like.dtype),
                                          grid.qmin, grid.qmax, self.v_threshold, self.v_reset)
@@ -226,18 +235,16 @@ class _QuantNeuronMixin:
             hq = self._quantize_membrane(h)
             spike = self.surrogate_function(hq - self.v_threshold)
             spike_r = spike.detach() if self.detach_reset else spike
-            if self.v_reset is None:
-                if theta_q is not None:
-                    v = hq - spike_r * theta_q
-                else:
-                    was_training = self.v_quant.training
-                    self.v_quant.train(False)  # re-quantizing must not update statistics
-                    try:
-                        v = self._quantize_membrane(hq - spike_r * self.v_threshold)
-                    finally:
-                        self.v_quant.train(was_training)
+            if self.v_reset is None and theta_q is None:
+                # levels that are not a grid: subtract V_th and re-quantize
+                was_training = self.v_quant.training
+                self.v_quant.train(False)  # re-quantizing must not update statistics
+                try:
+                    v = self._quantize_membrane(hq - spike_r * self.v_threshold)
+                finally:
+                    self.v_quant.train(was_training)
             else:
-                v = (1.0 - spike_r) * hq + spike_r * vr_q
+                v = neuron_reset(hq, spike_r, self.v_reset, vr_q, theta_q)
             spikes.append(spike)
             if store_v_seq:
                 v_seq.append(v)

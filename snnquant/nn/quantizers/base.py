@@ -27,17 +27,18 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import base
 
+from ...functional import check_bit_width
+
 __all__ = ["Grid", "QuantizerBase", "check_bits", "signed_range"]
 
 
 def check_bits(bits, name: str = "bits", low: int = 1, high: int = 32) -> int:
     """Return ``bits`` if it is an int in ``[low, high]``, else raise ``ValueError`` naming it.
 
-    The one bit-width check of the package (the functional quantizers use it too).
+    The module-side spelling of :func:`snnquant.functional.check_bit_width`, the one bit-width
+    check of snnquant.
     """
-    if isinstance(bits, bool) or not isinstance(bits, int) or not low <= bits <= high:
-        raise ValueError(f"{name} must be an int in [{low}, {high}], got {bits!r}")
-    return bits
+    return check_bit_width(bits, name, low, high)
 
 
 def signed_range(bits: int, signed: bool):
@@ -165,16 +166,15 @@ class QuantizerBase(nn.Module, base.StepModule):
         """Stop the grid from moving: a learned step stops receiving gradients, an observed range
         stops following data (no-op for a fixed grid)."""
 
-    def value_range(self):
-        """``(low, high)`` of the output levels when known without data, else ``None``."""
+    def current_step(self) -> Optional[torch.Tensor]:
+        """The per-tensor step of the current grid as a 0-dim tensor, computed without reading
+        any device value on the host (so it can be called on every training step), or ``None``
+        when the grid is not uniform per tensor."""
         g = self.grid()
-        if g is None:
-            return None
-        if g.levels is not None:
-            return float(g.levels.min()), float(g.levels.max())
-        if g.step.dim() == 0 and not g.step.requires_grad:
-            s = float(g.step)
-            return g.qmin * s, g.qmax * s
+        return g.step if g is not None and g.per_tensor else None
+
+    def value_range(self):
+        """``(low, high)`` of the output levels of a fixed level set, else ``None``."""
         return None
 
     def config(self) -> dict:

@@ -28,8 +28,10 @@ class UniformQuantizer(ConfigCheckMixin, QuantizerBase):
 
     with :math:`q_{min} = -2^{b-1}, q_{max} = 2^{b-1} - 1` (signed) or :math:`0, 2^b - 1`.
     This is the default membrane quantizer of the quantized neurons: ``v_quant=b`` means
-    ``UniformQuantizer(b, step=v_threshold * 2 ** (2 - b))``, the range :math:`[-2V_{th}, 2V_{th})`
-    with :math:`2^{b-2}` levels per threshold.
+    ``UniformQuantizer(b, step=uniform_membrane_step(v_threshold, b))``, a power-of-two step whose
+    range covers :math:`[-2V_{th}, 2V_{th})` (exactly that range, with :math:`2^{b-2}` levels per
+    threshold, when :math:`V_{th}` is a power of two); see
+    :func:`~snnquant.nn.neurons.uniform_membrane_step`.
 
     Args:
         bits: bit width :math:`b` (2..32).
@@ -45,14 +47,30 @@ class UniformQuantizer(ConfigCheckMixin, QuantizerBase):
         self.signed = signed
         self.qmin, self.qmax = signed_range(bits, signed)
         self.register_buffer("step", torch.tensor(float(step)))
+        self._step_is_pow2 = _is_pow2(float(step))
         self._register_bits(bits)
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        key = prefix + "step"
+        if key in state_dict:
+            value = state_dict[key]
+            if value.dim() != 0 or not (math.isfinite(float(value)) and float(value) > 0):
+                layer = prefix[:-1] if prefix else "<root>"
+                raise ValueError(f"state_dict for {layer!r}: step must be a positive finite "
+                                 f"scalar, got {value.tolist()!r}")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+        self._step_is_pow2 = _is_pow2(float(self.step))
 
     def quantize(self, x):
         return QF.lsq_quantize_unchecked(x, self.step.to(x.dtype), self.qmin, self.qmax)
 
+    def value_range(self):
+        s = float(self.step)
+        return self.qmin * s, self.qmax * s
+
     def grid(self) -> Grid:
         """The fixed grid ``step * [qmin, qmax]``."""
-        return Grid(self.step, self.qmin, self.qmax, None, _is_pow2(float(self.step)))
+        return Grid(self.step, self.qmin, self.qmax, None, self._step_is_pow2)
 
     @property
     def can_set_step(self) -> bool:
@@ -69,7 +87,7 @@ class UniformQuantizer(ConfigCheckMixin, QuantizerBase):
 
     def config(self):
         return dict(super().config(), bits=self.bits, signed=self.signed, per_channel=False,
-                    power_of_two=_is_pow2(float(self.step)))
+                    power_of_two=self._step_is_pow2)
 
     def extra_repr(self):
         return (f"bits={self.bits}, step={float(self.step):g}, signed={self.signed}, "
@@ -120,6 +138,13 @@ class QuantizedBits(ConfigCheckMixin, QuantizerBase):
         qmin = int(self.keep_negative) * (-m + int(self.symmetric))
         return Grid(torch.tensor(step), qmin, m - 1, None, True)
 
+    def value_range(self):
+        g = self.grid()
+        if g is None:
+            return None
+        s = float(g.step)
+        return g.qmin * s, g.qmax * s
+
     def config(self):
         return dict(super().config(), bits=self.bits, integer=self.integer,
                     symmetric=self.symmetric, keep_negative=self.keep_negative,
@@ -165,6 +190,10 @@ class StateQuant(ConfigCheckMixin, QuantizerBase):
         """The level table (not a uniform grid): ``Grid(step=None, levels=...)``."""
         lv = self.levels
         return Grid(None, 0, lv.numel() - 1, None, False, levels=lv)
+
+    def value_range(self):
+        lv = self.levels
+        return float(lv.min()), float(lv.max())
 
     def config(self):
         return dict(super().config(), bits=self.bits, uniform=self.uniform,

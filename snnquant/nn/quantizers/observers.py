@@ -149,6 +149,10 @@ class MinMaxObserver(InitFlagMixin, ConfigCheckMixin, nn.Module):
             qmin, qmax = int(lo_all[0]), int(qmax.reshape(-1)[0])
         return Grid(step, qmin, qmax, self.channel_dim if self.per_channel else None, False)
 
+    def current_step(self) -> Optional[torch.Tensor]:
+        """The step of the current range (tensor arithmetic only), ``None`` per channel."""
+        return None if self.per_channel else self.calculate_qparams()[0]
+
     def ensure_initialized(self, x: torch.Tensor) -> None:
         """Observe ``x`` unless a range was already observed."""
         if not self.is_initialized:
