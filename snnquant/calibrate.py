@@ -45,6 +45,7 @@ import torch.nn as nn
 from .nn.quantizers.base import QuantizerBase
 
 __all__ = ["calibrate", "CalibrationReport", "CalibratedQuantizer", "SkippedQuantizer", "run_batches",
+           "batch_input",
            "CALIBRATION_METHODS"]
 
 CALIBRATION_METHODS = ("minmax", "percentile", "mse")
@@ -224,7 +225,9 @@ def _quantized_modules(model: nn.Module):
     return out
 
 
-def _input_of(batch, index: int) -> torch.Tensor:
+def batch_input(batch, index: int) -> torch.Tensor:
+    """The input tensor ``[T, N, ...]`` of a batch (a tensor, or an ``(input, target)`` pair);
+    ``index`` names the batch in the error for anything else."""
     x = batch[0] if isinstance(batch, (tuple, list)) else batch
     if not isinstance(x, torch.Tensor) or x.dim() < 3:
         raise ValueError(f"batches[{index}] must be an input tensor [T, N, ...] or an (input, "
@@ -252,7 +255,7 @@ def run_batches(model: nn.Module, batches: Iterable, num_batches: Optional[int] 
         for i, batch in enumerate(batches):
             if num_batches is not None and i >= num_batches:
                 break
-            x = _input_of(batch, i)
+            x = batch_input(batch, i)
             if ref is not None:
                 x = x.to(device=ref.device, dtype=ref.dtype if x.is_floating_point() else None)
             sjf.reset_net(model)

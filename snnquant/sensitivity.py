@@ -223,7 +223,7 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
     Returns:
         A :class:`SensitivityResult` (``str()`` is the table, ``.plot()`` a heat map).
     """
-    from .calibrate import CALIBRATION_METHODS, _input_of, calibrate, run_batches
+    from .calibrate import CALIBRATION_METHODS, batch_input, calibrate, run_batches
     from .convert import QuantConfig, quantize_model
     from .summary import summary
     from .utils import copy_model
@@ -263,7 +263,7 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
         config, weight_bits=8 if weights else config.weight_bits,
         v_bits=8 if membranes else config.v_bits, overrides={}))
     replaced = {r.name for r in report.replaced}
-    first = _input_of(batch_list[0], 0)[:, :1]
+    first = batch_input(batch_list[0], 0)[:, :1]
     rows = {r["name"]: r for r in summary(probe, first).rows}
     layers, costs = [], []
     fixed = 0.0
