@@ -30,6 +30,8 @@ def main():
     ap = common.common_args(__doc__, default_epochs=4)
     ap.add_argument("--method", default="mse", choices=("minmax", "percentile", "mse"))
     ap.add_argument("--calib-batches", type=int, default=8)
+    ap.add_argument("--skip-qat", action="store_true",
+                    help="PTQ and fine-tuning only (no quantization-aware training from scratch)")
     args = ap.parse_args()
     if args.quick:
         args.epochs, args.seeds = 1, args.seeds[:1]
@@ -56,15 +58,24 @@ def main():
                 q, acc = bench.train(None, seed * 1000 + e, epochs=1, model=q,
                                      lr=bench.args.lr / 10)
                 rows[f"W{w}/V{v} PTQ + {e} fine-tuning epochs"].append(acc)
-            _, acc = bench.train(cfg, seed)
-            rows[f"W{w}/V{v} QAT"].append(acc)
-            print(f"seed {seed} W{w}/V{v}: PTQ {rows[f'W{w}/V{v} PTQ'][-1]:.4f}, "
-                  f"QAT {acc:.4f}", flush=True)
+            if not args.skip_qat:
+                _, acc = bench.train(cfg, seed)
+                rows[f"W{w}/V{v} QAT"].append(acc)
+            print(f"seed {seed} W{w}/V{v}: " + ", ".join(
+                f"{k.split(' ', 1)[1]} {vals[-1]:.4f}" for k, vals in rows.items()
+                if k.startswith(f"W{w}/V{v} ") and vals), flush=True)
+        report(args, rows, seeds_done=args.seeds[:args.seeds.index(seed) + 1])
+
+
+def report(args, rows, seeds_done):
+    """Print the table and (unless --quick) write the results, after every seed."""
+    rows = {k: v for k, v in rows.items() if v}
     fp_med = common.spread(rows["full precision"])[0]
     data = "built-in digits (N-MNIST format)" if args.data_root is None else args.data_root
     lines = [f"Data: {data}; full precision and QAT trained {args.epochs} epochs from scratch; "
              f"PTQ: calibrate(method={args.method!r}, {args.calib_batches} batches) of the folded "
-             f"full-precision network, fine-tuning at lr/10; seeds {args.seeds}; median (min..max).",
+             f"full-precision network, fine-tuning at lr/10; seeds {seeds_done} (of {args.seeds} "
+             f"asked); median (min..max).",
              "", "| configuration | test accuracy | vs full precision (median) |", "|---|---|---|"]
     for name, values in rows.items():
         med = common.spread(values)[0]
@@ -74,7 +85,8 @@ def main():
     if not args.quick:
         suffix = "" if args.data_root is None else "_real"
         common.write_results(f"accuracy_ptq{suffix}", dict(
-            epochs=args.epochs, seeds=args.seeds, data=data, method=args.method,
+            epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
+            method=args.method, skip_qat=args.skip_qat,
             calib_batches=args.calib_batches, rows=rows), table, args.out)
 
 
