@@ -62,15 +62,24 @@ def main():
                 r["agreement"].append(agreement)
                 r["weight_bits"] = bits
             r["seconds"].append(time.time() - t0)
-            print(f"seed {seed} {name}: {100 * acc:.2f}%", flush=True)
+            print(f"seed {seed} {name}: {100 * acc:.2f}%" + (
+                f", BN folded {100 * r['folded_acc'][-1]:.2f}%, integer agreement "
+                f"{100 * r['agreement'][-1]:.2f}%" if cfg is not None else ""), flush=True)
+        report(args, rows, args.seeds[:args.seeds.index(seed) + 1])
+
+
+def report(args, rows, seeds_done):
+    """Print the table and (unless --quick) write the results, after every seed."""
     fp = common.spread(rows["full precision"]["test_acc"])[0]
     data = "built-in digits (N-MNIST format)" if args.data_root is None else args.data_root
-    lines = [f"Data: {data}; {args.epochs} epochs from scratch, seeds {args.seeds}; median "
-             f"(min..max).", "",
+    lines = [f"Data: {data}; {args.epochs} epochs from scratch, seeds {seeds_done} (of "
+             f"{args.seeds} asked); median (min..max).", "",
              "| configuration | test accuracy | vs full precision (median) | BN folded | "
              "integer agreement | exported weight bits |", "|---|---|---|---|---|---|"]
     for name, _ in configs():
         r = rows[name]
+        if not r["test_acc"]:
+            continue
         med = common.spread(r["test_acc"])[0]
         folded = common.fmt(r["folded_acc"]) if r["folded_acc"] else "-"
         agree = common.fmt(r["agreement"]) if r["agreement"] else "-"
@@ -81,7 +90,8 @@ def main():
     if not args.quick:
         suffix = "" if args.data_root is None else "_real"
         common.write_results(f"accuracy_binary_ternary{suffix}", dict(
-            epochs=args.epochs, seeds=args.seeds, data=data, rows=rows), table, args.out)
+            epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data, rows=rows),
+            table, args.out)
 
 
 if __name__ == "__main__":

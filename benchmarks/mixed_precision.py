@@ -65,12 +65,17 @@ def main():
             rows[name].append(acc)
             print(f"seed {seed} {name}: {100 * acc:.2f}% ({size:.0f} of {budget:.0f} bytes)",
                   flush=True)
+        report(args, rows, assignments, args.seeds[:args.seeds.index(seed) + 1])
+
+
+def report(args, rows, assignments, seeds_done):
+    """Print the table and (unless --quick) write the results, after every seed."""
     data = "built-in digits (N-MNIST format)" if args.data_root is None else args.data_root
     best_uniform = max(("uniform W3", "uniform W2"), key=lambda k: common.spread(rows[k])[0])
     lines = [f"Data: {data}; every configuration trained {args.epochs} epochs from scratch "
-             f"(quantization-aware), seeds {args.seeds}; budget = uniform 3-bit weights + 16-bit "
-             f"biases + 8-bit membrane state = {assignments[0]['budget_bytes']:.0f} bytes; "
-             f"median (min..max).", "",
+             f"(quantization-aware), seeds {seeds_done} (of {args.seeds} asked); budget = uniform "
+             f"3-bit weights + 16-bit biases + 8-bit membrane state = "
+             f"{assignments[0]['budget_bytes']:.0f} bytes; median (min..max).", "",
              "| configuration | test accuracy | vs best uniform (median) |", "|---|---|---|"]
     best = common.spread(rows[best_uniform])[0]
     for name, values in rows.items():
@@ -83,7 +88,7 @@ def main():
     print(table)
     if not args.quick:
         common.write_results("mixed_precision", dict(
-            epochs=args.epochs, seeds=args.seeds, data=data, rows=rows,
+            epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data, rows=rows,
             assignments=assignments), table, args.out)
 
 
