@@ -177,3 +177,16 @@ def test_calibrate_sets_binary_alpha_by_its_own_rule():
     assert torch.allclose(q[0].weight_quant.alpha, w.abs().mean(dim=(1, 2, 3)))
     assert report["0", "weight"].method == "own rule"
     assert not q[0].weight_quant.alpha.requires_grad
+
+
+def test_nir_export_of_binary_weights():
+    import numpy as np
+    from snnquant.export import to_nir
+    net = nn.Sequential(layer.Linear(8, 4), neuron.LIFNode(tau=2.0))
+    sjf.set_step_mode(net, "m")
+    q, _ = quantize_model(net, QuantConfig(weight_bits=1, per_channel=True, v_bits=8))
+    graph = to_nir(q.eval(), input_shape=(8,))
+    w = np.asarray(graph.nodes["0"].weight)
+    # one magnitude per output channel (alpha_c, in whatever unit NIR gets), the signs of w
+    assert np.allclose(np.abs(w), np.abs(w[:, :1])) and np.all(np.abs(w) > 0)
+    assert np.array_equal(np.sign(w), np.where(net[0].weight.detach().numpy() >= 0, 1, -1))
