@@ -197,3 +197,20 @@ def test_bad_arguments_name_themselves():
         calibrate(q, [])
     with pytest.raises(ValueError, match="quantize_model"):
         calibrate(mlp(), batches())
+
+
+def test_minmax_membrane_range_comes_from_the_charge_and_stays():
+    from snnquant.nn import MinMaxQuantizer, QuantLIFNode, QuantLinear
+    torch.manual_seed(0)
+    net = nn.Sequential(QuantLinear(20, 16, weight_quant=8, step_mode="m"),
+                        QuantLIFNode(tau=2.0, v_quant=MinMaxQuantizer(8), step_mode="m"))
+    report = calibrate(net, batches(scale=3.0))
+    entry = report["1", "membrane"]
+    vq = net[1].v_quant
+    lo, hi = float(vq.min_val), float(vq.max_val)
+    assert lo <= entry.observed[0] and hi >= max(entry.observed[1], 1.0)
+    assert entry.clipped_fraction == 0.0 and vq.frozen
+    net.train()
+    sjf.reset_net(net)
+    net(batches(scale=10.0)[0][0])
+    assert (float(vq.min_val), float(vq.max_val)) == (lo, hi)
