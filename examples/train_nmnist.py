@@ -4,6 +4,7 @@ digits dataset) with quantization in the loop.
     python examples/train_nmnist.py                                  # built-in data, 4-bit/8-bit
     python examples/train_nmnist.py --weight-bits 2 --v-bits 4
     python examples/train_nmnist.py --weight-bits 0 --v-bits 0       # full precision baseline
+    python examples/train_nmnist.py --ptq runs/nmnist/model.pt --finetune-epochs 3  # PTQ of it
     python examples/train_nmnist.py --data-root /data/N-MNIST --device cuda --backend auto
     torchrun --nproc_per_node=2 examples/train_nmnist.py --epochs 2  # DDP (gloo on CPU, nccl on GPU)
 
