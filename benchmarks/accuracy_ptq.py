@@ -32,6 +32,10 @@ def main():
     ap.add_argument("--calib-batches", type=int, default=8)
     ap.add_argument("--skip-qat", action="store_true",
                     help="PTQ and fine-tuning only (no quantization-aware training from scratch)")
+    ap.add_argument("--qat-only", action="store_true",
+                    help="only the quantization-aware training from scratch (written to "
+                         "accuracy_qat.*; the full-precision and PTQ rows come from a --skip-qat "
+                         "run with the same seeds and epochs)")
     args = ap.parse_args()
     if args.quick:
         args.epochs, args.seeds = 1, args.seeds[:1]
@@ -44,6 +48,8 @@ def main():
         for kind in ("PTQ", *[f"PTQ + {e} fine-tuning epochs" for e in
                               range(1, FINETUNE_EPOCHS + 1 if w < 8 else 1)], "QAT"):
             rows[f"W{w}/V{v} {kind}"] = []
+    if args.qat_only:
+        return qat_only(args, bench)
     for seed in args.seeds:
         fp, _ = bench.train(None, seed)
         fp = fold_batchnorm(fp.eval())
@@ -65,6 +71,27 @@ def main():
                 f"{k.split(' ', 1)[1]} {vals[-1]:.4f}" for k, vals in rows.items()
                 if k.startswith(f"W{w}/V{v} ") and vals), flush=True)
         report(args, rows, seeds_done=args.seeds[:args.seeds.index(seed) + 1])
+
+
+def qat_only(args, bench):
+    import snnquant
+    rows = {f"W{w}/V{v} QAT": [] for w, v in BITS}
+    for seed in args.seeds:
+        for w, v in BITS:
+            cfg = snnquant.QuantConfig(weight_bits=w, per_channel=True, v_bits=v)
+            _, acc = bench.train(cfg, seed)
+            rows[f"W{w}/V{v} QAT"].append(acc)
+            print(f"seed {seed} W{w}/V{v} QAT {acc:.4f}", flush=True)
+        done = args.seeds[:args.seeds.index(seed) + 1]
+        lines = [f"QAT from scratch, {args.epochs} epochs, seeds {done} (of {args.seeds} asked); "
+                 f"median (min..max).", "", "| configuration | test accuracy |", "|---|---|"]
+        lines += [f"| {k} | {common.fmt(v)} |" for k, v in rows.items() if v]
+        table = "\n".join(lines)
+        print(table)
+        if not args.quick:
+            suffix = "" if args.data_root is None else "_real"
+            common.write_results(f"accuracy_qat{suffix}", dict(
+                epochs=args.epochs, seeds=done, seeds_asked=args.seeds, rows=rows), table, args.out)
 
 
 def report(args, rows, seeds_done):
