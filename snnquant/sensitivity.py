@@ -246,6 +246,9 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
     if 1 in cands and membranes:
         raise ValueError("candidates contains 1 (binary weights) but membranes need >= 2 bits: "
                          "pass membranes=False or drop 1")
+    if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
+                                    or num_batches < 1):
+        raise ValueError(f"num_batches must be None or an int >= 1, got {num_batches!r}")
     batch_list = list(itertools.islice(iter(batches), num_batches))
     if not batch_list:
         raise ValueError("batches yielded no batch")

@@ -152,3 +152,16 @@ def test_bad_sensitivity_arguments():
         sensitivity(mlp(), [])
     with pytest.raises(ValueError, match="calibration"):
         sensitivity(mlp(), data(), calibration="kl")
+    with pytest.raises(ValueError, match="num_batches"):
+        sensitivity(mlp(), data(), num_batches=-1)
+    with pytest.raises(ValueError, match="membranes"):
+        sensitivity(mlp(), data(), candidates=(1, 2))
+
+
+def test_binary_candidate():
+    res = sensitivity(mlp(), data(n=1), candidates=(1, 4), membranes=False)
+    assert len(res.entries) == 6 and res.costs[0].count == 12 * 24
+    cfg = assign_bits(res, budget_bits=1)
+    assert all(o == {"weight_bits": 1} for o in cfg.overrides.values())
+    q, _ = quantize_model(mlp(), cfg)
+    assert q[0].weight_quant.num_bits == 1
