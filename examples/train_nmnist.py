@@ -4,6 +4,7 @@ digits dataset) with quantization in the loop.
     python examples/train_nmnist.py                                  # built-in data, 4-bit/8-bit
     python examples/train_nmnist.py --weight-bits 2 --v-bits 4
     python examples/train_nmnist.py --weight-bits 0 --v-bits 0       # full precision baseline
+    python examples/train_nmnist.py --ptq runs/nmnist/model.pt --finetune-epochs 3  # PTQ of it
     python examples/train_nmnist.py --data-root /data/N-MNIST --device cuda --backend auto
     python examples/train_nmnist.py --dataset dvs128_gesture --data-root /data/DVS128Gesture
     python examples/train_nmnist.py --dataset shd --data-root /data/SHD
@@ -81,8 +82,17 @@ def parse_args(argv=None):
                          "stratified and chosen by --seed (the built-in digits: a fixed subset)")
     ap.add_argument("--no-integer-check", action="store_true",
                     help="skip BN folding, integer export and the agreement check at the end")
-    ap.add_argument("--finetune-epochs", type=int, default=10,
-                    help="epochs of fine-tuning after folding BN, before integer export")
+    ap.add_argument("--finetune-epochs", type=int, default=None,
+                    help="epochs of fine-tuning after folding BN, before integer export (default "
+                         "10); with --ptq, after calibration (default 0: no training)")
+    ap.add_argument("--ptq", metavar="CHECKPOINT", default=None,
+                    help="post-training quantization: load the full-precision model.pt (or "
+                         "checkpoint.pt) of a --weight-bits 0 --v-bits 0 run, fold BN, quantize "
+                         "to --weight-bits/--v-bits, calibrate on --calib-batches training "
+                         "batches, evaluate, fine-tune --finetune-epochs epochs, export")
+    ap.add_argument("--calib-batches", type=int, default=8, help="--ptq: calibration batches")
+    ap.add_argument("--calib-method", default="mse", choices=("minmax", "percentile", "mse"),
+                    help="--ptq: snnquant.calibrate method")
     ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: simulate an interruption
     args = ap.parse_args(argv)
     if args.dataset != "nmnist" and args.data_root is None:
@@ -100,6 +110,15 @@ def parse_args(argv=None):
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.lr <= 0:
         ap.error(f"--lr must be > 0, got {args.lr}")
+    if args.finetune_epochs is None:
+        args.finetune_epochs = 0 if args.ptq else 10
+    if args.finetune_epochs < 0 or args.calib_batches < 1:
+        ap.error(f"--finetune-epochs must be >= 0 and --calib-batches >= 1, got "
+                 f"{args.finetune_epochs} and {args.calib_batches}")
+    if args.ptq and (args.weight_bits == 0 or args.v_bits == 0):
+        ap.error("--ptq quantizes a full-precision model: give --weight-bits and --v-bits > 0")
+    if args.ptq and not Path(args.ptq).is_file():
+        ap.error(f"--ptq: no checkpoint file at {args.ptq}")
     return args
 
 
@@ -406,6 +425,63 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
             "c_rom_bytes": mem.rom_bytes, "c_ram_bytes": mem.ram_bytes}
 
 
+def run_ptq(args, train_set, test_set, device, out: Path):
+    """``--ptq``: quantize a trained full-precision network without retraining it.
+
+    Fold BN into the full-precision weights, ``snnquant.quantize_model``, ``snnquant.calibrate`` on
+    ``--calib-batches`` training batches, evaluate; fine-tune ``--finetune-epochs`` epochs
+    (quantization in the loop, steps frozen by the calibration); export to integers and report the
+    integer agreement. Writes ``ptq.json`` and ``model_int.safetensors``.
+    """
+    import itertools
+
+    import snnquant
+    from snnquant.export import fold_batchnorm, integer_agreement, save_integer, to_integer
+
+    try:  # checksum verified, no pickle
+        state = snnquant.load_checkpoint(args.ptq, map_location="cpu")
+    except (OSError, ValueError) as exc:
+        raise SystemExit(f"--ptq: {exc}") from None
+    state = state.get("model", state) if isinstance(state.get("model"), dict) else state
+    net = build_network(args)
+    net.load_state_dict(state)
+    net = fold_batchnorm(net.eval()).to(device)
+    train_loader, test_loader = make_loaders(train_set, test_set, args, 0, 1, 0)
+    _, fp_acc = run_epoch(net, test_loader, None, None, args, device, False, 0, 0,
+                          label="test full precision", reduce=False)
+    model, _ = quantize(net, args)
+    calib = ((frames.float().transpose(0, 1), y)
+             for frames, y in itertools.islice(train_loader, args.calib_batches))
+    report = snnquant.calibrate(model, calib, method=args.calib_method)
+    print(report)
+    _, ptq_acc = run_epoch(model, test_loader, None, None, args, device, False, 0, 0,
+                           label="test PTQ", reduce=False)
+    result = dict(full_precision_test_acc=fp_acc, ptq_test_acc=ptq_acc, finetune=[])
+    print(f"full precision {100 * fp_acc:.2f}%, PTQ W{args.weight_bits}/V{args.v_bits} "
+          f"({args.calib_method}, {args.calib_batches} batches): {100 * ptq_acc:.2f}%")
+    if args.finetune_epochs:
+        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=args.lr / 10)
+        for e in range(args.finetune_epochs):
+            loader, _ = make_loaders(train_set, test_set, args, 0, 1, e)
+            run_epoch(model, loader, opt, None, args, device, True, 0, e, label="fine-tune PTQ",
+                      reduce=False)
+            _, acc = run_epoch(model, test_loader, None, None, args, device, False, 0, e,
+                               label="test PTQ", reduce=False)
+            result["finetune"].append(dict(epoch=e + 1, test_acc=acc))
+            print(f"PTQ + {e + 1} fine-tuning epochs: {100 * acc:.2f}%")
+    result["test_acc"] = result["finetune"][-1]["test_acc"] if result["finetune"] else ptq_acc
+    if not args.no_integer_check and args.weight_quantizer == "lsq_pow2" \
+            and args.membrane_quantizer == "uniform":
+        model = model.cpu().eval()
+        x_seq = torch.stack([torch.as_tensor(test_set[i][0]) for i in range(min(64, len(test_set)))])
+        desc = to_integer(model)
+        save_integer(desc, out / "model_int.safetensors")
+        result["agreement"] = float(integer_agreement(model, x_seq.float().transpose(0, 1), desc))
+        print(f"integer model agreement: {100 * result['agreement']:.2f}%")
+    atomic_write_text(out / "ptq.json", json.dumps(dict(flags=vars(args), result=result), indent=2))
+    return result
+
+
 def main(argv=None):
     args = parse_args(argv)
     import snnquant
@@ -434,6 +510,8 @@ def main(argv=None):
         check_resume_config(ckpt, run_configuration(args, world), ckpt_path)
 
     train_set, test_set = load_data(args, rank)
+    if args.ptq:
+        return run_ptq(args, train_set, test_set, device, out)
     model, report = quantize(build_network(args), args)
     model.to(device)
     if rank == 0 and report is not None:

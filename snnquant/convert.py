@@ -20,8 +20,9 @@ from .functional.state import STATE_QUANT_MAX_BITS
 from .nn.layers import QuantConv1d, QuantConv2d, QuantLinear
 from .kernels.dispatch import DEFAULT_BACKEND
 from .nn.neurons import BACKENDS, QuantIFNode, QuantLIFNode, QuantParametricLIFNode
-from .nn.quantizers import (LSQQuantizer, MinMaxQuantizer, QuantizedBits, StateQuant,
-                            UniformQuantizer, WeightGridBiasQuantizer)
+from .nn.quantizers import (BinaryQuantizer, LSQQuantizer, MinMaxQuantizer, QuantizedBits,
+                            StateQuant, TernaryQuantizer, UniformQuantizer,
+                            WeightGridBiasQuantizer)
 from .nn.neurons import uniform_membrane_step
 from .summary import Summary, summary  # noqa: F401  (still importable from snnquant.convert)
 from .utils import copy_model
@@ -29,7 +30,7 @@ from .utils import copy_model
 __all__ = ["QuantConfig", "QuantConfigTypeError", "QuantReport", "ReplacedModule", "SkippedModule", "quantize_model",
            "WEIGHT_QUANTIZERS", "MEMBRANE_QUANTIZERS"]
 
-WEIGHT_QUANTIZERS = ("lsq", "lsq_pow2", "minmax", "quantized_bits")
+WEIGHT_QUANTIZERS = ("lsq", "lsq_pow2", "minmax", "quantized_bits", "ternary")
 MEMBRANE_QUANTIZERS = ("uniform", "threshold_centered", "lsq")
 
 
@@ -42,11 +43,18 @@ class QuantConfig:
     r"""What :func:`quantize_model` does to each layer and neuron.
 
     Args:
-        weight_bits: bit width of synaptic weights (2..32), or ``None`` to leave layers as they are.
+        weight_bits: bit width of synaptic weights (1..32), or ``None`` to leave layers as they are.
+            1 means binary weights :math:`\alpha\,\mathrm{sign}(w)`
+            (:class:`~snnquant.nn.BinaryQuantizer`, learned :math:`\alpha` initialised to
+            :math:`\mathrm{mean}|w|`, a power of two with ``'lsq_pow2'``, any with ``'lsq'``; the
+            other weight quantizers refuse 1 bit).
         weight_quantizer: ``'lsq_pow2'`` (default: learned step restricted to powers of two, so
             that the network exports to integers exactly, see :mod:`snnquant.export`), ``'lsq'``
-            (learned step, Esser et al. 2020, any positive step), ``'minmax'`` (EMA min/max range)
-            or ``'quantized_bits'`` (QKeras, fixed range :math:`[-1, 1)`).
+            (learned step, Esser et al. 2020, any positive step), ``'minmax'`` (EMA min/max range),
+            ``'quantized_bits'`` (QKeras, fixed range :math:`[-1, 1)`) or ``'ternary'``
+            (:math:`\{-\alpha, 0, +\alpha\}`, :class:`~snnquant.nn.TernaryQuantizer`: TWN's
+            threshold :math:`0.7\,\mathrm{mean}|w|`, learned power-of-two :math:`\alpha`; it
+            needs ``weight_bits=2``, the width its values are stored in, and refuses any other).
         per_channel: one step/range per output channel (``'lsq'``, ``'lsq_pow2'``, ``'minmax'``).
         bias_bits: bit width of biases (default 16), quantized on the layer's weight grid
             (:class:`~snnquant.nn.WeightGridBiasQuantizer`: integer biases in accumulator units),
@@ -86,12 +94,13 @@ class QuantConfig:
         """
         for name in ("weight_bits", "bias_bits", "v_bits"):
             value = getattr(self, name)
+            low = 1 if name == "weight_bits" else 2
             if value is not None:
                 if isinstance(value, bool) or not isinstance(value, int):
-                    raise QuantConfigTypeError(f"{name} must be None or an int in [2, 32], got "
+                    raise QuantConfigTypeError(f"{name} must be None or an int in [{low}, 32], got "
                                                f"{value!r} ({type(value).__name__})")
-                if not 2 <= value <= 32:
-                    raise ValueError(f"{name} must be None or an int in [2, 32], got {value!r}")
+                if not low <= value <= 32:
+                    raise ValueError(f"{name} must be None or an int in [{low}, 32], got {value!r}")
         if not isinstance(self.per_channel, bool):
             raise QuantConfigTypeError(f"per_channel must be True or False, got "
                                        f"{self.per_channel!r} ({type(self.per_channel).__name__})")
@@ -103,6 +112,12 @@ class QuantConfig:
                                            f"({type(value).__name__})")
             if value not in choices:
                 raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+        if self.weight_quantizer == "ternary" and self.weight_bits not in (None, 2):
+            raise ValueError(f"weight_quantizer='ternary' stores -1/0/+1 in 2 bits: weight_bits "
+                             f"must be 2 (or None), got {self.weight_bits!r}")
+        if self.weight_bits == 1 and self.weight_quantizer not in ("lsq", "lsq_pow2"):
+            raise ValueError(f"weight_bits=1 (binary weights, learned alpha) needs "
+                             f"weight_quantizer 'lsq_pow2' or 'lsq', got {self.weight_quantizer!r}")
         if self.membrane_quantizer == "threshold_centered" and (self.v_bits or 0) > STATE_QUANT_MAX_BITS:
             raise ValueError(f"v_bits={self.v_bits} is above the limit of {STATE_QUANT_MAX_BITS} bits "
                              "of membrane_quantizer='threshold_centered' (a table of 2**v_bits levels)")
@@ -186,6 +201,12 @@ class QuantReport:
 
 def _weight_quantizer(cfg: QuantConfig, bits: int, num_channels: int):
     kind = cfg.weight_quantizer
+    if kind == "ternary":
+        return TernaryQuantizer(alpha="learned", threshold=0.7, per_channel=cfg.per_channel,
+                                channel_dim=0, power_of_two=True, num_channels=num_channels)
+    if bits == 1:
+        return BinaryQuantizer(alpha="learned", per_channel=cfg.per_channel, channel_dim=0,
+                               power_of_two=kind == "lsq_pow2", num_channels=num_channels)
     if kind in ("lsq", "lsq_pow2"):
         return LSQQuantizer(bits, signed=True, per_channel=cfg.per_channel, channel_dim=0,
                             power_of_two=kind == "lsq_pow2", num_channels=num_channels)

@@ -108,7 +108,9 @@ def test_bad_config():
     with pytest.raises(ValueError, match=r"v_bits.*\[2, 32\].*40"):
         QuantConfig(v_bits=40)
     with pytest.raises(ValueError, match="weight_bits"):
-        QuantConfig(weight_bits=1)
+        QuantConfig(weight_bits=0)  # 1 is binary weights (issue 15)
+    with pytest.raises(ValueError, match="weight_bits=1"):
+        QuantConfig(weight_bits=1, weight_quantizer="quantized_bits")
     with pytest.raises(ValueError, match="unknown fields"):
         QuantConfig(overrides={"x": {"bits": 3}})
     with pytest.raises(ValueError, match="weight_bits"):

@@ -28,7 +28,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 
-from .integer_ops import PACKABLE_BITS, pack_int
+from .integer_ops import fits_packed, pack_int
 
 __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "SynapseOp", "NeuronOp", "PoolOp", "FlattenOp", "IntegerNetwork",
            "ExportError"]
@@ -76,7 +76,7 @@ class SynapseOp:
         in_frac_bits: :math:`F_{in}`.
         out_frac_bits: :math:`F`.
         stride, padding, dilation, groups: convolution parameters (per spatial dimension).
-        weight_packed: for 2- and 4-bit weights, the weights packed by
+        weight_packed: for 1-, 2- and 4-bit weights, the weights packed by
             :func:`~snnquant.export.pack_int` (``uint8``), else ``None``.
     """
 
@@ -100,10 +100,8 @@ class SynapseOp:
     op_type = "synapse"
 
     def __post_init__(self):
-        if self.weight_packed is None and self.weight_bits in PACKABLE_BITS:
-            lo, hi = -(1 << (self.weight_bits - 1)), (1 << (self.weight_bits - 1)) - 1
-            if self.weight.numel() == 0 or (int(self.weight.min()) >= lo and int(self.weight.max()) <= hi):
-                self.weight_packed = pack_int(self.weight, self.weight_bits)
+        if self.weight_packed is None and fits_packed(self.weight, self.weight_bits):
+            self.weight_packed = pack_int(self.weight, self.weight_bits)
 
     @property
     def out_channels(self) -> int:

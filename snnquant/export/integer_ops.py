@@ -13,10 +13,12 @@ from typing import Optional
 
 import torch
 
-__all__ = ["round_half_even_shift", "pack_int", "unpack_int", "pow2_exponent", "PACKABLE_BITS"]
+__all__ = ["round_half_even_shift", "pack_int", "unpack_int", "fits_packed", "pow2_exponent",
+           "PACKABLE_BITS"]
 
-#: Bit widths whose weights are also stored packed, several values to a byte.
-PACKABLE_BITS = (2, 4)
+#: Bit widths whose weights are also stored packed, several values to a byte (1 bit: the signs
+#: of binary weights, -1 or +1).
+PACKABLE_BITS = (1, 2, 4)
 
 
 def round_half_even_shift(d, k: int):
@@ -61,19 +63,40 @@ def _check_pack_bits(bits) -> int:
     return bits
 
 
+def _value_range(bits: int):
+    if bits == 1:
+        return -1, 1
+    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+
+
+def fits_packed(values: torch.Tensor, bits: int) -> bool:
+    """Whether :func:`pack_int` can pack ``values`` into ``bits`` bits (1: only -1 and +1)."""
+    if bits not in PACKABLE_BITS:
+        return False
+    if values.numel() == 0:
+        return True
+    lo, hi = _value_range(bits)
+    if int(values.min()) < lo or int(values.max()) > hi:
+        return False
+    return bits != 1 or not bool((values == 0).any())
+
+
 def pack_int(values: torch.Tensor, bits: int) -> torch.Tensor:
     r"""Pack signed ``bits``-bit integers, :math:`8/b` to a byte, first value in the low bits.
 
     .. math::
 
-        \mathrm{byte}_j = \sum_{i=0}^{8/b - 1} (v_{j\,8/b + i} \bmod 2^b)\, 2^{i b}
+        \mathrm{byte}_j = \sum_{i=0}^{8/b - 1} c(v_{j\,8/b + i})\, 2^{i b},\qquad
+        c(v) = v \bmod 2^b\ (b = 2, 4),\qquad c(v) = [v > 0]\ (b = 1)
 
-    (two's complement in :math:`b` bits; the flattened tensor is padded with zeros to a whole
-    number of bytes).
+    (two's complement in :math:`b` bits; for :math:`b = 1` the bit is the sign of a binary weight
+    :math:`\pm 1`, 1 for +1 and 0 for -1; the codes are padded with zeros to a whole number of
+    bytes).
 
     Args:
-        values: integer tensor with every value in :math:`[-2^{b-1}, 2^{b-1} - 1]`.
-        bits: 2 or 4.
+        values: integer tensor with every value in :math:`[-2^{b-1}, 2^{b-1} - 1]`, or -1 and +1
+            for :math:`b = 1`.
+        bits: 1, 2 or 4.
 
     Returns:
         A 1-d ``torch.uint8`` tensor of :math:`\lceil n b / 8 \rceil` bytes.
@@ -82,15 +105,18 @@ def pack_int(values: torch.Tensor, bits: int) -> torch.Tensor:
     if not isinstance(values, torch.Tensor) or values.is_floating_point() or values.dtype == torch.bool:
         raise TypeError(f"values must be an integer tensor, got {getattr(values, 'dtype', type(values))}")
     flat = values.detach().reshape(-1).to(torch.int64)
-    lo, hi = -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    lo, hi = _value_range(bits)
     if flat.numel() and (int(flat.min()) < lo or int(flat.max()) > hi):
         raise ValueError(f"values must lie in [{lo}, {hi}] to pack into {bits} bits, got range "
                          f"[{int(flat.min())}, {int(flat.max())}]")
+    if bits == 1 and bool((flat == 0).any()):
+        raise ValueError("values must be -1 or +1 to pack into 1 bit (binary weights), got a 0")
+    codes = (flat > 0).to(torch.int64) if bits == 1 else flat & ((1 << bits) - 1)
     per_byte = 8 // bits
-    pad = (-flat.numel()) % per_byte
+    pad = (-codes.numel()) % per_byte
     if pad:
-        flat = torch.cat([flat, flat.new_zeros(pad)])
-    groups = (flat & ((1 << bits) - 1)).reshape(-1, per_byte)
+        codes = torch.cat([codes, codes.new_zeros(pad)])
+    groups = codes.reshape(-1, per_byte)
     shifts = torch.arange(per_byte, dtype=torch.int64) * bits
     return (groups << shifts).sum(dim=1).to(torch.uint8)
 
@@ -100,11 +126,12 @@ def unpack_int(packed: torch.Tensor, bits: int, shape) -> torch.Tensor:
 
     .. math::
 
-        u = (\mathrm{byte} \gg i b) \bmod 2^b,\qquad v = u - 2^b\,[u \ge 2^{b-1}]
+        u = (\mathrm{byte} \gg i b) \bmod 2^b,\qquad v = u - 2^b\,[u \ge 2^{b-1}]\ (b = 2, 4),
+        \qquad v = 2u - 1\ (b = 1)
 
     Args:
         packed: 1-d ``torch.uint8`` tensor from :func:`pack_int`.
-        bits: 2 or 4.
+        bits: 1, 2 or 4.
         shape: shape of the unpacked tensor.
 
     Returns:
@@ -123,7 +150,10 @@ def unpack_int(packed: torch.Tensor, bits: int, shape) -> torch.Tensor:
                          f"needs {-(-n // per_byte)}")
     shifts = torch.arange(per_byte, dtype=torch.int64) * bits
     u = (packed.to(torch.int64).unsqueeze(1) >> shifts) & ((1 << bits) - 1)
-    v = u - ((u >= (1 << (bits - 1))).to(torch.int64) << bits)
+    if bits == 1:
+        v = 2 * u - 1
+    else:
+        v = u - ((u >= (1 << (bits - 1))).to(torch.int64) << bits)
     return v.reshape(-1)[:n].reshape(shape).to(torch.int8)
 
 

@@ -19,6 +19,7 @@ from .clamping import (
     multi_level_spike_count,
 )
 from ._validation import check_bit_width, compute_dtype
+from .binary import binary_quantize, ternary_quantize
 from .lsq import lsq_quantize, lsq_quantize_unchecked
 from .rounding import (
     CeilSTE,
@@ -122,6 +123,8 @@ __all__ = [
     "lsq_quantize_unchecked",
     "check_bit_width",
     "compute_dtype",
+    "binary_quantize",
+    "ternary_quantize",
     "state_quant",
     "StateQuantizer",
     "STATE_QUANT_MAX_BITS",

@@ -3,7 +3,8 @@
 from .quantizers import (Grid, QuantizerBase, Round, Clamp, StepQuantize, KBitQuantize,
                          AffineKBitQuantize, ClampByLinear, StochasticRound, QuantizedBits,
                          StateQuant, Quantize, UniformQuantizer, LSQQuantizer, MinMaxObserver,
-                         MinMaxQuantizer, WeightGridBiasQuantizer)
+                         MinMaxQuantizer, WeightGridBiasQuantizer, BinaryQuantizer,
+                         TernaryQuantizer)
 from .layers import QuantLinear, QuantConv1d, QuantConv2d
 from .neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode, uniform_membrane_step
 from .custom import CustomIFNode, CustomLIFNode, CustomNode, custom_neuron
@@ -12,7 +13,7 @@ __all__ = [
     "Grid", "QuantizerBase", "Round", "Clamp", "StepQuantize", "KBitQuantize", "AffineKBitQuantize",
     "ClampByLinear", "StochasticRound", "QuantizedBits", "StateQuant", "Quantize",
     "UniformQuantizer", "LSQQuantizer", "MinMaxObserver", "MinMaxQuantizer",
-    "WeightGridBiasQuantizer",
+    "WeightGridBiasQuantizer", "BinaryQuantizer", "TernaryQuantizer",
     "QuantLinear", "QuantConv1d", "QuantConv2d",
     "QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "uniform_membrane_step",
     "CustomNode", "CustomIFNode", "CustomLIFNode", "custom_neuron",

@@ -19,7 +19,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 from spikingjelly.activation_based import layer
 
-from .quantizers import LSQQuantizer, QuantizerBase, WeightGridBiasQuantizer, check_bits
+from .quantizers import (BinaryQuantizer, LSQQuantizer, QuantizerBase, WeightGridBiasQuantizer,
+                         check_bits)
 
 __all__ = ["QuantLinear", "QuantConv1d", "QuantConv2d", "make_weight_quantizer",
            "make_bias_quantizer", "DEFAULT_BIAS_BITS"]
@@ -32,19 +33,24 @@ DEFAULT_BIAS_BITS = 16
 
 def make_weight_quantizer(spec: QuantArg, name: str, num_channels: Optional[int] = None,
                           per_channel: bool = False) -> Optional[QuantizerBase]:
-    """Turn a ``weight_quant``/``bias_quant`` argument into a quantizer module.
+    r"""Turn a ``weight_quant``/``bias_quant`` argument into a quantizer module.
 
     A module is used as is; an int ``b`` means ``LSQQuantizer(b, power_of_two=True)`` (signed,
     per tensor unless ``per_channel``), the default of :class:`~snnquant.QuantConfig`
     (``weight_quantizer='lsq_pow2'``), so that a layer built by hand exports to integers like one
-    made by :func:`~snnquant.quantize_model`; ``None`` means no quantization.
+    made by :func:`~snnquant.quantize_model`; ``1`` means binary weights
+    (:class:`~snnquant.nn.BinaryQuantizer`, learned power-of-two :math:`\alpha`, as
+    ``QuantConfig(weight_bits=1)``); ``None`` means no quantization.
     """
     if spec is None or isinstance(spec, QuantizerBase):
         return spec
     if isinstance(spec, nn.Module):
         raise TypeError(f"{name} must be a snnquant quantizer module, a bit width or None, got "
                         f"{type(spec).__name__}")
-    bits = check_bits(spec, name, 2, 32)
+    bits = check_bits(spec, name, 1, 32)
+    if bits == 1:  # binary weights, learned power-of-two alpha (as QuantConfig(weight_bits=1))
+        return BinaryQuantizer(alpha="learned", per_channel=per_channel, channel_dim=0,
+                               power_of_two=True, num_channels=num_channels)
     return LSQQuantizer(bits, signed=True, per_channel=per_channel, channel_dim=0,
                         power_of_two=True, num_channels=num_channels)
 

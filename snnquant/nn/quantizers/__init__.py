@@ -7,7 +7,9 @@ r"""Step-compatible quantizer modules, one concept per file.
 * :mod:`~snnquant.nn.quantizers.observers`: range observers and :class:`MinMaxQuantizer`;
 * :mod:`~snnquant.nn.quantizers.fixed`: fixed grids (:class:`UniformQuantizer`,
   :class:`QuantizedBits`, :class:`StateQuant`);
-* :mod:`~snnquant.nn.quantizers.bias`: :class:`WeightGridBiasQuantizer`.
+* :mod:`~snnquant.nn.quantizers.bias`: :class:`WeightGridBiasQuantizer`;
+* :mod:`~snnquant.nn.quantizers.binary`: binary and ternary weights (:class:`BinaryQuantizer`,
+  :class:`TernaryQuantizer`).
 """
 
 from .base import Grid, QuantizerBase, check_bits, signed_range
@@ -17,6 +19,7 @@ from .fixed import QuantizedBits, StateQuant, UniformQuantizer
 from .lsq import LSQQuantizer
 from .observers import MinMaxObserver, MinMaxQuantizer
 from .bias import WeightGridBiasQuantizer
+from .binary import BinaryQuantizer, TernaryQuantizer
 
 __all__ = [
     "Grid",
@@ -36,6 +39,8 @@ __all__ = [
     "MinMaxObserver",
     "MinMaxQuantizer",
     "WeightGridBiasQuantizer",
+    "BinaryQuantizer",
+    "TernaryQuantizer",
     "check_bits",
     "signed_range",
 ]

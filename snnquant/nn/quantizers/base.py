@@ -146,6 +146,26 @@ class QuantizerBase(nn.Module, base.StepModule):
         """Factor applied to the gradient of a learned step when quantizing ``x`` (1 by default)."""
         return 1.0
 
+    # ---- post-training calibration (snnquant.calibrate) --------------------------------------------
+    @property
+    def can_set_step(self) -> bool:
+        """True when :meth:`set_step` can move the grid (post-training calibration)."""
+        return False
+
+    def set_step(self, step: torch.Tensor) -> None:
+        """Put the output on the grid of ``step`` (a 0-dim tensor, or one value per channel) with
+        this quantizer's integer range; marks the quantizer initialised."""
+        raise TypeError(f"{type(self).__name__} has no step to set (its levels are fixed)")
+
+    def calibration_step(self, x: torch.Tensor) -> Optional[torch.Tensor]:
+        """The step this quantizer's own rule picks for the values ``x``, or ``None`` to let
+        :func:`~snnquant.calibrate` pick it from the range of ``x`` (the default)."""
+        return None
+
+    def freeze(self) -> None:
+        """Stop the grid from moving: a learned step stops receiving gradients, an observed range
+        stops following data (no-op for a fixed grid)."""
+
     def current_step(self) -> Optional[torch.Tensor]:
         """The per-tensor step of the current grid as a 0-dim tensor, computed without reading
         any device value on the host (so it can be called on every training step), or ``None``

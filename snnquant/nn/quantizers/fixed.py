@@ -72,6 +72,19 @@ class UniformQuantizer(ConfigCheckMixin, QuantizerBase):
         """The fixed grid ``step * [qmin, qmax]``."""
         return Grid(self.step, self.qmin, self.qmax, None, self._step_is_pow2)
 
+    @property
+    def can_set_step(self) -> bool:
+        """True: post-training calibration may move the (otherwise fixed) step."""
+        return True
+
+    @torch.no_grad()
+    def set_step(self, step: torch.Tensor) -> None:
+        """Replace the step (a positive scalar)."""
+        step = torch.as_tensor(step, dtype=self.step.dtype, device=self.step.device)
+        if step.numel() != 1 or not bool(step.reshape(()) > 0):
+            raise ValueError(f"step must be one positive value, got {step!r}")
+        self.step.copy_(step.reshape(()))
+
     def config(self):
         return dict(super().config(), bits=self.bits, signed=self.signed, per_channel=False,
                     power_of_two=self._step_is_pow2)

@@ -150,6 +150,27 @@ class LSQQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
         if not self.is_initialized:
             self.initialize(x)
 
+    @property
+    def can_set_step(self) -> bool:
+        """True: post-training calibration sets the learned step."""
+        return True
+
+    @torch.no_grad()
+    def set_step(self, step: torch.Tensor) -> None:
+        """Set the learned step (one value, or one per channel with ``per_channel``)."""
+        step = torch.as_tensor(step).to(device=self.step.device, dtype=self.step.dtype)
+        if not self.per_channel:
+            step = step.reshape(())
+        if step.shape == self.step.shape:
+            self.step.copy_(step)
+        else:
+            self.step.data = step.clone()
+        self._set_initialized(True)
+
+    def freeze(self) -> None:
+        """Stop learning the step (``requires_grad=False``)."""
+        self.step.requires_grad_(False)
+
     def step_grad_scale(self, x: torch.Tensor) -> float:
         """LSQ's gradient scale :math:`g` for input ``x`` (see :meth:`grad_scale`)."""
         return self.grad_scale(x)

@@ -205,13 +205,41 @@ class MinMaxQuantizer(MinMaxObserver, QuantizerBase):
 
     forward = QuantizerBase.forward
 
+    #: Set by :meth:`freeze` (post-training calibration): the range no longer follows data.
+    frozen = False
+
     @property
     def observing(self) -> bool:
-        """True in training: every call moves the range."""
-        return self.training
+        """True in training (unless frozen): every call moves the range."""
+        return self.training and not self.frozen
+
+    @property
+    def can_set_step(self) -> bool:
+        """True: post-training calibration sets the range."""
+        return True
+
+    @torch.no_grad()
+    def set_step(self, step: torch.Tensor) -> None:
+        r"""Set the range to ``[qmin * step, qmax * step]`` of the current integer range
+        (symmetric: :math:`\pm (2^{b-1} - 1)\,s`), per channel with ``per_channel``."""
+        step = torch.as_tensor(step).to(device=self.min_val.device, dtype=self.min_val.dtype)
+        if self.symmetric or not self.is_initialized:
+            n = 2 ** (self.bits - 1) - 1 if self.symmetric else 2 ** self.bits - 1
+            lo, hi = (-n * step, n * step) if self.symmetric else (0 * step, n * step)
+        else:
+            _, qmin, qmax = self.calculate_qparams()
+            lo, hi = qmin * step, qmax * step
+        if not self.per_channel:
+            lo, hi = lo.reshape(()), hi.reshape(())
+        self.min_val.data, self.max_val.data = lo.clone(), hi.clone()
+        self._set_initialized(True)
+
+    def freeze(self) -> None:
+        """Stop following data in training (a Python flag, not saved in ``state_dict``)."""
+        self.frozen = True
 
     def quantize(self, x):
-        if self.training or not self.is_initialized:
+        if self.observing or not self.is_initialized:
             self.observe(x)  # in eval mode only the very first batch sets the range (calibration)
         step, qmin, qmax = self.calculate_qparams()
         step = step.to(x.dtype)

@@ -1,0 +1,98 @@
+"""Binary (W1) and ternary weights with an 8-bit membrane against full precision: the N-MNIST
+example's CSNN trained from scratch with quantization in the loop, 3 seeds, seeds interleaved.
+
+Per run: test accuracy of the trained network; for the quantized ones also after folding BN into
+the binary/ternary weights (per-channel alpha absorbs the BN scale), and the agreement of the
+exact integer export (weights stored 1 and 2 bits each) with the folded float model.
+
+    OMP_NUM_THREADS=1 python benchmarks/accuracy_binary_ternary.py [--epochs 4] [--data-root R]
+
+Target (issue 15): within 2 points of full precision on the built-in data.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _nmnist_common as common  # noqa: E402
+
+
+def configs():
+    from snnquant import QuantConfig
+    return [
+        ("full precision", None),
+        ("binary W1/V8", QuantConfig(weight_bits=1, per_channel=True, v_bits=8)),
+        ("ternary W2/V8", QuantConfig(weight_quantizer="ternary", weight_bits=2, per_channel=True,
+                                      v_bits=8)),
+    ]
+
+
+def deploy(bench, model, samples: int = 64):
+    import torch
+    from spikingjelly.activation_based import functional
+    from snnquant.export import fold_batchnorm, integer_agreement, to_integer
+    folded = fold_batchnorm(model.eval())
+    functional.reset_net(folded)
+    acc = bench.evaluate(folded)
+    x = torch.stack([torch.as_tensor(bench.test_set[i][0]) for i in range(samples)])
+    desc = to_integer(folded.eval())
+    bits = sorted({op.weight_bits for op in desc.ops if hasattr(op, "weight_bits")})
+    return acc, float(integer_agreement(folded, x.float().transpose(0, 1), desc)), bits
+
+
+def main():
+    ap = common.common_args(__doc__, default_epochs=4)
+    args = ap.parse_args()
+    if args.quick:
+        args.epochs, args.seeds = 1, args.seeds[:1]
+    bench = common.Bench(args.epochs, args.data_root, quick=args.quick)
+    rows = {name: dict(test_acc=[], folded_acc=[], agreement=[], seconds=[], weight_bits=None)
+            for name, _ in configs()}
+    for seed in args.seeds:          # seeds outer, configurations inner: interleaved
+        for name, cfg in configs():
+            t0 = time.time()
+            model, acc = bench.train(cfg, seed)
+            r = rows[name]
+            r["test_acc"].append(acc)
+            if cfg is not None:
+                folded, agreement, bits = deploy(bench, model)
+                r["folded_acc"].append(folded)
+                r["agreement"].append(agreement)
+                r["weight_bits"] = bits
+            r["seconds"].append(time.time() - t0)
+            print(f"seed {seed} {name}: {100 * acc:.2f}%" + (
+                f", BN folded {100 * r['folded_acc'][-1]:.2f}%, integer agreement "
+                f"{100 * r['agreement'][-1]:.2f}%" if cfg is not None else ""), flush=True)
+        report(args, rows, args.seeds[:args.seeds.index(seed) + 1])
+
+
+def report(args, rows, seeds_done):
+    """Print the table and (unless --quick) write the results, after every seed."""
+    fp = common.spread(rows["full precision"]["test_acc"])[0]
+    data = "built-in digits (N-MNIST format)" if args.data_root is None else args.data_root
+    lines = [f"Data: {data}; {args.epochs} epochs from scratch, seeds {seeds_done} (of "
+             f"{args.seeds} asked); median (min..max).", "",
+             "| configuration | test accuracy | vs full precision (median) | BN folded | "
+             "integer agreement | exported weight bits |", "|---|---|---|---|---|---|"]
+    for name, _ in configs():
+        r = rows[name]
+        if not r["test_acc"]:
+            continue
+        med = common.spread(r["test_acc"])[0]
+        folded = common.fmt(r["folded_acc"]) if r["folded_acc"] else "-"
+        agree = common.fmt(r["agreement"]) if r["agreement"] else "-"
+        lines.append(f"| {name} | {common.fmt(r['test_acc'])} | {100 * (med - fp):+.2f} | {folded} "
+                     f"| {agree} | {r['weight_bits'] or '-'} |")
+    table = "\n".join(lines)
+    print(table)
+    if not args.quick:
+        suffix = "" if args.data_root is None else "_real"
+        common.write_results(f"accuracy_binary_ternary{suffix}", dict(
+            epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data, rows=rows),
+            table, args.out)
+
+
+if __name__ == "__main__":
+    main()

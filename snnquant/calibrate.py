@@ -1,0 +1,467 @@
+r"""Post-training quantization: set the steps of a quantized network from data, without training.
+
+:func:`calibrate` takes a network from :func:`~snnquant.quantize_model` (typically a trained
+full-precision SpikingJelly network that was just converted) and a few batches of inputs. It
+
+1. sets every weight step from the weights themselves (per output channel with per-channel
+   quantizers);
+2. runs the network in eval mode over the batches with float membranes and records, for every
+   quantized neuron, the charge :math:`H[t]` of every step (the membrane before fire and reset);
+3. sets every membrane step from that distribution, with a range that always reaches the
+   threshold and the reset value (the neuron must still be able to fire);
+4. freezes the steps (``freeze=True``): learned steps stop receiving gradients and observed ranges
+   stop following data.
+
+No weight, bias, BatchNorm statistic or neuron parameter changes, no optimizer is created and no
+gradient is computed.
+
+For a range :math:`r` of the values :math:`x` on a signed grid :math:`[q_{min}, q_{max}]` the step is
+
+.. math::
+
+    s = \max\Big(\frac{r_+}{q_{max}}, \frac{r_-}{-q_{min}}\Big)
+
+with :math:`r_\pm` the largest positive / negative magnitude kept, and for a power-of-two grid
+:math:`s \leftarrow 2^{\lceil \log_2 s \rceil}` (the range is never shortened). The methods choose
+:math:`r`:
+
+* ``'minmax'``: the observed extremes;
+* ``'percentile'``: the ``percentile``-th percentile of :math:`|x|` (outliers are clipped);
+* ``'mse'``: the candidate that minimises :math:`\sum (Q_s(x) - x)^2` over
+  :math:`r = \frac{k}{K} \max|x|`, :math:`k = 1..K` (or over the powers of two near the
+  min/max step for a power-of-two grid).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, List, NamedTuple, Optional
+
+import torch
+import torch.nn as nn
+
+from .nn.quantizers.base import QuantizerBase
+
+__all__ = ["calibrate", "CalibrationReport", "CalibratedQuantizer", "SkippedQuantizer", "run_batches",
+           "batch_input",
+           "CALIBRATION_METHODS"]
+
+CALIBRATION_METHODS = ("minmax", "percentile", "mse")
+
+#: Values of the charge kept per neuron layer for the percentile and MSE methods.
+_SAMPLE_LIMIT = 1 << 20
+
+
+class CalibratedQuantizer(NamedTuple):
+    """One quantizer that :func:`calibrate` set.
+
+    ``name`` is the module's qualified name, ``kind`` ``'weight'`` or ``'membrane'``, ``step``
+    the chosen step (a float, or a list with one step per channel), ``qmin``/``qmax`` the integer
+    range, ``observed`` the observed ``(min, max)`` of the values and ``covered`` the range
+    ``(qmin * step, qmax * step)`` the grid now covers (per channel: the widest).
+    """
+    name: str
+    kind: str
+    quantizer: str
+    method: str
+    step: object
+    qmin: int
+    qmax: int
+    observed: tuple
+    covered: tuple
+    clipped_fraction: float
+
+
+class SkippedQuantizer(NamedTuple):
+    """A quantizer that :func:`calibrate` left as it is, and why."""
+    name: str
+    kind: str
+    quantizer: str
+    reason: str
+
+
+@dataclass
+class CalibrationReport:
+    """What :func:`calibrate` chose, per quantizer; ``str()`` is a table."""
+    method: str
+    num_batches: int
+    calibrated: List[CalibratedQuantizer] = field(default_factory=list)
+    skipped: List[SkippedQuantizer] = field(default_factory=list)
+
+    def __getitem__(self, key):
+        """The entry of ``(name, kind)`` (``kind`` ``'weight'`` or ``'membrane'``)."""
+        name, kind = key
+        for entry in self.calibrated:
+            if entry.name == name and entry.kind == kind:
+                return entry
+        raise KeyError(f"no calibrated {kind} quantizer named {name!r}; calibrated: "
+                       f"{[(e.name, e.kind) for e in self.calibrated]}")
+
+    def __str__(self):
+        def step_text(step):
+            if isinstance(step, list):
+                return f"{min(step):.4g}..{max(step):.4g} ({len(step)} ch)"
+            return f"{step:.4g}"
+
+        head = ["layer", "kind", "quantizer", "step", "grid", "observed", "covered", "clipped"]
+        rows = [[e.name, e.kind, e.quantizer, step_text(e.step), f"[{e.qmin}, {e.qmax}]",
+                 f"[{e.observed[0]:.4g}, {e.observed[1]:.4g}]",
+                 f"[{e.covered[0]:.4g}, {e.covered[1]:.4g}]", f"{100 * e.clipped_fraction:.3f}%"]
+                for e in self.calibrated]
+        widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
+        fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+        lines = [f"calibration ({self.method}, {self.num_batches} batches): "
+                 f"{len(self.calibrated)} quantizers set, {len(self.skipped)} left as they are",
+                 fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
+        lines += [f"  {s.name} ({s.kind}, {s.quantizer}): not calibrated ({s.reason})"
+                  for s in self.skipped]
+        return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------------------------------
+# the quantizer interface calibrate uses: ensure_initialized, grid, can_set_step/set_step,
+# calibration_step, freeze (snnquant.nn.quantizers.base.QuantizerBase)
+
+
+def _settable(q) -> Optional[str]:
+    """None when ``calibrate`` can set the step of ``q``, else the reason why not."""
+    if not getattr(q, "can_set_step", False):
+        return "its levels are fixed: no step to set"
+    return None
+
+
+# --------------------------------------------------------------------------------------------------
+# statistics and step choice
+
+
+def _power_of_two_up(step: torch.Tensor) -> torch.Tensor:
+    return torch.exp2(torch.ceil(torch.log2(step)))
+
+
+def _step_for_range(pos: torch.Tensor, neg: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    """The smallest step whose grid covers ``[-neg, pos]`` (elementwise)."""
+    step = pos / max(qmax, 1e-30)
+    if qmin < 0:
+        step = torch.maximum(step, neg / -qmin)
+    return torch.clamp(step, min=torch.finfo(torch.float32).tiny)
+
+
+def _fake_quant(x: torch.Tensor, step: torch.Tensor, qmin: int, qmax: int) -> torch.Tensor:
+    return torch.clamp(torch.round(x / step), qmin, qmax) * step
+
+
+def _choose_step(x: torch.Tensor, *, method: str, qmin: int, qmax: int, power_of_two: bool,
+                 percentile: float, mse_candidates: int, floor: Optional[torch.Tensor] = None):
+    """Step(s) for the rows of ``x`` (``[C, n]``, one step per row), float64."""
+    x = x.double()
+    pos = torch.clamp(x.amax(dim=1), min=0.0)
+    neg = torch.clamp(-x.amin(dim=1), min=0.0)
+    if method == "percentile":
+        mag = x.abs()
+        if mag.shape[1] > 1:
+            r = torch.quantile(mag, percentile / 100.0, dim=1, interpolation="linear")
+            pos, neg = torch.minimum(pos, r), torch.minimum(neg, r)
+    step = _step_for_range(pos, neg, qmin, qmax)
+    if floor is not None:
+        floor = floor.double()
+        if power_of_two:  # the smallest allowed step must itself be on the power-of-two ladder
+            floor = _power_of_two_up(floor)
+        step = torch.maximum(step, floor)
+    if power_of_two:
+        step = _power_of_two_up(step)
+    if method != "mse":
+        return step
+    # candidate steps: fractions of the min/max step, or powers of two at and below it
+    if power_of_two:
+        cands = torch.stack([step / 2.0 ** k for k in range(0, 9)])
+    else:
+        fr = torch.arange(1, mse_candidates + 1, dtype=torch.float64) / mse_candidates
+        cands = fr.reshape(-1, 1) * step.reshape(1, -1)
+    if floor is not None:
+        cands = torch.maximum(cands, floor.reshape(1, -1).expand_as(cands))
+    errors = torch.stack([((_fake_quant(x, c.reshape(-1, 1), qmin, qmax) - x) ** 2).sum(dim=1)
+                          for c in cands])
+    best = errors.argmin(dim=0)
+    return cands.gather(0, best.reshape(1, -1)).reshape(-1)
+
+
+class _Reservoir:
+    """Running min/max of every value, and a uniform random sample of at most ``limit`` values."""
+
+    def __init__(self, limit: int, generator: torch.Generator):
+        self.limit, self.generator = limit, generator
+        self.low, self.high, self.seen = math.inf, -math.inf, 0
+        self.sample = torch.empty(0, dtype=torch.float32)
+
+    def add(self, x: torch.Tensor) -> None:
+        x = x.detach().float().reshape(-1).cpu()
+        x = x[torch.isfinite(x)]
+        if not x.numel():
+            return
+        self.low, self.high = min(self.low, float(x.min())), max(self.high, float(x.max()))
+        self.seen += x.numel()
+        pool = torch.cat([self.sample, x])
+        if pool.numel() > self.limit:
+            keep = torch.randperm(pool.numel(), generator=self.generator)[:self.limit]
+            pool = pool[keep]
+        self.sample = pool
+
+
+# --------------------------------------------------------------------------------------------------
+
+
+def _quantized_modules(model: nn.Module):
+    """``(name, module, kind, quantizer)`` for every weight and membrane quantizer of ``model``."""
+    out = []
+    for name, m in model.named_modules():
+        wq = getattr(m, "weight_quant", None)
+        if wq is not None and isinstance(getattr(m, "weight", None), torch.Tensor):
+            out.append((name, m, "weight", wq))
+        vq = getattr(m, "v_quant", None)
+        if vq is not None and hasattr(m, "v_threshold"):
+            out.append((name, m, "membrane", vq))
+    return out
+
+
+def batch_input(batch, index: int) -> torch.Tensor:
+    """The input tensor ``[T, N, ...]`` of a batch (a tensor, or an ``(input, target)`` pair);
+    ``index`` names the batch in the error for anything else."""
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    if not isinstance(x, torch.Tensor) or x.dim() < 3:
+        raise ValueError(f"batches[{index}] must be an input tensor [T, N, ...] or an (input, "
+                         f"target) pair, got {type(batch).__name__} with input "
+                         f"{getattr(x, 'shape', type(x))}")
+    return x
+
+
+def run_batches(model: nn.Module, batches: Iterable, num_batches: Optional[int] = None,
+                on_output=None) -> int:
+    """Run ``model`` (as it is) over ``batches`` without gradients; return the number of batches.
+
+    Each batch is an input tensor ``[T, N, ...]`` or an ``(input, target)`` pair; a multi-step
+    model gets the whole sequence, a single-step model one step at a time. Neuron states are reset
+    before each batch and at the end. ``on_output(output [T, N, ...], batch)`` is called per batch.
+    """
+    from spikingjelly.activation_based import functional as sjf
+
+    from .utils import is_multi_step
+    multi = is_multi_step(model)
+    ref = next((t for t in list(model.parameters()) + list(model.buffers())
+                if t.is_floating_point()), None)
+    count = 0
+    with torch.no_grad():
+        for i, batch in enumerate(batches):
+            if num_batches is not None and i >= num_batches:
+                break
+            x = batch_input(batch, i)
+            if ref is not None:
+                x = x.to(device=ref.device, dtype=ref.dtype if x.is_floating_point() else None)
+            sjf.reset_net(model)
+            out = model(x) if multi else torch.stack([model(x[t]) for t in range(x.shape[0])])
+            if on_output is not None:
+                on_output(out, batch)
+            count += 1
+    sjf.reset_net(model)
+    return count
+
+
+def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
+              percentile: float = 99.99, num_batches: Optional[int] = None,
+              power_of_two: Optional[bool] = None, freeze: bool = True,
+              weights: bool = True, membranes: bool = True, mse_candidates: int = 100,
+              seed: int = 0) -> CalibrationReport:
+    r"""Set every weight and membrane step of a quantized network from data (post-training).
+
+    See :mod:`snnquant.calibrate` for the rule of each ``method``. Weight steps come from the
+    weights (per output channel with per-channel quantizers); membrane steps from the charge
+    :math:`H[t]` of every neuron at every step, observed while the network runs over ``batches``
+    in eval mode with quantized weights and float membranes (one pass, all neuron layers at once).
+    A membrane grid always reaches :math:`V_{th}` and :math:`V_{reset}`:
+
+    .. math::
+
+        s_v \ge \frac{|V_{th}|}{q_{max}}
+
+    The model keeps its weights, biases, BatchNorm statistics and neuron parameters (nothing is
+    trained); its training/eval flags are restored at the end and its neuron states reset.
+    Quantizers with fixed levels and no step (for example ``StateQuant``, QKeras
+    ``quantized_bits``) are listed in ``report.skipped`` with the reason.
+
+    Args:
+        model: a network from :func:`~snnquant.quantize_model` (modified in place).
+        batches: an iterable of input tensors ``[T, N, ...]``, or of ``(input, target)`` pairs
+            whose input is used (a ``DataLoader`` of such pairs with the time dimension first).
+        method: ``'minmax'``, ``'percentile'`` or ``'mse'``.
+        percentile: for ``'percentile'``: the percentile of :math:`|x|` kept, in ``(0, 100]``.
+        num_batches: use at most this many batches (default: all).
+        power_of_two: restrict steps to powers of two; default (``None``): where the quantizer's
+            grid is a power of two (``lsq_pow2`` weights, the default uniform membrane with a
+            power-of-two threshold), so a network that exported exactly still does.
+        freeze: freeze the calibrated steps: learned steps get ``requires_grad=False`` and
+            observed ranges stop following data (set ``False`` to fine-tune them afterwards).
+        weights: calibrate the weight quantizers.
+        membranes: calibrate the membrane quantizers.
+        mse_candidates: number :math:`K` of candidate ranges of ``'mse'``.
+        seed: seed of the subsample of the charge used by ``'percentile'`` and ``'mse'``.
+
+    Returns:
+        A :class:`CalibrationReport`: per quantizer the step, the integer range, the observed and
+        covered ranges and the fraction of observed values clipped.
+
+    Raises:
+        ValueError: a bad argument (naming it), or ``batches`` yields no batch while membranes
+            need calibrating.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if method not in CALIBRATION_METHODS:
+        raise ValueError(f"method must be one of {CALIBRATION_METHODS}, got {method!r}")
+    if isinstance(percentile, bool) or not isinstance(percentile, (int, float)) \
+            or not 0 < percentile <= 100:
+        raise ValueError(f"percentile must be a number in (0, 100], got {percentile!r}")
+    if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
+                                    or num_batches < 1):
+        raise ValueError(f"num_batches must be None or an int >= 1, got {num_batches!r}")
+    if power_of_two not in (None, True, False):
+        raise ValueError(f"power_of_two must be None, True or False, got {power_of_two!r}")
+    if isinstance(mse_candidates, bool) or not isinstance(mse_candidates, int) or mse_candidates < 1:
+        raise ValueError(f"mse_candidates must be an int >= 1, got {mse_candidates!r}")
+    entries = _quantized_modules(model)
+    if not entries:
+        raise ValueError(f"model ({type(model).__name__}) has no quantized layer or neuron; "
+                         f"convert it with snnquant.quantize_model first")
+    report = CalibrationReport(method=method, num_batches=0)
+    settings = dict(method=method, percentile=float(percentile), mse_candidates=mse_candidates)
+    modes = {m: m.training for m in model.modules()}
+    try:
+        model.eval()
+        todo = []
+        for name, module, kind, q in entries:
+            reason = _settable(q)
+            if reason is not None:
+                report.skipped.append(SkippedQuantizer(name, kind, type(q).__name__, reason))
+            elif (kind == "weight" and weights) or (kind == "membrane" and membranes):
+                todo.append((name, module, kind, q))
+        for name, module, kind, q in todo:
+            if kind == "weight":
+                entry = _calibrate_tensor(name, kind, q, module.weight.detach(), power_of_two,
+                                          settings)
+                (report.calibrated if isinstance(entry, CalibratedQuantizer)
+                 else report.skipped).append(entry)
+        membrane_todo = [t for t in todo if t[2] == "membrane"]
+        if membrane_todo:
+            report.num_batches = _calibrate_membranes(model, membrane_todo, batches, num_batches,
+                                                      power_of_two, settings, seed, report)
+        if freeze:
+            for _, _, _, q in todo:
+                q.freeze()
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+    return report
+
+
+def _calibrate_tensor(name, kind, q, x, power_of_two, settings, floor=None):
+    q.ensure_initialized(x)
+    grid = q.grid()
+    if grid is None or grid.step is None:
+        return SkippedQuantizer(name, kind, type(q).__name__, "it has no uniform grid")
+    qmin, qmax = int(grid.qmin), int(grid.qmax)
+    pow2 = bool(grid.power_of_two) if power_of_two is None else power_of_two
+    cdim = grid.channel_dim
+    if cdim is not None and x.dim() > 0:
+        rows = x.movedim(cdim % x.dim(), 0).reshape(x.shape[cdim % x.dim()], -1)
+    else:
+        rows = x.reshape(1, -1)
+    method = settings["method"]
+    own = q.calibration_step(x.detach())
+    if own is not None:  # the quantizer's own closed form (binary/ternary alpha)
+        step = own.detach().double().reshape(-1)
+        if pow2:
+            step = torch.exp2(torch.round(torch.log2(step)))
+        method = "own rule"
+    else:
+        step = _choose_step(rows, qmin=qmin, qmax=qmax, power_of_two=pow2, floor=floor,
+                            **settings)
+    step_t = step.to(torch.float32) if cdim is not None else step.reshape(()).to(torch.float32)
+    q.set_step(step_t)
+    new = q.grid().step.detach().double().reshape(-1).expand(rows.shape[0]).reshape(-1, 1)
+    clipped = ((rows.double() > qmax * new) | (rows.double() < qmin * new)).double().mean()
+    steps = [float(v) for v in new.reshape(-1)]
+    if kind == "weight" and qmin == -1 and qmax == 1 and own is not None:
+        clipped = torch.zeros(())  # binary/ternary: every weight maps to a level by design
+    return CalibratedQuantizer(
+        name, kind, type(q).__name__, method, steps if cdim is not None else steps[0],
+        qmin, qmax, (float(rows.min()), float(rows.max())),
+        (qmin * max(steps), qmax * max(steps)), float(clipped))
+
+
+class _ChargeRecorder(QuantizerBase):
+    """Stands in for a membrane quantizer during calibration: the identity with no grid (so the
+    neuron runs its per-step path with a float membrane), recording the charge it is given.
+
+    The neuron also calls it, in eval mode, for its reset value and a soft reset's re-quantization;
+    kept in training mode itself, it records only the charge."""
+
+    data_dependent = True
+
+    def __init__(self, reservoir: _Reservoir):
+        super().__init__()
+        self.__dict__["reservoir"] = reservoir
+
+    @property
+    def observing(self) -> bool:
+        return True
+
+    def quantize(self, h):
+        if self.training:
+            self.reservoir.add(h)
+        return h
+
+
+@contextlib.contextmanager
+def _membrane_recorders(pairs):
+    """Swap each neuron's ``v_quant`` for a recorder while the block runs."""
+    saved = [(m, m.v_quant) for m, _ in pairs]
+    try:
+        for m, recorder in pairs:
+            m.v_quant = recorder.train(True)
+        yield
+    finally:
+        for m, q in saved:
+            m.v_quant = q
+
+
+def _calibrate_membranes(model, todo, batches, num_batches, power_of_two, settings, seed, report):
+    generator = torch.Generator().manual_seed(seed)
+    reservoirs = {}
+    with _membrane_recorders([(m, _ChargeRecorder(reservoirs.setdefault(
+            name, _Reservoir(_SAMPLE_LIMIT, generator)))) for name, m, _, _ in todo]):
+        count = run_batches(model, batches, num_batches)
+    if count == 0:
+        raise ValueError("batches yielded no batch: calibrating the membranes needs data")
+    for name, module, kind, q in todo:
+        res = reservoirs[name]
+        if res.seen == 0:
+            report.skipped.append(SkippedQuantizer(name, kind, type(q).__name__,
+                                                   "the neuron saw no finite charge"))
+            continue
+        vth = abs(float(module.v_threshold))
+        vr = 0.0 if module.v_reset is None else float(module.v_reset)
+        q.ensure_initialized(torch.tensor([res.low, res.high]))
+        grid = q.grid()
+        qmin, qmax = int(grid.qmin), int(grid.qmax)
+        # the grid must reach the threshold (else the neuron never fires) and the reset value
+        need = _step_for_range(torch.tensor([max(vth, vr, 0.0)], dtype=torch.float64),
+                               torch.tensor([max(-vr, 0.0)], dtype=torch.float64), qmin, qmax)
+        values = res.sample if settings["method"] != "minmax" else torch.tensor([res.low, res.high])
+        values = torch.cat([values, torch.tensor([res.low, res.high])])
+        entry = _calibrate_tensor(name, kind, q, values, power_of_two, settings, floor=need)
+        if isinstance(entry, CalibratedQuantizer):
+            entry = entry._replace(observed=(res.low, res.high))
+            report.calibrated.append(entry)
+        else:
+            report.skipped.append(entry)
+    return count

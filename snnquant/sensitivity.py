@@ -1,0 +1,392 @@
+r"""Which layers tolerate fewer bits: :func:`sensitivity`, and bit widths per layer within a memory
+budget: :func:`assign_bits`.
+
+:func:`sensitivity` quantizes one layer at a time of a full-precision network (its weights, or
+its membrane), post-training (:func:`~snnquant.calibrate`), at each candidate bit width, and
+measures the change of the loss (and of the accuracy when the batches carry labels) against the
+full-precision network:
+
+.. math::
+
+    \Delta L_{\ell, b} = L(\text{layer } \ell \text{ at } b \text{ bits}) - L(\text{full precision})
+
+:func:`assign_bits` then chooses one bit width per layer, minimising the predicted loss change
+:math:`\sum_\ell \Delta L_{\ell, b_\ell}` (the changes are assumed to add up) under the memory
+budget
+
+.. math::
+
+    \sum_{\ell \in \text{synaptic}} \frac{n_\ell\, b_\ell}{8}
+    + \sum_{\ell \in \text{neuron}} \frac{m_\ell\, b_\ell}{8} + F \le B
+
+with :math:`n_\ell` the weights of layer :math:`\ell`, :math:`m_\ell` its neurons per sample
+(the membrane state), :math:`F` the bytes not chosen here (biases at ``bias_bits``, layers not
+in the sensitivity result at the configuration's bits), all counted as
+:func:`~snnquant.summary` counts them. The search is exact (dynamic programming over the Pareto
+front of (bytes, loss)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, List, NamedTuple, Optional, Sequence, Tuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+__all__ = ["sensitivity", "assign_bits", "SensitivityResult", "SensitivityEntry", "LayerCost"]
+
+
+class SensitivityEntry(NamedTuple):
+    """One measurement: ``layer`` (qualified name) quantized alone, ``kind`` ``'weight'`` or
+    ``'membrane'``, at ``bits``; the loss, its change against full precision, the accuracy and
+    its change (``None`` without labels), and the bytes the layer then takes."""
+    layer: str
+    kind: str
+    bits: int
+    loss: float
+    delta_loss: float
+    accuracy: Optional[float]
+    delta_accuracy: Optional[float]
+    bytes: float
+
+
+class LayerCost(NamedTuple):
+    """Memory of one choosable item: ``count`` values (weights, or neurons per sample) stored at
+    the chosen bits, plus ``fixed_bytes`` that do not depend on them (a layer's bias)."""
+    layer: str
+    kind: str
+    count: int
+    fixed_bytes: float
+
+
+@dataclass
+class SensitivityResult:
+    """The result of :func:`sensitivity`: ``entries`` (one per layer, kind and bit width),
+    the full-precision ``baseline_loss`` / ``baseline_accuracy``, the ``costs`` of each layer, the
+    ``fixed_bytes`` of what is not chosen, and the ``config`` used as the template.
+
+    ``str()`` is the table; :meth:`plot` draws it.
+    """
+    entries: List[SensitivityEntry]
+    baseline_loss: float
+    baseline_accuracy: Optional[float]
+    costs: List[LayerCost]
+    fixed_bytes: float
+    candidates: Tuple[int, ...]
+    config: object = None
+    num_batches: int = 0
+    layers: List[Tuple[str, str]] = field(default_factory=list)
+
+    def delta(self, layer: str, kind: str, bits: int) -> float:
+        """The loss change of ``layer`` (``kind``) at ``bits``."""
+        for e in self.entries:
+            if e.layer == layer and e.kind == kind and e.bits == bits:
+                return e.delta_loss
+        raise KeyError(f"no entry for layer={layer!r}, kind={kind!r}, bits={bits!r}")
+
+    def table(self) -> str:
+        """The loss change (and accuracy change, in points) per layer and bit width."""
+        head = ["layer", "kind", "values"] + [f"{b}-bit dloss" for b in self.candidates]
+        if self.baseline_accuracy is not None:
+            head += [f"{b}-bit dacc" for b in self.candidates]
+        counts = {(c.layer, c.kind): c.count for c in self.costs}
+        rows = []
+        for layer, kind in self.layers:
+            by_bits = {e.bits: e for e in self.entries if e.layer == layer and e.kind == kind}
+            row = [layer, kind, str(counts[(layer, kind)])]
+            row += [f"{by_bits[b].delta_loss:+.4g}" for b in self.candidates]
+            if self.baseline_accuracy is not None:
+                row += [f"{100 * by_bits[b].delta_accuracy:+.2f}" for b in self.candidates]
+            rows.append(row)
+        widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
+        fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
+        acc = "" if self.baseline_accuracy is None else \
+            f", accuracy {100 * self.baseline_accuracy:.2f}% (dacc in points)"
+        return "\n".join([f"full precision: loss {self.baseline_loss:.4g}{acc}; one layer "
+                          f"quantized at a time (post-training, {self.num_batches} batches)",
+                          fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
+
+    def __str__(self):
+        return self.table()
+
+    def plot(self, ax=None, metric: str = "delta_loss"):
+        """Heat map of ``metric`` (``'delta_loss'`` or ``'delta_accuracy'``) per layer (rows)
+        and bit width (columns), each cell annotated; returns the matplotlib ``Figure``.
+
+        Args:
+            ax: a matplotlib ``Axes`` to draw into (default: a new figure).
+            metric: which change to show.
+        """
+        if metric not in ("delta_loss", "delta_accuracy"):
+            raise ValueError(f"metric must be 'delta_loss' or 'delta_accuracy', got {metric!r}")
+        if metric == "delta_accuracy" and self.baseline_accuracy is None:
+            raise ValueError("metric='delta_accuracy' needs batches with labels")
+        import matplotlib.pyplot as plt
+        import numpy as np
+
+        values = np.array([[getattr(next(e for e in self.entries if e.layer == layer and
+                                         e.kind == kind and e.bits == b), metric)
+                            for b in self.candidates] for layer, kind in self.layers], dtype=float)
+        if metric == "delta_accuracy":
+            values = 100 * values
+        if ax is None:
+            fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(self.candidates),
+                                            1.0 + 0.45 * len(self.layers)))
+        else:
+            fig = ax.figure
+        bound = float(np.nanmax(np.abs(values))) or 1.0
+        cmap = "Reds" if metric == "delta_loss" else "Reds_r"
+        lo, hi = (0.0, bound) if metric == "delta_loss" else (-bound, 0.0)
+        im = ax.imshow(values, cmap=cmap, vmin=lo, vmax=hi, aspect="auto")
+        ax.set_xticks(range(len(self.candidates)), [f"{b} bits" for b in self.candidates])
+        ax.set_yticks(range(len(self.layers)), [f"{layer} ({kind[0]})" for layer, kind in self.layers])
+        for i in range(values.shape[0]):
+            for j in range(values.shape[1]):
+                ax.text(j, i, f"{values[i, j]:+.3g}", ha="center", va="center", fontsize=8)
+        label = "loss change" if metric == "delta_loss" else "accuracy change (points)"
+        fig.colorbar(im, ax=ax, label=label)
+        ax.set_title("sensitivity: one layer quantized at a time\n(w = weights, m = membrane)",
+                     fontsize=9)
+        fig.tight_layout()
+        return fig
+
+
+def _default_loss(output: torch.Tensor, target: Optional[torch.Tensor],
+                  reference: torch.Tensor) -> torch.Tensor:
+    rate = output.float().mean(0)
+    if target is None:
+        return F.mse_loss(rate, reference.float().mean(0), reduction="sum") / rate.shape[0]
+    return F.cross_entropy(rate, target.to(rate.device).long())
+
+
+def _evaluate(model, batches, references, loss_fn):
+    from .calibrate import run_batches
+    total, correct, count, labelled = 0.0, 0, 0, True
+    outputs = []
+    run_batches(model, batches, None, on_output=lambda out, _batch: outputs.append(out))
+    for out, batch, ref in zip(outputs, batches, references):
+        target = batch[1] if isinstance(batch, (tuple, list)) and len(batch) > 1 else None
+        n = out.shape[1]
+        total += float(loss_fn(out, target, ref if ref is not None else out)) * n
+        count += n
+        if target is None:
+            labelled = False
+        else:
+            correct += int((out.float().mean(0).argmax(-1).cpu() == target.cpu().reshape(-1)).sum())
+    return total / count, (correct / count if labelled else None), outputs
+
+
+def _pattern(name: str) -> str:
+    """``name`` as an fnmatch pattern that matches exactly it."""
+    return "".join(f"[{c}]" if c in "*?[]" else c for c in name)
+
+
+def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] = (2, 4, 8), *,
+                config=None, weights: bool = True, membranes: bool = True,
+                loss_fn: Optional[Callable] = None, calibration: str = "mse",
+                num_batches: Optional[int] = None) -> SensitivityResult:
+    r"""Per layer and bit width, the loss change when only that layer is quantized (post-training).
+
+    For every synaptic layer (weights) and every neuron layer (membrane) that
+    :func:`~snnquant.quantize_model` would quantize, and every bit width in ``candidates``, a copy
+    of ``model`` with only that layer quantized is calibrated on ``batches``
+    (:func:`~snnquant.calibrate`, method ``calibration``) and evaluated on the same batches.
+
+    The loss of an output :math:`O \in \mathbb{R}^{T \times N \times C}` is, by default, the
+    cross-entropy of the firing rate :math:`\bar O = \frac{1}{T}\sum_t O_t` with the labels, or
+    without labels the squared distance to the full-precision rate:
+
+    .. math::
+
+        L = \mathrm{CE}(\bar O, y)\quad\text{or}\quad
+        L = \frac{1}{N} \lVert \bar O - \bar O_{fp} \rVert^2
+
+    Args:
+        model: the full-precision network (not modified).
+        batches: input tensors ``[T, N, ...]`` or ``(input, target)`` pairs, as for
+            :func:`~snnquant.calibrate`; iterated once and kept (use a few batches).
+        candidates: bit widths to try (ints in ``[2, 32]``; 1 tries binary weights).
+        config: a :class:`~snnquant.QuantConfig` giving the quantizers, ``skip`` patterns and bias
+            bits (default ``QuantConfig(per_channel=True, v_bits=8)``); its bit widths are
+            replaced by each candidate. It is also the template of :func:`assign_bits`.
+        weights: measure the weights of the synaptic layers.
+        membranes: measure the membranes of the neuron layers.
+        loss_fn: ``loss_fn(output [T, N, ...], target or None, full-precision output)`` returning a
+            scalar mean over the batch (default: see above).
+        calibration: the ``method`` of :func:`~snnquant.calibrate`.
+        num_batches: use at most this many batches.
+
+    Returns:
+        A :class:`SensitivityResult` (``str()`` is the table, ``.plot()`` a heat map).
+    """
+    from .calibrate import CALIBRATION_METHODS, batch_input, calibrate, run_batches
+    from .convert import QuantConfig, quantize_model
+    from .summary import summary
+    from .utils import copy_model
+
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    cands = tuple(candidates) if not isinstance(candidates, (int, str)) else None
+    if not cands or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 32
+                        for b in cands) or len(set(cands)) != len(cands):
+        raise ValueError(f"candidates must be distinct ints in [1, 32], got {candidates!r}")
+    cands = tuple(sorted(cands))
+    if config is None:
+        config = QuantConfig(per_channel=True, v_bits=8)
+    if not isinstance(config, QuantConfig):
+        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+    if calibration not in CALIBRATION_METHODS:
+        raise ValueError(f"calibration must be one of {CALIBRATION_METHODS}, got {calibration!r}")
+    if not (weights or membranes):
+        raise ValueError("weights and membranes are both False: nothing to measure")
+    if 1 in cands and membranes:
+        raise ValueError("candidates contains 1 (binary weights) but membranes need >= 2 bits: "
+                         "pass membranes=False or drop 1")
+    if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
+                                    or num_batches < 1):
+        raise ValueError(f"num_batches must be None or an int >= 1, got {num_batches!r}")
+    batch_list = list(itertools.islice(iter(batches), num_batches))
+    if not batch_list:
+        raise ValueError("batches yielded no batch")
+    loss_fn = loss_fn or _default_loss
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+
+    fp = copy_model(model).eval()
+    fp_outputs = []
+    run_batches(fp, batch_list, None, on_output=lambda out, _b: fp_outputs.append(out))
+    base_loss, base_acc, _ = _evaluate(fp, batch_list, fp_outputs, loss_fn)
+
+    # which layers quantize_model would touch, and their sizes (as summary counts them)
+    probe, report = quantize_model(fp, dataclasses.replace(
+        config, weight_bits=8 if weights else config.weight_bits,
+        v_bits=8 if membranes else config.v_bits, overrides={}))
+    replaced = {r.name for r in report.replaced}
+    first = batch_input(batch_list[0], 0)[:, :1]
+    rows = {r["name"]: r for r in summary(probe, first).rows}
+    layers, costs = [], []
+    fixed = 0.0
+    for name, row in rows.items():
+        if row["membrane_bits_per_neuron"] is None:  # a synaptic layer
+            module = probe.get_submodule(name)
+            nw = module.weight.numel()
+            nb = 0 if module.bias is None else module.bias.numel()
+            bias_bits = getattr(getattr(module, "bias_quant", None), "num_bits", None) or 32
+            if weights and name in replaced:
+                layers.append((name, "weight"))
+                costs.append(LayerCost(name, "weight", nw, nb * bias_bits / 8))
+            else:
+                fixed += row["quant_bytes"]
+        else:
+            fixed += row["quant_bytes"]  # a neuron's own parameters (PLIF's w) at fp32
+            n = int(row["neurons"] or 0)
+            if membranes and name in replaced:
+                layers.append((name, "membrane"))
+                costs.append(LayerCost(name, "membrane", n, 0.0))
+            else:
+                fixed += row["state_quant_bytes"] or 0.0
+    if not layers:
+        raise ValueError(f"quantize_model finds nothing to quantize in {type(model).__name__} "
+                         f"with this config (skip={list(config.skip)})")
+    # layers not measured are stored at the config's own bits
+    entries = []
+    for (name, kind), cost in zip(layers, costs):
+        for bits in cands:
+            field_name = "weight_bits" if kind == "weight" else "v_bits"
+            cfg = dataclasses.replace(config, weight_bits=None, v_bits=None,
+                                      overrides={_pattern(name): {field_name: bits}})
+            qmodel, _ = quantize_model(fp, cfg)
+            calibrate(qmodel, batch_list, method=calibration)
+            loss, acc, _ = _evaluate(qmodel, batch_list, fp_outputs, loss_fn)
+            entries.append(SensitivityEntry(
+                name, kind, bits, loss, loss - base_loss, acc,
+                None if acc is None else acc - base_acc, cost.count * bits / 8 + cost.fixed_bytes))
+    return SensitivityResult(entries=entries, baseline_loss=base_loss, baseline_accuracy=base_acc,
+                             costs=costs, fixed_bytes=fixed, candidates=cands, config=config,
+                             num_batches=len(batch_list), layers=layers)
+
+
+def assign_bits(sensitivity_result: SensitivityResult, budget_bytes: Optional[float] = None, *,
+                budget_bits: Optional[float] = None, candidates: Optional[Sequence[int]] = None):
+    r"""Bit widths per layer that fit a memory budget with the least predicted loss change.
+
+    Chooses one bit width per measured layer (weights and membranes separately) among the
+    candidates of ``sensitivity_result``, minimising :math:`\sum_\ell \Delta L_{\ell, b_\ell}`
+    under the budget (see :mod:`snnquant.sensitivity`). With ``budget_bits`` the budget is an
+    average bit width over the chosen values (weights and membrane states):
+
+    .. math::
+
+        B = \frac{\bar b \sum_\ell n_\ell}{8} + F + \sum_\ell \text{fixed}_\ell
+
+    Args:
+        sensitivity_result: from :func:`sensitivity`.
+        budget_bytes: the memory budget in bytes (weights plus membrane state per sample, as
+            :func:`~snnquant.summary` counts them).
+        budget_bits: or the budget as average bits per chosen value.
+        candidates: restrict the choice to these bit widths (default: all measured).
+
+    Returns:
+        A :class:`~snnquant.QuantConfig`: the sensitivity's template with one entry in
+        ``overrides`` per measured layer (``{name: {'weight_bits': b}}`` or
+        ``{name: {'v_bits': b}}``), ready for :func:`~snnquant.quantize_model`. Its attribute
+        ``assignment`` holds ``predicted_delta_loss``, ``bytes`` and ``budget_bytes``.
+
+    Raises:
+        ValueError: no budget, both budgets, or a budget below the smallest possible size (the
+            message gives that size).
+    """
+    res = sensitivity_result
+    if not isinstance(res, SensitivityResult):
+        raise TypeError(f"sensitivity_result must be a SensitivityResult, got {type(res).__name__}")
+    if (budget_bytes is None) == (budget_bits is None):
+        raise ValueError(f"give exactly one of budget_bytes and budget_bits, got "
+                         f"budget_bytes={budget_bytes!r}, budget_bits={budget_bits!r}")
+    for arg, value in (("budget_bytes", budget_bytes), ("budget_bits", budget_bits)):
+        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                  or not value > 0):
+            raise ValueError(f"{arg} must be a positive number, got {value!r}")
+    cands = res.candidates if candidates is None else tuple(sorted(set(candidates)))
+    missing = [b for b in cands if b not in res.candidates]
+    if missing or not cands:
+        raise ValueError(f"candidates must be a non-empty subset of the measured bit widths "
+                         f"{res.candidates}, got {candidates!r}")
+    fixed = res.fixed_bytes + sum(c.fixed_bytes for c in res.costs)
+    total_values = sum(c.count for c in res.costs)
+    if budget_bits is not None:
+        budget_bytes = budget_bits * total_values / 8 + fixed
+    # cost in bits (integers, exact); Pareto front of (bits, loss) over the layers so far
+    front: Dict[int, Tuple[float, Tuple[int, ...]]] = {0: (0.0, ())}
+    for cost in res.costs:
+        nxt: Dict[int, Tuple[float, Tuple[int, ...]]] = {}
+        for used, (loss, choice) in front.items():
+            for b in cands:
+                key = used + cost.count * b
+                value = loss + res.delta(cost.layer, cost.kind, b)
+                if key not in nxt or value < nxt[key][0]:
+                    nxt[key] = (value, choice + (b,))
+        # keep only states that no cheaper state beats
+        front, best = {}, float("inf")
+        for key in sorted(nxt):
+            if nxt[key][0] < best:
+                front[key], best = nxt[key], nxt[key][0]
+    limit_bits = (budget_bytes - fixed) * 8
+    feasible = [(v[0], k, v[1]) for k, v in front.items() if k <= limit_bits + 1e-9]
+    if not feasible:
+        smallest = min(front) / 8 + fixed
+        raise ValueError(f"the budget of {budget_bytes:.1f} bytes is below the smallest "
+                         f"configuration of these candidates ({smallest:.1f} bytes, all layers at "
+                         f"{min(cands)} bits)")
+    loss, used, choice = min(feasible, key=lambda t: (t[0], t[1]))
+    overrides = {}
+    for cost, b in zip(res.costs, choice):
+        overrides[_pattern(cost.layer)] = {"weight_bits" if cost.kind == "weight" else "v_bits": b}
+    config = dataclasses.replace(res.config, overrides=overrides)
+    config.assignment = dict(predicted_delta_loss=loss, bytes=used / 8 + fixed,
+                             budget_bytes=float(budget_bytes),
+                             bits={f"{c.layer} ({c.kind})": b for c, b in zip(res.costs, choice)})
+    return config
