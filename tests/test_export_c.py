@@ -17,7 +17,7 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
 from snnquant import QuantConfig, quantize_model
-from snnquant.export import (ExportError, IntegerSNN, c_memory, fold_batchnorm, to_c,
+from snnquant.export import (ExportError, SynapseOp, IntegerSNN, c_memory, fold_batchnorm, to_c,
                              to_integer)
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -482,3 +482,29 @@ def test_convolution_padding_forms(tmp_path, padding, kernel, dilation):
     exe = build(desc, tmp_path, input_shape=(2, 7, 6))
     assert assert_same(desc, exe, x) == 1.0
     assert int(IntegerSNN(desc)(x).sum()) > 0
+
+
+@pytest.mark.parametrize("weights", ["binary", "ternary"])
+def test_binary_and_ternary_weights_match_integer_snn(weights, tmp_path):
+    # issue 15: binary (+-1) and ternary (-1/0/+1) weights export to the C runtime exactly
+    cfg = dict(seed=7, arch="conv", kind="lif", tau=2.0, soft=False, v_reset=0.0, v_threshold=1.0,
+               decay_input=True, bias=True, bias_bits=8, pool="max", stride=1, groups=1,
+               readout="spikes", weight_bits=4, v_bits=8, per_channel=True, gain=3.0,
+               leak_bits=None)
+    net, shape = random_net(cfg)
+    config = (QuantConfig(weight_bits=1, v_bits=8, bias_bits=8) if weights == "binary" else
+              QuantConfig(weight_quantizer="ternary", weight_bits=2, v_bits=8, bias_bits=8))
+    q, _ = quantize_model(net, config)
+    g = torch.Generator().manual_seed(cfg["seed"])
+    x = torch.randint(0, 3, (4, 4) + shape, generator=g).float()
+    with torch.no_grad():
+        q(x)
+    q.eval()
+    sjf.reset_net(q)
+    desc = to_integer(fold_batchnorm(q))
+    synapses = [op for op in desc.ops if isinstance(op, SynapseOp)]
+    assert len(synapses) == 2
+    levels = set().union(*(set(op.weight.unique().tolist()) for op in synapses))
+    assert levels == ({-1, 1} if weights == "binary" else {-1, 0, 1}), levels
+    exe = build(desc, tmp_path, input_shape=shape)
+    assert assert_same(desc, exe, sample_input(desc, shape, 6, 8, cfg["seed"], False)) == 1.0
