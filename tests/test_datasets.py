@@ -501,3 +501,29 @@ def test_import_is_light():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1])] + sys.path))
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_frames_are_built_without_concurrent_npy_parsing_on_affected_pythons(small_root, tmp_path,
+                                                                              monkeypatch):
+    # CPython < 3.13 can raise "SystemError: AST constructor recursion depth mismatch" when
+    # several threads parse .npy headers at once (seen in this suite); SpikingJelly's frame
+    # integration runs in a thread pool, so snnquant runs it with one thread there.
+    import spikingjelly.datasets.n_mnist as n_mnist
+    from spikingjelly import configure
+
+    from snnquant.datasets.checked import PREPROCESS_THREADS_SAFE
+
+    seen = []
+    real = n_mnist.NMNIST
+
+    def recording(*args, **kwargs):
+        seen.append(configure.max_threads_number_for_datasets_preprocess)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(n_mnist, "NMNIST", recording)
+    monkeypatch.setattr(configure, "max_threads_number_for_datasets_preprocess", 4)
+    root = tmp_path / "root"
+    shutil.copytree(small_root, root)
+    D.load_nmnist_frames(root, train=True, frames_number=3)
+    assert seen == [4 if PREPROCESS_THREADS_SAFE else 1]
+    assert configure.max_threads_number_for_datasets_preprocess == 4   # restored

@@ -9,7 +9,9 @@ loader so that the error names the file and says how to rebuild it.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 import zipfile
 from pathlib import Path
 from typing import Callable, Iterable, Optional, Union
@@ -93,3 +95,31 @@ def wrap_dataset_loader(dataset, rebuild: str):
     if hasattr(dataset, "loader") and not isinstance(dataset.loader, CheckedLoader):
         dataset.loader = CheckedLoader(dataset.loader, rebuild)
     return dataset
+
+
+#: CPython before 3.13 can fail ``ast.parse`` run from several threads at once with "SystemError:
+#: AST constructor recursion depth mismatch" (CPython issue 106905); numpy parses every ``.npy``
+#: header with ``ast.literal_eval``, and SpikingJelly converts events to frames in a thread pool.
+PREPROCESS_THREADS_SAFE = sys.version_info >= (3, 13)
+
+
+@contextlib.contextmanager
+def spikingjelly_preprocessing():
+    """Run SpikingJelly's dataset preparation (events to frames) safely on this Python.
+
+    Where :data:`PREPROCESS_THREADS_SAFE` is false, SpikingJelly's
+    ``configure.max_threads_number_for_datasets_preprocess`` is 1 inside the block (restored after
+    it), so that its thread pool never parses ``.npy`` headers concurrently; elsewhere nothing
+    changes.
+    """
+    if PREPROCESS_THREADS_SAFE:
+        yield
+        return
+    from spikingjelly import configure
+
+    saved = configure.max_threads_number_for_datasets_preprocess
+    configure.max_threads_number_for_datasets_preprocess = 1
+    try:
+        yield
+    finally:
+        configure.max_threads_number_for_datasets_preprocess = saved

@@ -35,7 +35,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from .checked import LOAD_ERRORS, CorruptDatasetFileError, wrap_dataset_loader
+from .checked import (LOAD_ERRORS, CorruptDatasetFileError, spikingjelly_preprocessing,
+                      wrap_dataset_loader)
 from .nmnist import DatasetRootError, _describe_folder, raise_corrupt_cache
 
 __all__ = [
@@ -260,7 +261,8 @@ def load_neuromorphic_frames(name: str, root, train: bool, frames_number: int, s
     if spec.needs_train_flag:
         kwargs["train"] = train
     try:
-        dataset = spec.sj_class()(str(root), **kwargs)
+        with spikingjelly_preprocessing():
+            dataset = spec.sj_class()(str(root), **kwargs)
     except LOAD_ERRORS as error:
         raise_corrupt_cache(root, frames_dir, error, raw_dir=spec.raw_dir)
         raise

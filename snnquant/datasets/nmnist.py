@@ -15,7 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from .checked import LOAD_ERRORS, CorruptDatasetFileError, find_unreadable_npz, wrap_dataset_loader
+from .checked import (LOAD_ERRORS, CorruptDatasetFileError, find_unreadable_npz,
+                      spikingjelly_preprocessing, wrap_dataset_loader)
 from .nmnist_format import EVENT_BYTES
 
 __all__ = [
@@ -253,15 +254,16 @@ def load_nmnist_frames(
     from spikingjelly.datasets.n_mnist import NMNIST
 
     try:
-        dataset = NMNIST(
-            root=str(root),
-            train=train,
-            data_type="frame",
-            frames_number=frames_number,
-            split_by=split_by,
-            transform=transform,
-            target_transform=target_transform,
-        )
+        with spikingjelly_preprocessing():
+            dataset = NMNIST(
+                root=str(root),
+                train=train,
+                data_type="frame",
+                frames_number=frames_number,
+                split_by=split_by,
+                transform=transform,
+                target_transform=target_transform,
+            )
     except LOAD_ERRORS as error:
         raise_corrupt_cache(root, frames_dir, error)
         raise
