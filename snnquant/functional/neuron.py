@@ -345,34 +345,31 @@ class QuantNeuronFunction(torch.autograd.Function):
             dh_dx = k if decay_input else 1.0
             dh_dv = 1.0 - k
         need_step = ctx.needs_input_grad[2]
+        # the step gradient is summed over neurons once, after the loop (one reduction, not T)
+        g_step_acc = torch.zeros_like(h_seq[0], dtype=g_step.dtype) if need_step else None
         for t in range(T - 1, -1, -1):
             h = h_seq[t]
             hs = h / s
             q = torch.clamp(torch.round(hs), qmin, qmax)
             hq = q * s
-            spike = neuron_fire(hq, v_threshold)
+            distance = hq - v_threshold
+            fired = distance >= 0  # neuron_fire, as a mask
             if g_v_seq is not None:
                 g_v = g_v + g_v_seq[t]
-            sg = surrogate_derivative(surrogate_function, hq - v_threshold)
+            sg = surrogate_derivative(surrogate_function, distance)
             if v_reset is None:
                 g_hq = g_v
-                if not detach_reset:
-                    g_s_total = g_spike[t] - g_v * theta_q
-                else:
-                    g_s_total = g_spike[t]
+                g_s_total = g_spike[t] if detach_reset else g_spike[t] - g_v * theta_q
             else:
-                g_hq = g_v * (1.0 - spike)
-                if not detach_reset:
-                    g_s_total = g_spike[t] + g_v * (vr_q - hq)
-                else:
-                    g_s_total = g_spike[t]
-            g_hq = g_hq + g_s_total * sg
+                g_hq = torch.where(fired, 0.0, g_v)  # g_v * (1 - S)
+                g_s_total = g_spike[t] if detach_reset else torch.addcmul(g_spike[t], g_v, vr_q - hq)
+            g_hq = torch.addcmul(g_hq, g_s_total, sg)
             inside = (hs >= qmin) & (hs <= qmax)
             g_h = g_hq * inside
             if need_step:
                 dstep = torch.where(hs <= qmin, float(qmin), torch.where(hs >= qmax, float(qmax), q - hs))
-                g_step = g_step + (g_hq * dstep).sum(dtype=g_step.dtype)
-            g_x[t] = g_h * dh_dx
+                g_step_acc.addcmul_(g_hq, dstep)
+            torch.mul(g_h, dh_dx, out=g_x[t])
             if neuron == "plif":
                 v_prev = v_seq[t - 1] if t > 0 else v_init.to(dtype).expand_as(h)
                 if decay_input:
@@ -381,6 +378,8 @@ class QuantNeuronFunction(torch.autograd.Function):
                     dh_dk = -(v_prev - vr_q)
                 g_k = g_k + (g_h * dh_dk).sum(dtype=g_k.dtype)
             g_v = g_h * dh_dv
+        if need_step:
+            g_step = g_step_acc.sum()
         g_v_init = None
         if ctx.needs_input_grad[1]:
             g_v_init = g_v
