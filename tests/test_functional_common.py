@@ -128,10 +128,10 @@ def test_input_is_not_modified_in_place(name, device):
         assert y.data_ptr() != x.data_ptr() or name == "scale_grad"
 
 
-@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+# clamp_by_linear is left out: one NaN makes min(x) and max(x) NaN, so the whole output is NaN
+# (test_clamp_by_linear_nan_spreads)
+@pytest.mark.parametrize("name", sorted(set(FUNCTIONS) - {"clamp_by_linear"}))
 def test_nan_in_gives_nan_out(name):
-    if name == "clamp_by_linear":
-        pytest.skip("one NaN makes min(x) and max(x) NaN: the whole output is NaN (tested below)")
     x = torch.tensor([0.3, float("nan"), -0.7, 1.2, float("nan")])
     y = FUNCTIONS[name](x)
     assert torch.isnan(y[[1, 4]]).all()
@@ -166,11 +166,11 @@ SPIKINGJELLY_FLOAT_RESULT = {"step_quantize", "k_bit_quantize", "affine_k_bit_qu
                              "clamp_by_linear"}
 
 
-@pytest.mark.parametrize("name", sorted(FRACTIONAL))
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.bool, torch.uint8], ids=str)
+@pytest.mark.parametrize("name, dtype", [
+    (name, dtype) for name in sorted(FRACTIONAL)
+    for dtype in (torch.int32, torch.int64, torch.bool, torch.uint8)
+    if name not in SPIKINGJELLY_FLOAT_RESULT or dtype == torch.bool], ids=str)
 def test_integer_tensors_refused_where_the_result_can_be_fractional(name, dtype):
-    if name in SPIKINGJELLY_FLOAT_RESULT and dtype != torch.bool:
-        pytest.skip("accepted like SpikingJelly: tested in test_functional_spikingjelly.py")
     x = torch.tensor([0, 1, 1, 0]).to(dtype)
     with pytest.raises(TypeError, match="float16, bfloat16, float32 or float64") as info:
         FRACTIONAL[name](x)
