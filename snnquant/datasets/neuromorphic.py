@@ -37,7 +37,7 @@ import numpy as np
 
 from .checked import (LOAD_ERRORS, CorruptDatasetFileError, spikingjelly_preprocessing,
                       wrap_dataset_loader)
-from .nmnist import DatasetRootError, _describe_folder, raise_corrupt_cache
+from .nmnist import DatasetRootError, _describe_folder, frames_cache_dir, raise_corrupt_cache
 
 __all__ = [
     "DVS128_GESTURE_URL",
@@ -250,13 +250,7 @@ def load_neuromorphic_frames(name: str, root, train: bool, frames_number: int, s
     spec = _spec(name)
     root = Path(root).resolve()
     prepare_neuromorphic_root(name, root)
-    frames_dir = root / f"frames_number_{frames_number}_split_by_{split_by}"
-    frames_marker = frames_dir.with_name(frames_dir.name + ".building")
-    if frames_marker.exists():
-        raise DatasetRootError(
-            f"found {frames_marker}: an earlier SpikingJelly frame integration did not finish. "
-            f"Delete {frames_dir} and the marker, then load again; nothing was deleted."
-        )
+    frames_dir = frames_cache_dir(root, frames_number, split_by)
     kwargs = dict(data_type="frame", frames_number=frames_number, split_by=split_by)
     if spec.needs_train_flag:
         kwargs["train"] = train

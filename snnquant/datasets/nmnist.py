@@ -243,13 +243,7 @@ def load_nmnist_frames(
         raise ValueError(f"split_by must be 'number' or 'time', got {split_by!r}")
     root = Path(root)
     prepare_nmnist_root(root)
-    frames_dir = root / f"frames_number_{frames_number}_split_by_{split_by}"
-    frames_marker = frames_dir.with_name(frames_dir.name + ".building")
-    if frames_marker.exists():
-        raise DatasetRootError(
-            f"found {frames_marker}: an earlier SpikingJelly frame integration did not finish. "
-            f"Delete {frames_dir} and the marker, then load again; nothing was deleted."
-        )
+    frames_dir = frames_cache_dir(root, frames_number, split_by)
 
     from spikingjelly.datasets.n_mnist import NMNIST
 
@@ -438,6 +432,19 @@ def _extract_zips(root: Path, zips: Sequence[Path]) -> Path:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return target
+
+
+def frames_cache_dir(root: Path, frames_number: int, split_by: str) -> Path:
+    """SpikingJelly's frames folder under ``root``; raises DatasetRootError when an earlier frame
+    integration left its ``.building`` marker (nothing is deleted)."""
+    frames_dir = root / f"frames_number_{frames_number}_split_by_{split_by}"
+    frames_marker = frames_dir.with_name(frames_dir.name + ".building")
+    if frames_marker.exists():
+        raise DatasetRootError(
+            f"found {frames_marker}: an earlier SpikingJelly frame integration did not finish. "
+            f"Delete {frames_dir} and the marker, then load again; nothing was deleted."
+        )
+    return frames_dir
 
 
 def raise_corrupt_cache(root: Path, frames_dir: Path, error: BaseException, raw_dir: str = "events_np") -> None:

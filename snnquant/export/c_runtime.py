@@ -31,6 +31,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from .description import ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
+from .simulator import op_shapes
 
 __all__ = ["to_c", "c_memory", "CMemory"]
 
@@ -116,31 +117,6 @@ def _infer_input_shape(desc: IntegerNetwork) -> Tuple[int, ...]:
                      f"input_shape=(2, 34, 34)")
 
 
-def _shapes(desc: IntegerNetwork, input_shape) -> List[Tuple[Tuple[int, ...], Tuple[int, ...]]]:
-    """Per-sample (input shape, output shape) of every op, from the simulator itself."""
-    from .simulator import IntegerSNN
-
-    sim = IntegerSNN(desc)
-    x = torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)
-    out = []
-    for op, prm in zip(desc.ops, sim._params):
-        before = tuple(x.shape[1:])
-        try:
-            if isinstance(op, SynapseOp):
-                x = sim._synapse(op, prm, x)
-            elif isinstance(op, PoolOp):
-                x = sim._pool(op, x)
-            elif isinstance(op, FlattenOp):
-                start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
-                end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
-                x = torch.flatten(x, start, end)
-        except (RuntimeError, IndexError, ValueError) as err:
-            raise ValueError(f"input_shape={tuple(input_shape)} does not fit layer {op.name!r} "
-                             f"(its input would be {before}): {err}") from None
-        out.append((before, tuple(x.shape[1:])))
-    return out
-
-
 def _numel(shape) -> int:
     n = 1
     for s in shape:
@@ -157,7 +133,7 @@ class _Gen:
     def __init__(self, desc: IntegerNetwork, name: str, input_shape):
         self.desc, self.name, self.NAME = desc, name, name.upper()
         self.input_shape = tuple(int(v) for v in input_shape)
-        self.shapes = _shapes(desc, self.input_shape)
+        self.shapes = op_shapes(desc, self.input_shape)
         self.consts: List[str] = []
         self.funcs: List[str] = []
         self.rom = 0

@@ -43,7 +43,7 @@ import torch
 import torch.nn as nn
 
 from .description import ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
-from .simulator import IntegerSNN
+from .simulator import IntegerSNN, op_shapes
 
 __all__ = ["to_nir", "UNITS", "MAX_POOL_FORMS", "SCHEMA_VERSION", "NIR_MIN_VERSION"]
 
@@ -84,24 +84,6 @@ def import_nir(what: str):
                           f"{version}: pip install --upgrade 'nir>={need}'. (sinabs and "
                           f"rockpool[nir] pin nir <= 1.0.4; install them in another environment)")
     return nir
-
-
-def _shapes(desc: IntegerNetwork, input_shape):
-    """Per-sample input shape of every operation, by running zeros through the simulator."""
-    sim = IntegerSNN(desc)
-    x = torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)
-    shapes = []
-    for op, prm in zip(desc.ops, sim._params):
-        shapes.append(tuple(x.shape[1:]))
-        if isinstance(op, SynapseOp):
-            x = sim._synapse(op, prm, x)
-        elif isinstance(op, PoolOp):
-            x = sim._pool(op, x)
-        elif isinstance(op, FlattenOp):
-            start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
-            end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
-            x = torch.flatten(x, start, end)
-    return shapes, tuple(x.shape[1:])
 
 
 def _layer_scales(desc: IntegerNetwork, units: str):
@@ -235,7 +217,9 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     input_shape = tuple(int(v) for v in input_shape)
     if not input_shape or any(v <= 0 for v in input_shape):
         raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}")
-    shapes, out_shape = _shapes(desc, input_shape)
+    in_out = op_shapes(desc, input_shape)
+    shapes = [before for before, _ in in_out]
+    out_shape = in_out[-1][1] if in_out else tuple(input_shape)
     scales = _layer_scales(desc, units)
 
     nodes = {"input": nir.Input(input_type={"input": np.array(input_shape)})}

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from .description import FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
 from .integer_ops import round_half_even_shift
 
-__all__ = ["IntegerSNN"]
+__all__ = ["IntegerSNN", "op_shapes"]
 
 
 def _channel_view(t: torch.Tensor, dim: int) -> torch.Tensor:
@@ -188,3 +188,31 @@ class IntegerSNN:
 
     def __repr__(self):
         return f"IntegerSNN({len(self.desc.ops)} ops, device={self.device})"
+
+
+def op_shapes(desc: IntegerNetwork, input_shape) -> list:
+    """Per-sample ``(input shape, output shape)`` of every operation of ``desc``, found by running
+    one all-zero time step of shape ``input_shape`` through :class:`IntegerSNN`'s own layers.
+
+    Raises:
+        ValueError: naming ``input_shape`` and the layer it does not fit.
+    """
+    sim = IntegerSNN(desc)
+    x = torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)
+    out = []
+    for op, prm in zip(desc.ops, sim._params):
+        before = tuple(x.shape[1:])
+        try:
+            if isinstance(op, SynapseOp):
+                x = sim._synapse(op, prm, x)
+            elif isinstance(op, PoolOp):
+                x = sim._pool(op, x)
+            elif isinstance(op, FlattenOp):
+                start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
+                end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
+                x = torch.flatten(x, start, end)
+        except (RuntimeError, IndexError, ValueError) as err:
+            raise ValueError(f"input_shape={tuple(input_shape)} does not fit layer {op.name!r} "
+                             f"(its input would be {before}): {err}") from None
+        out.append((before, tuple(x.shape[1:])))
+    return out
