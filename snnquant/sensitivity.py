@@ -80,6 +80,19 @@ class SensitivityResult:
     config: object = None
     num_batches: int = 0
     layers: List[Tuple[str, str]] = field(default_factory=list)
+    membrane_candidates: Optional[Tuple[int, ...]] = None
+
+    def candidates_for(self, kind: str) -> Tuple[int, ...]:
+        """The bit widths measured for ``kind`` (``'weight'`` or ``'membrane'``)."""
+        if kind == "membrane" and self.membrane_candidates is not None:
+            return self.membrane_candidates
+        return self.candidates
+
+    @property
+    def all_bits(self) -> Tuple[int, ...]:
+        """Every bit width measured for some layer, ascending (the columns of the table)."""
+        kinds = {kind for _, kind in self.layers} or {"weight"}
+        return tuple(sorted({b for k in kinds for b in self.candidates_for(k)}))
 
     def delta(self, layer: str, kind: str, bits: int) -> float:
         """The loss change of ``layer`` (``kind``) at ``bits``."""
@@ -90,17 +103,19 @@ class SensitivityResult:
 
     def table(self) -> str:
         """The loss change (and accuracy change, in points) per layer and bit width."""
-        head = ["layer", "kind", "values"] + [f"{b}-bit dloss" for b in self.candidates]
+        bits = self.all_bits
+        head = ["layer", "kind", "values"] + [f"{b}-bit dloss" for b in bits]
         if self.baseline_accuracy is not None:
-            head += [f"{b}-bit dacc" for b in self.candidates]
+            head += [f"{b}-bit dacc" for b in bits]
         counts = {(c.layer, c.kind): c.count for c in self.costs}
         rows = []
         for layer, kind in self.layers:
             by_bits = {e.bits: e for e in self.entries if e.layer == layer and e.kind == kind}
             row = [layer, kind, str(counts[(layer, kind)])]
-            row += [f"{by_bits[b].delta_loss:+.4g}" for b in self.candidates]
+            row += [f"{by_bits[b].delta_loss:+.4g}" if b in by_bits else "-" for b in bits]
             if self.baseline_accuracy is not None:
-                row += [f"{100 * by_bits[b].delta_accuracy:+.2f}" for b in self.candidates]
+                row += [f"{100 * by_bits[b].delta_accuracy:+.2f}" if b in by_bits else "-"
+                        for b in bits]
             rows.append(row)
         widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
         fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
@@ -128,24 +143,28 @@ class SensitivityResult:
         import matplotlib.pyplot as plt
         import numpy as np
 
-        values = np.array([[getattr(next(e for e in self.entries if e.layer == layer and
-                                         e.kind == kind and e.bits == b), metric)
-                            for b in self.candidates] for layer, kind in self.layers], dtype=float)
+        bits = self.all_bits
+        found = {(e.layer, e.kind, e.bits): getattr(e, metric) for e in self.entries}
+        values = np.array([[found.get((layer, kind, b), np.nan) for b in bits]
+                           for layer, kind in self.layers], dtype=float)
         if metric == "delta_accuracy":
             values = 100 * values
         if ax is None:
-            fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(self.candidates),
+            fig, ax = plt.subplots(figsize=(1.6 + 1.1 * len(bits),
                                             1.0 + 0.45 * len(self.layers)))
         else:
             fig = ax.figure
-        bound = float(np.nanmax(np.abs(values))) or 1.0
+        bound = float(np.nanmax(np.abs(values))) if np.isfinite(values).any() else 1.0
+        bound = bound or 1.0
         cmap = "Reds" if metric == "delta_loss" else "Reds_r"
         lo, hi = (0.0, bound) if metric == "delta_loss" else (-bound, 0.0)
         im = ax.imshow(values, cmap=cmap, vmin=lo, vmax=hi, aspect="auto")
-        ax.set_xticks(range(len(self.candidates)), [f"{b} bits" for b in self.candidates])
+        ax.set_xticks(range(len(bits)), [f"{b} bits" for b in bits])
         ax.set_yticks(range(len(self.layers)), [f"{layer} ({kind[0]})" for layer, kind in self.layers])
         for i in range(values.shape[0]):
             for j in range(values.shape[1]):
+                if np.isnan(values[i, j]):  # not measured for this kind
+                    continue
                 ax.text(j, i, f"{values[i, j]:+.3g}", ha="center", va="center", fontsize=8)
         label = "loss change" if metric == "delta_loss" else "accuracy change (points)"
         fig.colorbar(im, ax=ax, label=label)
@@ -186,6 +205,7 @@ def _pattern(name: str) -> str:
 
 
 def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] = (2, 4, 8), *,
+                membrane_candidates: Optional[Sequence[int]] = None,
                 config=None, weights: bool = True, membranes: bool = True,
                 loss_fn: Optional[Callable] = None, calibration: str = "mse",
                 num_batches: Optional[int] = None) -> SensitivityResult:
@@ -210,6 +230,9 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
         batches: input tensors ``[T, N, ...]`` or ``(input, target)`` pairs, as for
             :func:`~snnquant.calibrate`; iterated once and kept (use a few batches).
         candidates: bit widths to try (ints in ``[2, 32]``; 1 tries binary weights).
+        membrane_candidates: bit widths to try for the membranes (ints in ``[2, 32]``), if they
+            differ from ``candidates`` (default: ``candidates``). Membranes usually need more bits
+            than weights, for example ``candidates=(2, 4)`` with ``membrane_candidates=(4, 8)``.
         config: a :class:`~snnquant.QuantConfig` giving the quantizers, ``skip`` patterns and bias
             bits (default ``QuantConfig(per_channel=True, v_bits=8)``); its bit widths are
             replaced by each candidate. It is also the template of :func:`assign_bits`.
@@ -230,11 +253,9 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    cands = tuple(candidates) if not isinstance(candidates, (int, str)) else None
-    if not cands or any(isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= 32
-                        for b in cands) or len(set(cands)) != len(cands):
-        raise ValueError(f"candidates must be distinct ints in [1, 32], got {candidates!r}")
-    cands = tuple(sorted(cands))
+    cands = _check_candidates(candidates, "candidates", 1)
+    mcands = None if membrane_candidates is None else \
+        _check_candidates(membrane_candidates, "membrane_candidates", 2)
     if config is None:
         config = QuantConfig(per_channel=True, v_bits=8)
     if not isinstance(config, QuantConfig):
@@ -243,9 +264,9 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
         raise ValueError(f"calibration must be one of {CALIBRATION_METHODS}, got {calibration!r}")
     if not (weights or membranes):
         raise ValueError("weights and membranes are both False: nothing to measure")
-    if 1 in cands and membranes:
+    if 1 in cands and membranes and mcands is None:
         raise ValueError("candidates contains 1 (binary weights) but membranes need >= 2 bits: "
-                         "pass membranes=False or drop 1")
+                         "pass membranes=False, membrane_candidates, or drop 1")
     if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
                                     or num_batches < 1):
         raise ValueError(f"num_batches must be None or an int >= 1, got {num_batches!r}")
@@ -295,7 +316,7 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
     # layers not measured are stored at the config's own bits
     entries = []
     for (name, kind), cost in zip(layers, costs):
-        for bits in cands:
+        for bits in (mcands if kind == "membrane" and mcands is not None else cands):
             field_name = "weight_bits" if kind == "weight" else "v_bits"
             cfg = dataclasses.replace(config, weight_bits=None, v_bits=None,
                                       overrides={_pattern(name): {field_name: bits}})
@@ -307,7 +328,17 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
                 None if acc is None else acc - base_acc, cost.count * bits / 8 + cost.fixed_bytes))
     return SensitivityResult(entries=entries, baseline_loss=base_loss, baseline_accuracy=base_acc,
                              costs=costs, fixed_bytes=fixed, candidates=cands, config=config,
-                             num_batches=len(batch_list), layers=layers)
+                             num_batches=len(batch_list), layers=layers,
+                             membrane_candidates=mcands)
+
+
+def _check_candidates(values, name: str, lowest: int) -> Tuple[int, ...]:
+    """``values`` as a sorted tuple of distinct ints in ``[lowest, 32]``, else ValueError."""
+    cands = tuple(values) if not isinstance(values, (int, str)) else None
+    if not cands or any(isinstance(b, bool) or not isinstance(b, int) or not lowest <= b <= 32
+                        for b in cands) or len(set(cands)) != len(cands):
+        raise ValueError(f"{name} must be distinct ints in [{lowest}, 32], got {values!r}")
+    return tuple(sorted(cands))
 
 
 def assign_bits(sensitivity_result: SensitivityResult, budget_bytes: Optional[float] = None, *,
@@ -328,7 +359,8 @@ def assign_bits(sensitivity_result: SensitivityResult, budget_bytes: Optional[fl
         budget_bytes: the memory budget in bytes (weights plus membrane state per sample, as
             :func:`~snnquant.summary` counts them).
         budget_bits: or the budget as average bits per chosen value.
-        candidates: restrict the choice to these bit widths (default: all measured).
+        candidates: restrict the choice to these bit widths (default: all measured; each kind
+            keeps those it was measured at).
 
     Returns:
         A :class:`~snnquant.QuantConfig`: the sensitivity's template with one entry in
@@ -350,11 +382,18 @@ def assign_bits(sensitivity_result: SensitivityResult, budget_bytes: Optional[fl
         if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                   or not value > 0):
             raise ValueError(f"{arg} must be a positive number, got {value!r}")
-    cands = res.candidates if candidates is None else tuple(sorted(set(candidates)))
-    missing = [b for b in cands if b not in res.candidates]
-    if missing or not cands:
-        raise ValueError(f"candidates must be a non-empty subset of the measured bit widths "
-                         f"{res.candidates}, got {candidates!r}")
+    kinds = sorted({c.kind for c in res.costs})
+    measured = {k: res.candidates_for(k) for k in kinds}
+    if candidates is None:
+        allowed = measured
+    else:
+        asked = tuple(sorted(set(candidates)))
+        allowed = {k: tuple(b for b in asked if b in measured[k]) for k in kinds}
+        missing = [b for b in asked if not any(b in measured[k] for k in kinds)]
+        if missing or not asked or not all(allowed.values()):
+            raise ValueError(f"candidates must be a non-empty subset of the measured bit widths "
+                             f"{ {k: list(v) for k, v in measured.items()} } with at least one "
+                             f"width of each kind, got {candidates!r}")
     fixed = res.fixed_bytes + sum(c.fixed_bytes for c in res.costs)
     total_values = sum(c.count for c in res.costs)
     if budget_bits is not None:
@@ -364,7 +403,7 @@ def assign_bits(sensitivity_result: SensitivityResult, budget_bytes: Optional[fl
     for cost in res.costs:
         nxt: Dict[int, Tuple[float, Tuple[int, ...]]] = {}
         for used, (loss, choice) in front.items():
-            for b in cands:
+            for b in allowed[cost.kind]:
                 key = used + cost.count * b
                 value = loss + res.delta(cost.layer, cost.kind, b)
                 if key not in nxt or value < nxt[key][0]:
@@ -379,8 +418,9 @@ def assign_bits(sensitivity_result: SensitivityResult, budget_bytes: Optional[fl
     if not feasible:
         smallest = min(front) / 8 + fixed
         raise ValueError(f"the budget of {budget_bytes:.1f} bytes is below the smallest "
-                         f"configuration of these candidates ({smallest:.1f} bytes, all layers at "
-                         f"{min(cands)} bits)")
+                         f"configuration of these candidates ({smallest:.1f} bytes, every layer at "
+                         f"its smallest candidate: "
+                         f"{ {k: min(v) for k, v in allowed.items()} })")
     loss, used, choice = min(feasible, key=lambda t: (t[0], t[1]))
     overrides = {}
     for cost, b in zip(res.costs, choice):

@@ -190,3 +190,41 @@ def test_nir_export_of_binary_weights():
     # one magnitude per output channel (alpha_c, in whatever unit NIR gets), the signs of w
     assert np.allclose(np.abs(w), np.abs(w[:, :1])) and np.all(np.abs(w) > 0)
     assert np.array_equal(np.sign(w), np.where(net[0].weight.detach().numpy() >= 0, 1, -1))
+
+
+@pytest.mark.parametrize("kind", ["binary", "ternary"])
+def test_fold_batchnorm_scales_learned_alpha(kind):
+    # folding BN multiplies each channel's weights by a = gamma / sqrt(var + eps); a learned alpha
+    # must follow (alpha' = |a| alpha), not be re-estimated from the folded weights
+    from snnquant.export import fold_batchnorm
+    torch.manual_seed(1)
+    net = nn.Sequential(layer.Conv2d(2, 4, 3, padding=1, bias=False), layer.BatchNorm2d(4),
+                        neuron.LIFNode(tau=2.0))
+    sjf.set_step_mode(net, "m")
+    cfg = QuantConfig(weight_bits=1, per_channel=True, weight_quantizer="lsq") if kind == "binary" \
+        else QuantConfig(weight_quantizer="ternary", weight_bits=2, per_channel=True)
+    q, _ = quantize_model(net, cfg)
+    x = torch.rand(3, 2, 2, 6, 6)
+    q.train()
+    q(x)
+    sjf.reset_net(q)
+    wq = q[0].weight_quant
+    wq.power_of_two = False  # exact in float: no rounding of alpha'
+    with torch.no_grad():
+        wq.alpha.mul_(torch.tensor([0.5, 2.0, 1.5, 0.7]))  # as if trained away from mean|w|
+        bn = q[1]
+        bn.weight.copy_(torch.tensor([1.5, -0.5, 2.0, 0.25]))
+        bn.running_var.copy_(torch.tensor([0.5, 2.0, 1.0, 4.0]))
+        bn.running_mean.copy_(torch.tensor([0.1, -0.2, 0.0, 0.3]))
+    q.eval()
+    before = q[0].quantized_weight() if hasattr(q[0], "quantized_weight") else wq(q[0].weight)
+    folded = fold_batchnorm(q)
+    a = bn.weight / torch.sqrt(bn.running_var + bn.eps)
+    fq = folded[0].weight_quant
+    assert torch.allclose(fq.alpha, wq.alpha * a.abs())
+    after = fq(folded[0].weight)
+    assert torch.allclose(after, before * a.reshape(-1, 1, 1, 1), atol=1e-6)
+    # and the folded network computes what the unfolded one does
+    sjf.reset_net(q)
+    sjf.reset_net(folded)
+    assert torch.equal(q(x), folded(x))

@@ -165,3 +165,33 @@ def test_binary_candidate():
     assert all(o == {"weight_bits": 1} for o in cfg.overrides.values())
     q, _ = quantize_model(mlp(), cfg)
     assert q[0].weight_quant.num_bits == 1
+
+
+def test_membrane_candidates_differ_from_weight_candidates():
+    res = sensitivity(mlp(), data(n=1), candidates=(2, 4), membrane_candidates=(4, 8))
+    weights = {e.bits for e in res.entries if e.kind == "weight"}
+    membranes = {e.bits for e in res.entries if e.kind == "membrane"}
+    assert weights == {2, 4} and membranes == {4, 8}
+    assert res.candidates_for("membrane") == (4, 8) and res.all_bits == (2, 4, 8)
+    text = str(res)
+    assert "8-bit dloss" in text and "2-bit dloss" in text
+    # the smallest configuration: weights at 2 bits, membranes at 4 (never 2)
+    low = assign_bits(res, budget_bytes=res.fixed_bytes + sum(
+        c.fixed_bytes + c.count * (2 if c.kind == "weight" else 4) / 8 for c in res.costs))
+    for (layer, kind), b in zip(res.layers, low.overrides.values()):
+        assert b == ({"weight_bits": 2} if kind == "weight" else {"v_bits": 4})
+    with pytest.raises(ValueError, match="smallest configuration.*'membrane': 4"):
+        assign_bits(res, budget_bytes=low.assignment["bytes"] - 1)
+    # restricting to 4 bits leaves each kind one width; 8 alone leaves the weights none
+    only4 = assign_bits(res, budget_bits=32, candidates=(4,))
+    assert {b for o in only4.overrides.values() for b in o.values()} == {4}
+    with pytest.raises(ValueError, match="each kind"):
+        assign_bits(res, budget_bits=32, candidates=(8,))
+    fig = res.plot()  # the cells not measured stay empty
+    assert len(fig.axes[0].texts) == len(res.entries)
+    with pytest.raises(ValueError, match="membrane_candidates"):
+        sensitivity(mlp(), data(n=1), candidates=(2, 4), membrane_candidates=(1, 8))
+    # binary weight candidates are fine when the membranes have their own
+    res1 = sensitivity(mlp(), data(n=1), candidates=(1, 2), membrane_candidates=(8,),
+                       num_batches=1)
+    assert {e.bits for e in res1.entries if e.kind == "membrane"} == {8}

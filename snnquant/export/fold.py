@@ -118,7 +118,10 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
     module names stay the same). For quantized layers:
 
     * the weight quantizer is kept (bits, per-channel, power-of-two restriction); with
-      ``reinit_weight_step`` an LSQ step is re-initialised from the folded weight
+      ``reinit_weight_step`` a learned per-channel binary/ternary :math:`\alpha` is multiplied by
+      :math:`|\gamma/\sqrt{\sigma^2+\epsilon}|` (the quantized weights follow the BN scale; with
+      ``power_of_two`` it is then rounded to a power of two at use, which is where folding
+      changes a binary network), and an LSQ step is re-initialised from the folded weight
       (:math:`2\,\mathrm{mean}|W'|/\sqrt{q_{max}}`, rounded to a power of two for ``lsq_pow2``)
       and a min/max range re-observed, because the trained step was learned for the unfolded
       weight; fixed grids (``UniformQuantizer``, ``QuantizedBits``) are kept;
@@ -186,8 +189,13 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
                 layer.bias = nn.Parameter(b.to(dtype))
             else:
                 layer.bias.data = b.to(dtype)
-        if hasattr(layer, "weight_quant") and layer.weight_quant is not None and reinit_weight_step:
-            _reinit_weight_quantizer(layer)
+        wq = getattr(layer, "weight_quant", None)
+        if wq is not None and reinit_weight_step:
+            # a scale-only quantizer (binary/ternary alpha) follows the BN scale exactly; the
+            # others re-initialise their step from the folded weight
+            rescale = getattr(wq, "rescale_channels", None)
+            if rescale is None or not rescale(scale.to(layer.weight.dtype)):
+                _reinit_weight_quantizer(layer)
         if hasattr(layer, "weight_quant"):
             _grid_bias_quantizer(layer, leaves, i, bias_bits)
         parent_name, _, child = name.rpartition(".")

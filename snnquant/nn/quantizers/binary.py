@@ -133,6 +133,27 @@ class _ScaledSignQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
         self._store_alpha(step.reshape(self.alpha.shape) if step.numel() == self.alpha.numel()
                           and self.alpha.numel() else step)
 
+    @torch.no_grad()
+    def rescale_channels(self, scale: torch.Tensor) -> bool:
+        r"""Follow a per-output-channel rescaling of the weights, :math:`w'_c = a_c w_c` (folding
+        BatchNorm): :math:`\alpha'_c = |a_c|\,\alpha_c`, so that the quantized folded weights are
+        :math:`|a_c|\,\alpha_c\,\mathrm{sign}(a_c w_c) = a_c\,\alpha_c\,\mathrm{sign}(w_c)`, the
+        quantized weights rescaled (the ternary threshold scales with the weights by itself).
+        With ``power_of_two`` the rescaled :math:`\alpha'` is rounded at use, as the trained one
+        was. Returns False (nothing changed) when this quantizer cannot follow it: per-layer
+        :math:`\alpha`, channels not along dimension 0, ``alpha='mean'`` (recomputed from the
+        weights anyway) or not initialised.
+
+        Args:
+            scale: one factor :math:`a_c` per output channel.
+        """
+        scale = torch.as_tensor(scale).detach()
+        if self.alpha_mode != "learned" or not self.is_initialized or not self.per_channel \
+                or self.channel_dim != 0 or scale.numel() != self.alpha.numel():
+            return False
+        self.alpha.mul_(scale.abs().reshape(self.alpha.shape).to(self.alpha))
+        return True
+
     def freeze(self) -> None:
         """Stop learning :math:`\\alpha` (``requires_grad=False``)."""
         if isinstance(self.alpha, nn.Parameter):
