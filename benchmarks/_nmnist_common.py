@@ -37,10 +37,13 @@ def example_args(ex, epochs: int, seed: int, data_root=None, extra=()):
 class Bench:
     """Data, training and evaluation of the example's CSNN for one data root."""
 
-    def __init__(self, epochs: int, data_root=None, T: int = 8, quick: bool = False):
+    def __init__(self, epochs: int, data_root=None, T: int = 8, quick: bool = False,
+                 fp_cache=None):
         self.ex = example()
         self.epochs = epochs
         self.data_root = data_root
+        self.fp_cache = fp_cache
+        self.T = T
         extra = ["-T", str(T)] + (["--samples-per-class", "4", "-T", "4"] if quick else [])
         self.args = example_args(self.ex, epochs, 0, data_root, extra)
         self.train_set, self.test_set = self.ex.load_data(self.args, 0)
@@ -58,12 +61,23 @@ class Bench:
         args = self.args_for(seed)
         epochs = self.epochs if epochs is None else epochs
         torch.manual_seed(seed)
+        cached = None
         if model is None:
             model = self.ex.build_csnn(args.channels, args.tau)
             if config is not None:
                 model, _ = snnquant.quantize_model(model, config)
-        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad],
-                               lr=lr or args.lr)
+            elif self.fp_cache:  # full precision from scratch: the same in every benchmark
+                tag = "builtin" if self.data_root is None else \
+                    os.path.basename(os.path.normpath(self.data_root))
+                cached = os.path.join(self.fp_cache, f"fp_{tag}_T{self.T}_e{epochs}_s{seed}.pt")
+                if os.path.exists(cached):
+                    model.load_state_dict(snnquant.load_checkpoint(cached))
+                    print(f"full precision seed {seed}: loaded {cached}", flush=True)
+                    return model, self.evaluate(model, seed)
+        if lr is None:  # the example's default for this configuration
+            lr = self.ex.default_lr(*(0, None) if config is None else
+                                    (config.weight_bits, config.weight_quantizer))
+        opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
         args.epochs = epochs
         for epoch in range(epochs):
@@ -72,6 +86,9 @@ class Bench:
             self.ex.run_epoch(model, loader, opt, None, args, self.device, True, 1, epoch,
                               reduce=False)
             sched.step()
+        if cached:
+            os.makedirs(self.fp_cache, exist_ok=True)
+            snnquant.save_checkpoint(model.state_dict(), cached)
         return model, self.evaluate(model, seed)
 
     def evaluate(self, model, seed: int = 0) -> float:
@@ -126,6 +143,33 @@ def write_results(name: str, payload: dict, table: str, out_dir: str) -> None:
         os.replace(tmp, os.path.join(out_dir, fname))
 
 
+def data_root_of(args) -> "str | None":
+    """The data root the arguments ask for: ``--data-root``, or a split root laid out (symbolic
+    links, under runs/real_split) from ``--real-split``; None for the built-in data."""
+    if args.real_split is None:
+        return args.data_root
+    if args.data_root is not None:
+        raise SystemExit("give --data-root or --real-split, not both")
+    from pathlib import Path
+    import accuracy_nmnist_real as real
+    source = Path(args.real_split)
+    if not (source / "Train").is_dir():
+        raise SystemExit(f"--real-split: no Train/ folder in {source}")
+    root = Path(ROOT) / "runs" / "real_split" / ("quick" if args.quick else "nmnist-real-800-200")
+    real.lay_out_split(source, root, args.quick)
+    return str(root)
+
+
+def data_label(args, root) -> str:
+    """How the tables name the data."""
+    if root is None:
+        return "built-in digits (N-MNIST format)"
+    if args.real_split is not None:
+        return (f"real N-MNIST recordings {os.path.basename(os.path.normpath(args.real_split))}, "
+                f"fixed stratified 800/200 split (seed 0)")
+    return root
+
+
 def common_args(description: str, default_epochs: int):
     ap = argparse.ArgumentParser(description=description,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -133,6 +177,13 @@ def common_args(description: str, default_epochs: int):
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--data-root", default=None,
                     help="real N-MNIST root (default: the built-in digits dataset)")
+    ap.add_argument("--real-split", metavar="SOURCE", default=None,
+                    help="real N-MNIST recordings laid out as Train/<label>/*.bin (for example "
+                         "../shared/data/nmnist-real-1k): train and test on the fixed stratified "
+                         "800/200 split of benchmarks/accuracy_nmnist_real.py")
+    ap.add_argument("--fp-cache", default=None,
+                    help="folder for the trained full-precision networks (per data, T, epochs and "
+                         "seed), so that the accuracy benchmarks train each only once")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 1 epoch, 1 seed, 4 samples per class, T=4, results not "

@@ -9,7 +9,8 @@ batches; no training); the fine-tuned variant then trains it for up to 3 epochs 
 learning rate (steps frozen by the calibration; W4/V8 and W2/V4). QAT trains the same configuration from scratch
 for ``--epochs`` epochs. Seeds are the outer loop, so the cases are interleaved.
 
-    OMP_NUM_THREADS=1 python benchmarks/accuracy_ptq.py [--epochs 4] [--data-root R]
+    OMP_NUM_THREADS=1 python benchmarks/accuracy_ptq.py [--epochs 30] \
+        [--real-split ../shared/data/nmnist-real-1k] [--fp-cache runs/fp_cache]
 
 Targets (issue 15, built-in data): PTQ W8/V16 within 0.5 points of full precision with no
 training; W4/V8 PTQ + at most 3 fine-tuning epochs within 1 point.
@@ -27,7 +28,7 @@ FINETUNE_EPOCHS = 3
 
 
 def main():
-    ap = common.common_args(__doc__, default_epochs=4)
+    ap = common.common_args(__doc__, default_epochs=30)
     ap.add_argument("--method", default="mse", choices=("minmax", "percentile", "mse"))
     ap.add_argument("--calib-batches", type=int, default=8)
     ap.add_argument("--skip-qat", action="store_true",
@@ -42,7 +43,8 @@ def main():
     import snnquant
     from snnquant.export import fold_batchnorm
 
-    bench = common.Bench(args.epochs, args.data_root, quick=args.quick)
+    args.root = common.data_root_of(args)
+    bench = common.Bench(args.epochs, args.root, quick=args.quick, fp_cache=args.fp_cache)
     rows = {"full precision": []}
     for w, v in BITS:
         for kind in ("PTQ", *[f"PTQ + {e} fine-tuning epochs" for e in
@@ -83,13 +85,13 @@ def qat_only(args, bench):
             rows[f"W{w}/V{v} QAT"].append(acc)
             print(f"seed {seed} W{w}/V{v} QAT {acc:.4f}", flush=True)
         done = args.seeds[:args.seeds.index(seed) + 1]
-        lines = [f"QAT from scratch, {args.epochs} epochs, seeds {done} (of {args.seeds} asked); "
-                 f"median (min..max).", "", "| configuration | test accuracy |", "|---|---|"]
+        lines = [f"Data: {common.data_label(args, args.root)}; QAT from scratch, {args.epochs} "
+                 f"epochs, seeds {done} (of {args.seeds} asked); median (min..max).", "", "| configuration | test accuracy |", "|---|---|"]
         lines += [f"| {k} | {common.fmt(v)} |" for k, v in rows.items() if v]
         table = "\n".join(lines)
         print(table)
         if not args.quick:
-            suffix = "" if args.data_root is None else "_real"
+            suffix = "" if args.root is None else "_real"
             common.write_results(f"accuracy_qat{suffix}", dict(
                 epochs=args.epochs, seeds=done, seeds_asked=args.seeds, rows=rows), table, args.out)
 
@@ -98,7 +100,7 @@ def report(args, rows, seeds_done):
     """Print the table and (unless --quick) write the results, after every seed."""
     rows = {k: v for k, v in rows.items() if v}
     fp_med = common.spread(rows["full precision"])[0]
-    data = "built-in digits (N-MNIST format)" if args.data_root is None else args.data_root
+    data = common.data_label(args, args.root)
     lines = [f"Data: {data}; full precision and QAT trained {args.epochs} epochs from scratch; "
              f"PTQ: calibrate(method={args.method!r}, {args.calib_batches} batches) of the folded "
              f"full-precision network, fine-tuning at lr/10; seeds {seeds_done} (of {args.seeds} "
@@ -110,7 +112,7 @@ def report(args, rows, seeds_done):
     table = "\n".join(lines)
     print(table)
     if not args.quick:
-        suffix = "" if args.data_root is None else "_real"
+        suffix = "" if args.root is None else "_real"
         common.write_results(f"accuracy_ptq{suffix}", dict(
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
             method=args.method, skip_qat=args.skip_qat,

@@ -3,6 +3,7 @@ digits dataset) with quantization in the loop.
 
     python examples/train_nmnist.py                                  # built-in data, 4-bit/8-bit
     python examples/train_nmnist.py --weight-bits 2 --v-bits 4
+    python examples/train_nmnist.py --weight-bits 1                  # binary weights
     python examples/train_nmnist.py --weight-bits 0 --v-bits 0       # full precision baseline
     python examples/train_nmnist.py --ptq runs/nmnist/model.pt --finetune-epochs 3  # PTQ of it
     python examples/train_nmnist.py --data-root /data/N-MNIST --device cuda --backend auto
@@ -53,7 +54,9 @@ def parse_args(argv=None):
     ap.add_argument("--data-root", default=None,
                     help="dataset root in one of the layouts listed below (nmnist without it: the "
                          "built-in digits dataset in N-MNIST format)")
-    ap.add_argument("--weight-bits", type=int, default=4, help="0 = full-precision weights")
+    ap.add_argument("--weight-bits", type=int, default=4,
+                    help="0 = full-precision weights, 1 = binary (alpha * sign(w)); ternary "
+                         "weights: --weight-bits 2 --weight-quantizer ternary")
     ap.add_argument("--v-bits", type=int, default=8, help="0 = full-precision membrane")
     ap.add_argument("--weight-quantizer", default="lsq_pow2", choices=WEIGHT_QUANTIZERS)
     ap.add_argument("--membrane-quantizer", default="uniform", choices=MEMBRANE_QUANTIZERS)
@@ -67,7 +70,9 @@ def parse_args(argv=None):
                          "cifar10_dvs 10, shd 20)")
     ap.add_argument("--epochs", type=int, default=30)
     ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--lr", type=float, default=2e-3)
+    ap.add_argument("--lr", type=float, default=None,
+                    help=f"Adam learning rate (default {DEFAULT_LR}; {BINARY_LR} for binary and "
+                         f"ternary weights, whose latent weights must move further to flip)")
     ap.add_argument("--amp", action="store_true", help="automatic mixed precision")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
@@ -101,13 +106,23 @@ def parse_args(argv=None):
         args.T = dataset_info(args.dataset).default_T
     if args.samples_per_class is not None and args.samples_per_class < 1:
         ap.error(f"--samples-per-class must be >= 1, got {args.samples_per_class}")
-    for name in ("weight_bits", "v_bits"):
-        v = getattr(args, name)
-        if v != 0 and not 2 <= v <= 32:
-            ap.error(f"--{name.replace('_', '-')} must be 0 (full precision) or in [2, 32], got {v}")
+    if args.weight_bits != 0 and not 1 <= args.weight_bits <= 32:
+        ap.error(f"--weight-bits must be 0 (full precision), 1 (binary) or in [2, 32], got "
+                 f"{args.weight_bits}")
+    if args.v_bits != 0 and not 2 <= args.v_bits <= 32:
+        ap.error(f"--v-bits must be 0 (full precision) or in [2, 32], got {args.v_bits}")
+    if args.weight_bits:
+        import snnquant
+        try:  # the combinations QuantConfig refuses (ternary needs 2 bits, binary an LSQ alpha)
+            snnquant.QuantConfig(weight_bits=args.weight_bits, weight_quantizer=args.weight_quantizer)
+        except ValueError as e:
+            ap.error(f"--weight-bits {args.weight_bits} --weight-quantizer "
+                     f"{args.weight_quantizer}: {e}")
     for name in ("T", "epochs", "batch_size"):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    if args.lr is None:
+        args.lr = default_lr(args.weight_bits, args.weight_quantizer)
     if args.lr <= 0:
         ap.error(f"--lr must be > 0, got {args.lr}")
     if args.finetune_epochs is None:
@@ -153,6 +168,20 @@ def all_sum(values, device):
 
 # --------------------------------------------------------------------------------------------------
 # model
+
+
+DEFAULT_LR = 2e-3
+BINARY_LR = 5e-3
+
+
+def default_lr(weight_bits, weight_quantizer) -> float:
+    """The default learning rate: 5e-3 for binary (1-bit) and ternary weights, else 2e-3.
+
+    On the built-in data (30 epochs, seed 0) binary weights reach 95.5% at 2e-3 and 97.5% at
+    5e-3, ternary 96.4% and 98.6%, while full precision drops from 98.6% to 97.8% at 5e-3."""
+    if weight_bits == 1 or (weight_bits and weight_quantizer == "ternary"):
+        return BINARY_LR
+    return DEFAULT_LR
 
 
 def build_csnn(channels: int, tau: float):

@@ -175,3 +175,17 @@ def test_train_nmnist_ddp_two_processes_gloo(data_env, tmp_path):
     assert "integer model agreement: 100.00%" in res.stdout
     hist = json.loads((out / "metrics.json").read_text())["history"]
     assert len(hist) == 1 and 0.0 <= hist[0]["test_acc"] <= 1.0
+
+
+def test_train_nmnist_binary_weights_export_one_bit(data_env, tmp_path):
+    res = _train(data_env, tmp_path / "bin", "--weight-bits", "1", "--epochs", "1",
+                 "--finetune-epochs", "1")
+    assert "integer model agreement: 100.00%" in res.stdout
+    from snnquant.export import load_integer
+    desc = load_integer(tmp_path / "bin" / "model_int.safetensors")
+    assert {op.weight_bits for op in desc.ops if getattr(op, "weight_bits", None)} == {1}
+    bad = _train(data_env, tmp_path / "bad", "--weight-bits", "1", "--weight-quantizer", "ternary",
+                 "--epochs", "1", check=False)
+    assert bad.returncode == 2 and "--weight-bits 1 --weight-quantizer ternary" in bad.stderr
+    bad = _train(data_env, tmp_path / "bad", "--v-bits", "1", "--epochs", "1", check=False)
+    assert bad.returncode == 2 and "--v-bits must be" in bad.stderr

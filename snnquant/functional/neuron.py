@@ -183,27 +183,38 @@ def membrane_reset_values(step: torch.Tensor, qmin: int, qmax: int, v_threshold:
 
 
 
-def surrogate_derivative(surrogate_function, x: torch.Tensor) -> torch.Tensor:
-    r"""Derivative :math:`g'(x)` of a SpikingJelly surrogate function at ``x``.
+def surrogate_derivative(surrogate_function, x: torch.Tensor, scale: float = 1.0,
+                         inplace: bool = False) -> torch.Tensor:
+    r"""Derivative :math:`c\,g'(x)` of a SpikingJelly surrogate function at ``x``, times ``scale``
+    :math:`c`.
 
     ``Sigmoid`` and ``ATan`` use their closed forms
     (:math:`\alpha\,\sigma(\alpha x)(1-\sigma(\alpha x))` and
     :math:`\frac{\alpha}{2(1 + (\frac{\pi}{2}\alpha x)^2)}`); any other surrogate module is
     differentiated through its own autograd backward, so every surrogate works.
+
+    Args:
+        surrogate_function: the SpikingJelly surrogate module.
+        x: where to evaluate it.
+        scale: a constant factor on the result (free: it joins the closed forms' own factor).
+        inplace: ``x`` may be overwritten (a closed form then reuses its memory).
     """
     from spikingjelly.activation_based import surrogate
 
     if type(surrogate_function) is surrogate.Sigmoid:
-        sg = torch.sigmoid(x * surrogate_function.alpha)
-        return (1.0 - sg) * sg * surrogate_function.alpha
+        alpha = surrogate_function.alpha
+        sg = x.mul_(alpha) if inplace else x * alpha
+        sg.sigmoid_()
+        return torch.addcmul(sg, sg, sg, value=-1.0).mul_(alpha * scale)  # s - s^2 = s (1 - s)
     if type(surrogate_function) is surrogate.ATan:
         alpha = surrogate_function.alpha
-        return alpha / 2 / (1 + (math.pi / 2 * alpha * x).square())
+        t = x.mul_(math.pi / 2 * alpha) if inplace else x * (math.pi / 2 * alpha)
+        return t.square_().add_(1.0).reciprocal_().mul_(alpha / 2 * scale)
     with torch.enable_grad():
         xd = x.detach().requires_grad_(True)
         y = surrogate_function(xd)
         (g,) = torch.autograd.grad(y, xd, torch.ones_like(y))
-    return g
+    return g if scale == 1.0 else g * scale
 
 
 def neuron_charge(neuron: str, v, x, tau, k, decay_input: bool, vr):
@@ -273,69 +284,133 @@ def quant_neuron_step_reference(x: torch.Tensor, v: torch.Tensor, *, neuron: str
 class QuantNeuronFunction(torch.autograd.Function):
     r"""Whole-sequence quantized neuron as one autograd node with a reverse-time backward.
 
-    Saves only the pre-quantisation charge :math:`H` (and, for PLIF or ``store_v_seq``, the membrane
-    sequence); everything else is recomputed in backward. See the module docstring for the math.
+    Forward runs the time loop of the module docstring into preallocated buffers (no allocation
+    per step), with the reset written as a selection, :math:`V = S\,?\,V_{r,q} : H_q` (hard) and
+    :math:`V = H_q - \theta_q S` (soft), which gives the same values as the reference's arithmetic.
+    It saves the quantized charge :math:`H_q` and the mask of the straight-through range
+    (:math:`q_{min} \le H/s \le q_{max}`, one byte per value), plus :math:`H/s` when the step needs
+    a gradient and the membrane sequence for PLIF or ``store_v_seq``.
+
+    Backward computes everything that does not depend on the recurrence for all time steps at
+    once; with :math:`\sigma'_t` the surrogate derivative at :math:`H_q[t] - V_{th}` and
+    :math:`m_t` the straight-through mask,
+
+    .. math::
+
+        \frac{\partial L}{\partial H_q[t]} = \sigma'_t\, G_S[t] + D_t\, G_V[t],\qquad
+        D_t = \begin{cases} 1 - S[t] + (V_{r,q} - H_q[t])\,\sigma'_t & \text{hard reset}\\
+                            1 - \theta_q\, \sigma'_t & \text{soft reset} \end{cases}
+
+    (:math:`D_t = 1 - S[t]` or 1 with ``detach_reset``), where :math:`G_S[t]` is the incoming
+    spike gradient and :math:`G_V[t]` the gradient of the membrane after step :math:`t`. The loop
+    in reverse time is then two operations per step:
+
+    .. math::
+
+        \frac{\partial L}{\partial H[t]} = m_t\,\frac{\partial L}{\partial H_q[t]},\qquad
+        G_V[t-1] = \frac{\partial H}{\partial V}\,\frac{\partial L}{\partial H[t]}
+        \;(+\ \text{the gradient of } V[t-1] \text{ itself, with store\_v\_seq})
+
+    and :math:`\partial L / \partial X[t] = \frac{\partial H}{\partial X} \partial L / \partial
+    H[t]`, the step gradient (LSQ, see the module docstring) and the PLIF gradient are sums over
+    all steps after the loop.
     """
 
     @staticmethod
-    def forward(ctx, x_seq, v_init, step, w, cfg):
-        """Run the time loop; ``cfg`` is the neuron's :class:`NeuronParams`."""
+    def forward(ctx, x_seq, v_init, step, w, cfg, needs_grad=True):
+        """Run the time loop; ``cfg`` is the neuron's :class:`NeuronParams`; with ``needs_grad``
+        False (no autograd graph will be built) nothing is kept for backward."""
         neuron, tau, decay_input = cfg.neuron, cfg.tau, cfg.decay_input
         v_threshold, v_reset, qmin, qmax = cfg.v_threshold, cfg.v_reset, cfg.qmin, cfg.qmax
         store_v_seq = cfg.store_v_seq
         dtype = x_seq.dtype
         s = step.detach().to(dtype)
         vr_q, theta_q = membrane_reset_values(s, qmin, qmax, v_threshold, v_reset)
+        # V_r = 0 exactly for a soft reset or v_reset = 0 (Q(0) = 0 on any grid): V - V_r = V
+        vr_zero = v_reset is None or v_reset == 0.0
         k = torch.sigmoid(w.detach()).to(dtype) if neuron == "plif" else None
         T = x_seq.shape[0]
-        v = v_init.detach().to(dtype).expand_as(x_seq[0])
-        h_seq = torch.empty_like(x_seq)
+        need_step = needs_grad and ctx.needs_input_grad[2]
+        keep_v = store_v_seq or (needs_grad and neuron == "plif")
         spike_seq = torch.empty_like(x_seq)
-        keep_v = store_v_seq or neuron == "plif"
         v_seq = torch.empty_like(x_seq) if keep_v else None
+        hq_seq = torch.empty_like(x_seq) if needs_grad else None
+        inside_seq = torch.empty(x_seq.shape, dtype=torch.bool, device=x_seq.device) \
+            if needs_grad else None
+        hs_seq = torch.empty_like(x_seq) if need_step else None
+        shape = x_seq.shape[1:]
+        v = v_init.detach().to(dtype).expand(shape)
+        tmp = torch.empty(shape, dtype=dtype, device=x_seq.device)
+        h = torch.empty_like(tmp)
+        hs_buf = torch.empty_like(tmp)
+        hq_buf = torch.empty_like(tmp)
+        fired = torch.empty(shape, dtype=torch.bool, device=x_seq.device)
+        v_bufs = (torch.empty_like(tmp), torch.empty_like(tmp))
         for t in range(T):
-            h = neuron_charge(neuron, v, x_seq[t], tau, k, decay_input, vr_q)
-            h_seq[t] = h
-            hq = torch.clamp(torch.round(h / s), qmin, qmax) * s
-            spike = neuron_fire(hq, v_threshold)
-            spike_seq[t] = spike
-            v = neuron_reset(hq, spike, v_reset, vr_q, theta_q)
-            if keep_v:
-                v_seq[t] = v
-        v_last = v.clone() if T > 0 else v.contiguous()
+            x = x_seq[t]
+            # charge (neuron_charge, in the same operation order, into buffers)
+            if neuron == "if":
+                torch.add(v, x, out=h)
+            elif vr_zero:
+                if decay_input:   # V + (X - V) / tau  or  V + (X - V) * k
+                    torch.sub(x, v, out=tmp)
+                    tmp.div_(tau) if neuron == "lif" else tmp.mul_(k)
+                    torch.add(v, tmp, out=h)
+                else:             # V - V / tau + X  or  V - V * k + X
+                    torch.div(v, tau, out=tmp) if neuron == "lif" else torch.mul(v, k, out=tmp)
+                    torch.sub(v, tmp, out=h)
+                    h.add_(x)
+            else:
+                h.copy_(neuron_charge(neuron, v, x, tau, k, decay_input, vr_q))
+            # quantize: H_q = s * round(clamp(H/s)), clamp first so that the mask costs one pass
+            hs = hs_seq[t] if need_step else hs_buf
+            torch.div(h, s, out=hs)
+            torch.clamp(hs, qmin, qmax, out=tmp)
+            if needs_grad:
+                torch.eq(tmp, hs, out=inside_seq[t])
+            tmp.round_()
+            hq = hq_seq[t] if needs_grad else hq_buf
+            torch.mul(tmp, s, out=hq)
+            # fire and reset
+            torch.ge(hq, v_threshold, out=fired)  # H_q - V_th >= 0 for finite values
+            spike_seq[t].copy_(fired)
+            v_next = v_seq[t] if keep_v else v_bufs[t % 2]
+            if v_reset is None:  # H_q - theta_q S, exactly as written (S is 0 or 1)
+                torch.addcmul(hq, spike_seq[t], theta_q, value=-1.0, out=v_next)
+            else:
+                torch.where(fired, vr_q, hq, out=v_next)
+            v = v_next
+        # a private buffer is returned as it is; a view of v_seq is copied
+        v_last = v.contiguous() if T == 0 else (v.clone() if keep_v else v)
         ctx.cfg = cfg
         ctx.v_init_shape = v_init.shape
         ctx.step_shape = step.shape
         ctx.step_dtype = step.dtype
         ctx.w_dtype = w.dtype if w is not None else None
-        ctx.save_for_backward(h_seq, v_seq if keep_v else None, v_init, step, w,
-                              x_seq if neuron == "plif" else None)
+        if needs_grad:
+            ctx.save_for_backward(hq_seq, inside_seq, hs_seq, v_seq if keep_v else None, v_init,
+                                  step, w, x_seq if neuron == "plif" else None)
         out_v_seq = v_seq if store_v_seq else torch.empty(0, dtype=dtype, device=x_seq.device)
         return spike_seq, v_last, out_v_seq
 
     @staticmethod
     def backward(ctx, g_spike, g_v_last, g_v_seq):
-        """Run the time loop in reverse (see the module docstring for the gradients)."""
+        """Run the time loop in reverse (see the class docstring for the gradients)."""
         cfg = ctx.cfg
         neuron, tau, decay_input = cfg.neuron, cfg.tau, cfg.decay_input
         v_threshold, v_reset, qmin, qmax = cfg.v_threshold, cfg.v_reset, cfg.qmin, cfg.qmax
         surrogate_function, detach_reset = cfg.surrogate_function, cfg.detach_reset
         step_grad_scale, store_v_seq = cfg.step_grad_scale, cfg.store_v_seq
-        h_seq, v_seq, v_init, step, w, x_seq = ctx.saved_tensors
-        dtype = h_seq.dtype
-        T = h_seq.shape[0]
+        hq_seq, inside, hs_seq, v_seq, v_init, step, w, x_seq = ctx.saved_tensors
+        dtype = hq_seq.dtype
+        T = hq_seq.shape[0]
         s = step.detach().to(dtype)
         vr_q, theta_q = membrane_reset_values(s, qmin, qmax, v_threshold, v_reset)
         k = torch.sigmoid(w.detach()).to(dtype) if neuron == "plif" else None
-        if g_spike is None:
-            g_spike = torch.zeros_like(h_seq)
-        g_v = torch.zeros_like(h_seq[0]) if g_v_last is None else g_v_last.to(dtype)
+        acc_dtype = torch.float64 if dtype == torch.float64 else torch.float32
+        need_step = hs_seq is not None and ctx.needs_input_grad[2]
         if not store_v_seq or g_v_seq is None or g_v_seq.numel() == 0:
             g_v_seq = None
-        g_x = torch.empty_like(h_seq)
-        g_step = torch.zeros((), dtype=torch.float64 if dtype == torch.float64 else torch.float32,
-                             device=h_seq.device)
-        g_k = torch.zeros_like(g_step)
         if neuron == "if":
             dh_dx, dh_dv = 1.0, 1.0
         elif neuron == "lif":
@@ -344,45 +419,68 @@ class QuantNeuronFunction(torch.autograd.Function):
         else:
             dh_dx = k if decay_input else 1.0
             dh_dv = 1.0 - k
-        need_step = ctx.needs_input_grad[2]
-        # the step gradient is summed over neurons once, after the loop (one reduction, not T)
-        g_step_acc = torch.zeros_like(h_seq[0], dtype=g_step.dtype) if need_step else None
+        # everything that does not depend on the recurrence, for all steps at once. For IF and
+        # LIF the constant dH/dX is folded into the surrogate derivative, so that the loop
+        # produces dL/dX directly: u[t] = c dL/dH[t], G_V[t-1] = (dH/dV / c) u[t]
+        fold = 1.0 if neuron == "plif" else float(dh_dx)
+        fold_t = torch.tensor(fold, dtype=dtype, device=hq_seq.device)
+        zero_t = torch.zeros((), dtype=dtype, device=hq_seq.device)
+        fired = hq_seq >= v_threshold
+        sg = surrogate_derivative(surrogate_function, hq_seq - v_threshold, scale=fold,
+                                  inplace=True)                  # c sigma'
+        e = torch.zeros_like(hq_seq) if g_spike is None else torch.mul(g_spike.to(dtype), sg)
+        if v_reset is None:                                      # c D, see the class docstring
+            d = None if detach_reset else torch.mul(sg, -theta_q).add_(fold)
+        else:
+            d = torch.where(fired, zero_t, fold_t)
+            if not detach_reset:
+                d = d.addcmul_(hq_seq, sg, value=-1.0) if v_reset == 0.0 else \
+                    d.addcmul_(vr_q - hq_seq, sg)
+        del sg, fired
+        outside = ~inside
+        if need_step:
+            e_full, d_full = e, d
+            b = e.masked_fill(outside, 0.0)
+            c = torch.where(inside, fold_t, zero_t) if d is None else d.masked_fill(outside, 0.0)
+        else:
+            b = e.masked_fill_(outside, 0.0)
+            c = torch.where(inside, fold_t, zero_t) if d is None else d.masked_fill_(outside, 0.0)
+        del outside
+        # the recurrence
+        ratio = dh_dv / fold
+        unit = isinstance(ratio, float) and ratio == 1.0
+        u = torch.empty_like(hq_seq)
+        g_v_all = torch.empty_like(hq_seq) if need_step else None
+        g_v = torch.zeros_like(hq_seq[0]) if g_v_last is None else g_v_last.to(dtype)
         for t in range(T - 1, -1, -1):
-            h = h_seq[t]
-            hs = h / s
-            q = torch.clamp(torch.round(hs), qmin, qmax)
-            hq = q * s
-            distance = hq - v_threshold
-            fired = distance >= 0  # neuron_fire, as a mask
             if g_v_seq is not None:
                 g_v = g_v + g_v_seq[t]
-            sg = surrogate_derivative(surrogate_function, distance)
-            if v_reset is None:
-                g_hq = g_v
-                g_s_total = g_spike[t] if detach_reset else g_spike[t] - g_v * theta_q
-            else:
-                g_hq = torch.where(fired, 0.0, g_v)  # g_v * (1 - S)
-                g_s_total = g_spike[t] if detach_reset else torch.addcmul(g_spike[t], g_v, vr_q - hq)
-            g_hq = torch.addcmul(g_hq, g_s_total, sg)
-            inside = (hs >= qmin) & (hs <= qmax)
-            g_h = g_hq * inside
             if need_step:
-                dstep = torch.where(hs <= qmin, float(qmin), torch.where(hs >= qmax, float(qmax), q - hs))
-                g_step_acc.addcmul_(g_hq, dstep)
-            torch.mul(g_h, dh_dx, out=g_x[t])
-            if neuron == "plif":
-                v_prev = v_seq[t - 1] if t > 0 else v_init.to(dtype).expand_as(h)
-                if decay_input:
-                    dh_dk = x_seq[t] - (v_prev - vr_q)
-                else:
-                    dh_dk = -(v_prev - vr_q)
-                g_k = g_k + (g_h * dh_dk).sum(dtype=g_k.dtype)
-            g_v = g_h * dh_dv
-        if need_step:
-            g_step = g_step_acc.sum()
+                g_v_all[t].copy_(g_v)
+            torch.addcmul(b[t], c[t], g_v, out=u[t])
+            g_v = u[t] if unit else u[t] * ratio
+        del b, c
+        g_step = g_k = None
+        if need_step:  # LSQ: dHq/ds = round(H/s) - H/s inside, q_min / q_max at and beyond
+            hs = hs_seq
+            q = torch.clamp(hs, qmin, qmax).round_()
+            dstep = torch.where(hs <= qmin, float(qmin), torch.where(hs >= qmax, float(qmax),
+                                                                     q - hs))
+            g_hq = e_full + fold * g_v_all if d_full is None else \
+                torch.addcmul(e_full, d_full, g_v_all)           # c dL/dHq
+            g_step = (g_hq * dstep).sum(dtype=acc_dtype) / fold
+        if neuron == "plif":
+            if ctx.needs_input_grad[3]:
+                v_prev = torch.cat([v_init.to(dtype).expand_as(hq_seq[0]).unsqueeze(0),
+                                    v_seq[:-1]])
+                dh_dk = (x_seq - (v_prev - vr_q)) if decay_input else -(v_prev - vr_q)
+                g_k = (u * dh_dk).sum(dtype=acc_dtype)
+            g_x = u if not decay_input else u.mul_(dh_dx)
+        else:
+            g_x = u
         g_v_init = None
         if ctx.needs_input_grad[1]:
-            g_v_init = g_v
+            g_v_init = g_v.clone() if g_v._base is u or g_v is u else g_v  # not a view of g_x
             if tuple(g_v_init.shape) != tuple(ctx.v_init_shape):
                 g_v_init = g_v_init.sum_to_size(ctx.v_init_shape) if len(ctx.v_init_shape) else g_v_init.sum()
             g_v_init = g_v_init.to(v_init.dtype)
@@ -390,10 +488,10 @@ class QuantNeuronFunction(torch.autograd.Function):
         if need_step:
             g_step_out = (g_step * step_grad_scale).to(ctx.step_dtype).reshape(ctx.step_shape)
         g_w = None
-        if neuron == "plif" and ctx.needs_input_grad[3]:
+        if g_k is not None:
             kk = torch.sigmoid(w.detach().to(g_k.dtype))
             g_w = (g_k * kk * (1 - kk)).to(ctx.w_dtype).reshape(w.shape)
-        return g_x, g_v_init, g_step_out, g_w, None
+        return g_x, g_v_init, g_step_out, g_w, None, None
 
 
 def quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau: float = 2.0,
@@ -440,5 +538,7 @@ def quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau: fl
         v_init = torch.tensor(float(v_init), dtype=x_seq.dtype, device=dev)
     if w is None:
         w = torch.zeros((), device=dev)
-    spike_seq, v_last, v_seq = QuantNeuronFunction.apply(x_seq, v_init, step, w, cfg)
+    needs_grad = torch.is_grad_enabled() and any(
+        t.requires_grad for t in (x_seq, v_init, step, w))
+    spike_seq, v_last, v_seq = QuantNeuronFunction.apply(x_seq, v_init, step, w, cfg, needs_grad)
     return spike_seq, v_last, (v_seq if store_v_seq else None)
