@@ -281,6 +281,9 @@ def quant_neuron_step_reference(x: torch.Tensor, v: torch.Tensor, *, neuron: str
     return spike, neuron_reset(hq, spike_r, v_reset, vr_q, theta_q)
 
 
+_BLOCK_VALUES = 1 << 20  # values per block of time steps in QuantNeuronFunction.backward
+
+
 class QuantNeuronFunction(torch.autograd.Function):
     r"""Whole-sequence quantized neuron as one autograd node with a reverse-time backward.
 
@@ -419,63 +422,75 @@ class QuantNeuronFunction(torch.autograd.Function):
         else:
             dh_dx = k if decay_input else 1.0
             dh_dv = 1.0 - k
-        # everything that does not depend on the recurrence, for all steps at once. For IF and
-        # LIF the constant dH/dX is folded into the surrogate derivative, so that the loop
-        # produces dL/dX directly: u[t] = c dL/dH[t], G_V[t-1] = (dH/dV / c) u[t]
+        # The terms that do not depend on the recurrence are computed for a block of steps at
+        # once (about _BLOCK_VALUES values, so that the block's temporaries stay in the cache),
+        # then the recurrence runs through the block. For IF and LIF the constant dH/dX is
+        # folded into the surrogate derivative, so that the loop produces dL/dX directly:
+        # u[t] = c dL/dH[t], G_V[t-1] = (dH/dV / c) u[t].
         fold = 1.0 if neuron == "plif" else float(dh_dx)
-        fold_t = torch.tensor(fold, dtype=dtype, device=hq_seq.device)
-        zero_t = torch.zeros((), dtype=dtype, device=hq_seq.device)
-        fired = hq_seq >= v_threshold
-        sg = surrogate_derivative(surrogate_function, hq_seq - v_threshold, scale=fold,
-                                  inplace=True)                  # c sigma'
-        e = torch.zeros_like(hq_seq) if g_spike is None else torch.mul(g_spike.to(dtype), sg)
-        if v_reset is None:                                      # c D, see the class docstring
-            d = None if detach_reset else torch.mul(sg, -theta_q).add_(fold)
-        else:
-            d = torch.where(fired, zero_t, fold_t)
-            if not detach_reset:
-                d = d.addcmul_(hq_seq, sg, value=-1.0) if v_reset == 0.0 else \
-                    d.addcmul_(vr_q - hq_seq, sg)
-        del sg, fired
-        outside = ~inside
-        if need_step:
-            e_full, d_full = e, d
-            b = e.masked_fill(outside, 0.0)
-            c = torch.where(inside, fold_t, zero_t) if d is None else d.masked_fill(outside, 0.0)
-        else:
-            b = e.masked_fill_(outside, 0.0)
-            c = torch.where(inside, fold_t, zero_t) if d is None else d.masked_fill_(outside, 0.0)
-        del outside
-        # the recurrence
         ratio = dh_dv / fold
         unit = isinstance(ratio, float) and ratio == 1.0
+        dev = hq_seq.device
+        fold_t = torch.tensor(fold, dtype=dtype, device=dev)
+        zero_t = torch.zeros((), dtype=dtype, device=dev)
+        per_step = max(1, hq_seq[0].numel()) if T else 1
+        block = max(1, min(T, _BLOCK_VALUES // per_step))
         u = torch.empty_like(hq_seq)
-        g_v_all = torch.empty_like(hq_seq) if need_step else None
         g_v = torch.zeros_like(hq_seq[0]) if g_v_last is None else g_v_last.to(dtype)
-        for t in range(T - 1, -1, -1):
-            if g_v_seq is not None:
-                g_v = g_v + g_v_seq[t]
+        g_step = torch.zeros((), dtype=acc_dtype, device=dev) if need_step else None
+        plif_k = neuron == "plif" and ctx.needs_input_grad[3]
+        g_k = torch.zeros((), dtype=acc_dtype, device=dev) if plif_k else None
+        g_v_blk = torch.empty((block,) + hq_seq.shape[1:], dtype=dtype, device=dev) \
+            if need_step else None
+        for stop in range(T, 0, -block):
+            lo = max(0, stop - block)
+            hq, ins = hq_seq[lo:stop], inside[lo:stop]
+            fired = hq >= v_threshold
+            sg = surrogate_derivative(surrogate_function, hq - v_threshold, scale=fold,
+                                      inplace=True)              # c sigma'
+            e = torch.zeros_like(hq) if g_spike is None else torch.mul(g_spike[lo:stop].to(dtype), sg)
+            if v_reset is None:                                  # c D, see the class docstring
+                d = None if detach_reset else torch.mul(sg, -theta_q).add_(fold)
+            else:
+                d = torch.where(fired, zero_t, fold_t)
+                if not detach_reset:
+                    d = d.addcmul_(hq, sg, value=-1.0) if v_reset == 0.0 else \
+                        d.addcmul_(vr_q - hq, sg)
+            del sg, fired
+            outside = ~ins
             if need_step:
-                g_v_all[t].copy_(g_v)
-            torch.addcmul(b[t], c[t], g_v, out=u[t])
-            g_v = u[t] if unit else u[t] * ratio
-        del b, c
-        g_step = g_k = None
-        if need_step:  # LSQ: dHq/ds = round(H/s) - H/s inside, q_min / q_max at and beyond
-            hs = hs_seq
-            q = torch.clamp(hs, qmin, qmax).round_()
-            dstep = torch.where(hs <= qmin, float(qmin), torch.where(hs >= qmax, float(qmax),
-                                                                     q - hs))
-            g_hq = e_full + fold * g_v_all if d_full is None else \
-                torch.addcmul(e_full, d_full, g_v_all)           # c dL/dHq
-            g_step = (g_hq * dstep).sum(dtype=acc_dtype) / fold
-        if neuron == "plif":
-            if ctx.needs_input_grad[3]:
-                v_prev = torch.cat([v_init.to(dtype).expand_as(hq_seq[0]).unsqueeze(0),
-                                    v_seq[:-1]])
-                dh_dk = (x_seq - (v_prev - vr_q)) if decay_input else -(v_prev - vr_q)
-                g_k = (u * dh_dk).sum(dtype=acc_dtype)
-            g_x = u if not decay_input else u.mul_(dh_dx)
+                bb = e.masked_fill(outside, 0.0)
+                cc = torch.where(ins, fold_t, zero_t) if d is None else d.masked_fill(outside, 0.0)
+            else:
+                bb = e.masked_fill_(outside, 0.0)
+                cc = torch.where(ins, fold_t, zero_t) if d is None else d.masked_fill_(outside, 0.0)
+            del outside
+            for t in range(stop - 1, lo - 1, -1):  # the recurrence
+                if g_v_seq is not None:
+                    g_v = g_v + g_v_seq[t]
+                if need_step:
+                    g_v_blk[t - lo].copy_(g_v)
+                torch.addcmul(bb[t - lo], cc[t - lo], g_v, out=u[t])
+                g_v = u[t] if unit else u[t] * ratio
+            del bb, cc
+            if need_step:  # LSQ: dHq/ds = round(H/s) - H/s inside, q_min / q_max at and beyond
+                hs = hs_seq[lo:stop]
+                gv = g_v_blk[:stop - lo]
+                q = torch.clamp(hs, qmin, qmax).round_()
+                dstep = torch.where(hs <= qmin, float(qmin),
+                                    torch.where(hs >= qmax, float(qmax), q - hs))
+                g_hq = e.add_(gv, alpha=fold) if d is None else e.addcmul_(d, gv)  # c dL/dHq
+                g_step += (g_hq * dstep).sum(dtype=acc_dtype)
+            if plif_k:
+                v_prev = v_seq[lo - 1:stop - 1] if lo > 0 else torch.cat(
+                    [v_init.to(dtype).expand_as(hq_seq[0]).unsqueeze(0), v_seq[:stop - 1]])
+                dh_dk = (x_seq[lo:stop] - (v_prev - vr_q)) if decay_input else -(v_prev - vr_q)
+                g_k += (u[lo:stop] * dh_dk).sum(dtype=acc_dtype)
+            del e, d
+        if need_step:
+            g_step = g_step / fold
+        if neuron == "plif" and decay_input:
+            g_x = u.mul_(dh_dx)
         else:
             g_x = u
         g_v_init = None
