@@ -44,6 +44,7 @@ class Bench:
         self.data_root = data_root
         self.fp_cache = fp_cache
         self.T = T
+        self.quick = quick
         extra = ["-T", str(T)] + (["--samples-per-class", "4", "-T", "4"] if quick else [])
         self.args = example_args(self.ex, epochs, 0, data_root, extra)
         self.train_set, self.test_set = self.ex.load_data(self.args, 0)
@@ -69,6 +70,7 @@ class Bench:
             elif self.fp_cache:  # full precision from scratch: the same in every benchmark
                 tag = "builtin" if self.data_root is None else \
                     os.path.basename(os.path.normpath(self.data_root))
+                tag += "_quick" if self.quick else ""
                 cached = os.path.join(self.fp_cache, f"fp_{tag}_T{self.T}_e{epochs}_s{seed}.pt")
                 if os.path.exists(cached):
                     model.load_state_dict(snnquant.load_checkpoint(cached))
@@ -155,8 +157,8 @@ def data_root_of(args) -> "str | None":
     source = Path(args.real_split)
     if not (source / "Train").is_dir():
         raise SystemExit(f"--real-split: no Train/ folder in {source}")
-    root = Path(ROOT) / "runs" / "real_split" / ("quick" if args.quick else "nmnist-real-800-200")
-    real.lay_out_split(source, root, args.quick)
+    root = Path(ROOT) / "runs" / "real_split" / "nmnist-real-800-200"
+    real.lay_out_split(source, root, quick=False)  # --quick subsets it by --samples-per-class
     return str(root)
 
 

@@ -44,7 +44,8 @@ def deploy(bench, model, seed: int, samples: int = 64):
                                    lr=bench.args.lr / 10)
     tuned.eval()
     functional.reset_net(tuned)
-    x = torch.stack([torch.as_tensor(bench.test_set[i][0]) for i in range(samples)])
+    x = torch.stack([torch.as_tensor(bench.test_set[i][0])
+                     for i in range(min(samples, len(bench.test_set)))])
     desc = to_integer(tuned)
     bits = sorted({op.weight_bits for op in desc.ops if hasattr(op, "weight_bits")})
     return acc, tuned_acc, float(integer_agreement(tuned, x.float().transpose(0, 1), desc)), bits
