@@ -9,7 +9,7 @@ from snnquant.functional.neuron import (quant_neuron_multi_step, quant_neuron_st
                                         membrane_reset_values)
 
 CONFIGS = list(itertools.product(
-    ["if", "lif", "plif"], [True, False], [0.0, None], [False, True], ["sigmoid", "atan"]))
+    ["if", "lif", "plif"], [True, False], [0.0, -0.25, None], [False, True], ["sigmoid", "atan"]))
 
 
 def _run_reference(x_seq, v0, step, w, **kw):
@@ -22,15 +22,21 @@ def _run_reference(x_seq, v0, step, w, **kw):
     return torch.stack(spikes), v, torch.stack(vs)
 
 
+@pytest.mark.parametrize("learn_step,block", [(True, None), (False, None), (True, 2 * 257),
+                                              (False, 257)])
 @pytest.mark.parametrize("neuron,decay_input,v_reset,detach_reset,sg", CONFIGS)
-def test_fused_torch_matches_reference(neuron, decay_input, v_reset, detach_reset, sg):
+def test_fused_torch_matches_reference(neuron, decay_input, v_reset, detach_reset, sg, learn_step,
+                                       block, monkeypatch):
+    if block is not None:  # backward in blocks of 2 (1) time steps instead of one block
+        import snnquant.functional.neuron as fn
+        monkeypatch.setattr(fn, "_BLOCK_VALUES", block)
     torch.manual_seed(0)
     T, N = 6, 257
     dtype = torch.float64
     # inputs on a fine grid so the membrane regularly lands on quantisation ties and range limits
     x = (torch.randint(-24, 40, (T, N)).to(dtype) / 16).requires_grad_(True)
     v0 = torch.zeros((), dtype=dtype, requires_grad=True)
-    step = torch.tensor(0.125, dtype=dtype, requires_grad=True)
+    step = torch.tensor(0.125, dtype=dtype, requires_grad=learn_step)
     w = torch.tensor(-0.3, dtype=dtype, requires_grad=True)
     surrogate_function = surrogate.Sigmoid(alpha=3.0) if sg == "sigmoid" else surrogate.ATan(alpha=2.5)
     kw = dict(neuron=neuron, tau=2.0, decay_input=decay_input, v_threshold=1.0, v_reset=v_reset,
@@ -45,12 +51,20 @@ def test_fused_torch_matches_reference(neuron, decay_input, v_reset, detach_rese
     gs = torch.randn_like(s_f)
     gv = torch.randn_like(v_f)
     gvs = torch.randn_like(vseq_f)
-    inputs = [x, v0, step] + ([w] if neuron == "plif" else [])
+    inputs = [x, v0] + ([step] if learn_step else []) + ([w] if neuron == "plif" else [])
     g_ref = torch.autograd.grad((s_ref * gs).sum() + (v_ref * gv).sum() + (vseq_ref * gvs).sum(), inputs)
     g_f = torch.autograd.grad((s_f * gs).sum() + (v_f * gv).sum() + (vseq_f * gvs).sum(), inputs)
     for a, b in zip(g_ref, g_f):
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9)
-    assert g_f[2].abs() > 0
+    if learn_step:
+        assert g_f[2].abs() > 0
+    # without autograd (eval), the same values, and nothing kept for backward
+    with torch.no_grad():
+        s_n, v_n, vseq_n = quant_neuron_multi_step(x, v0, step=step, w=w, store_v_seq=True, **kw)
+        s_n2, v_n2, _ = quant_neuron_multi_step(x, v0, step=step, w=w, **kw)
+    assert s_n.grad_fn is None
+    assert torch.equal(s_n, s_f) and torch.equal(v_n, v_f) and torch.equal(vseq_n, vseq_f)
+    assert torch.equal(s_n2, s_f) and torch.equal(v_n2, v_f)
 
 
 def test_membrane_stays_on_grid_and_in_range():

@@ -133,23 +133,42 @@ def check_real(name: str, value, positive: bool = False) -> float:
     return value
 
 
-def neuron_fire(hq: torch.Tensor, v_threshold: float) -> torch.Tensor:
-    r"""The spike :math:`S = \Theta(H_q - V_{th})` (1 where :math:`H_q \ge V_{th}`), in ``hq``'s dtype."""
+def neuron_fire(hq: torch.Tensor, v_threshold: float,
+                out: Optional[torch.Tensor] = None) -> torch.Tensor:
+    r"""The spike :math:`S = \Theta(H_q - V_{th})` (1 where :math:`H_q \ge V_{th}`), in ``hq``'s dtype.
+
+    With ``out`` (a bool tensor of ``hq``'s shape) the spike is written into it as a mask and
+    ``out`` is returned (no allocation; :math:`H_q - V_{th} \ge 0` is :math:`H_q \ge V_{th}` for
+    finite values).
+    """
+    if out is not None:
+        return torch.ge(hq, v_threshold, out=out)
     return ((hq - v_threshold) >= 0).to(hq.dtype)
 
 
 def neuron_reset(hq: torch.Tensor, spike: torch.Tensor, v_reset: Optional[float], vr_q,
-                 theta_q) -> torch.Tensor:
+                 theta_q, out: Optional[torch.Tensor] = None,
+                 fired: Optional[torch.Tensor] = None) -> torch.Tensor:
     r"""The membrane after the reset.
 
     .. math::
 
-        V = H_q (1 - S) + V_{r,q} S\ \text{(hard)},\qquad V = H_q - \theta_q S\ \text{(soft)}
+        V = H_q (1 - S) + V_{r,q} S,\qquad V = H_q - \theta_q S
 
-    with gradients :math:`\partial V/\partial H_q = 1 - S` (hard) or 1 (soft) and
+    for a hard and a soft reset (``v_reset`` None), with gradients
+    :math:`\partial V/\partial H_q = 1 - S` (hard) or 1 (soft) and
     :math:`\partial V/\partial S = V_{r,q} - H_q` (hard) or :math:`-\theta_q` (soft). The one
     written reset of the quantized neurons (reference step, one-node forward, per-step path).
+
+    With ``out``, the result is written into it without autograd: the hard reset as the
+    selection :math:`V_{r,q}` where ``fired`` (the bool mask of :math:`S`) else :math:`H_q`, and
+    the soft reset as :math:`H_q - \theta_q S`; both give the values of the formulas above
+    (:math:`S` is 0 or 1).
     """
+    if out is not None:
+        if v_reset is None:
+            return torch.addcmul(hq, spike, theta_q, value=-1.0, out=out)
+        return torch.where(fired, vr_q, hq, out=out)
     if v_reset is None:
         return hq - spike * theta_q
     return (1.0 - spike) * hq + spike * vr_q
@@ -217,13 +236,29 @@ def surrogate_derivative(surrogate_function, x: torch.Tensor, scale: float = 1.0
     return g if scale == 1.0 else g * scale
 
 
-def neuron_charge(neuron: str, v, x, tau, k, decay_input: bool, vr):
+def neuron_charge(neuron: str, v, x, tau, k, decay_input: bool, vr, out=None,
+                  vr_zero: bool = False):
     r"""The charge :math:`H = f(V, X)` of a neuron kind (see the module docstring).
 
     ``k`` is :math:`\mathrm{sigmoid}(w)` for ``'plif'`` (else unused), ``vr`` the reset value
-    :math:`V_r` used in the leak.
+    :math:`V_r` used in the leak. With ``out = (h, scratch)``, two tensors of the result's shape,
+    the charge is computed into ``h`` (returned) with the same operations in the same order,
+    without allocating; ``vr_zero=True`` says that :math:`V_r = 0`, so :math:`V - V_r = V` is not
+    computed.
     """
     # The operation order follows SpikingJelly's torch neurons, so that spikes agree bit for bit.
+    if out is not None:
+        h, tmp = out
+        if neuron == "if":
+            return torch.add(v, x, out=h)
+        dv = v if vr_zero else torch.sub(v, vr, out=tmp)             # V - V_r
+        if decay_input:                                              # V + (X - (V - V_r)) / tau
+            torch.sub(x, dv, out=tmp)
+            tmp.div_(tau) if neuron == "lif" else tmp.mul_(k)
+            return torch.add(v, tmp, out=h)
+        torch.div(dv, tau, out=tmp) if neuron == "lif" else torch.mul(dv, k, out=tmp)
+        torch.sub(v, tmp, out=h)                                     # V - (V - V_r) / tau + X
+        return h.add_(x)
     if neuron == "if":
         return v + x
     if neuron == "lif":
@@ -288,35 +323,33 @@ class QuantNeuronFunction(torch.autograd.Function):
     r"""Whole-sequence quantized neuron as one autograd node with a reverse-time backward.
 
     Forward runs the time loop of the module docstring into preallocated buffers (no allocation
-    per step), with the reset written as a selection, :math:`V = S\,?\,V_{r,q} : H_q` (hard) and
-    :math:`V = H_q - \theta_q S` (soft), which gives the same values as the reference's arithmetic.
-    It saves the quantized charge :math:`H_q` and the mask of the straight-through range
+    per step; :func:`neuron_charge`, :func:`neuron_fire` and :func:`neuron_reset` with ``out``). It
+    saves the quantized charge :math:`H_q` and the mask :math:`m` of the straight-through range
     (:math:`q_{min} \le H/s \le q_{max}`, one byte per value), plus :math:`H/s` when the step needs
     a gradient and the membrane sequence for PLIF or ``store_v_seq``.
 
-    Backward computes everything that does not depend on the recurrence for all time steps at
-    once; with :math:`\sigma'_t` the surrogate derivative at :math:`H_q[t] - V_{th}` and
-    :math:`m_t` the straight-through mask,
+    Backward: with :math:`\sigma'_t` the surrogate derivative at :math:`H_q[t] - V_{th}`,
+    :math:`G_S[t]` the incoming spike gradient and :math:`G_V[t]` the gradient of the membrane
+    after step :math:`t`,
 
     .. math::
 
         \frac{\partial L}{\partial H_q[t]} = \sigma'_t\, G_S[t] + D_t\, G_V[t],\qquad
-        D_t = \begin{cases} 1 - S[t] + (V_{r,q} - H_q[t])\,\sigma'_t & \text{hard reset}\\
-                            1 - \theta_q\, \sigma'_t & \text{soft reset} \end{cases}
+        \frac{\partial L}{\partial H[t]} = m_t\,\frac{\partial L}{\partial H_q[t]},\qquad
+        G_V[t-1] = \frac{\partial H}{\partial V}\,\frac{\partial L}{\partial H[t]}
 
-    (:math:`D_t = 1 - S[t]` or 1 with ``detach_reset``), where :math:`G_S[t]` is the incoming
-    spike gradient and :math:`G_V[t]` the gradient of the membrane after step :math:`t`. The loop
-    in reverse time is then two operations per step:
+    where the reset gives, for a hard and a soft reset,
 
     .. math::
 
-        \frac{\partial L}{\partial H[t]} = m_t\,\frac{\partial L}{\partial H_q[t]},\qquad
-        G_V[t-1] = \frac{\partial H}{\partial V}\,\frac{\partial L}{\partial H[t]}
-        \;(+\ \text{the gradient of } V[t-1] \text{ itself, with store\_v\_seq})
+        D_t = 1 - S[t] + (V_{r,q} - H_q[t])\,\sigma'_t,\qquad D_t = 1 - \theta_q\, \sigma'_t
 
-    and :math:`\partial L / \partial X[t] = \frac{\partial H}{\partial X} \partial L / \partial
-    H[t]`, the step gradient (LSQ, see the module docstring) and the PLIF gradient are sums over
-    all steps after the loop.
+    and ``detach_reset`` gives :math:`D_t = 1 - S[t]` and :math:`D_t = 1`. With ``store_v_seq``
+    the gradient of the stored :math:`V[t-1]` is added to :math:`G_V[t-1]`. Everything except the
+    recurrence is computed for a block of time steps at once (about 2^20 values, so that the
+    temporaries stay in the cache); the recurrence is then two operations per step. The input
+    gradient is :math:`\frac{\partial H}{\partial X}\,\partial L / \partial H[t]`; the step
+    gradient (LSQ, see the module docstring) and the PLIF gradient are sums over the steps.
     """
 
     @staticmethod
@@ -350,21 +383,8 @@ class QuantNeuronFunction(torch.autograd.Function):
         fired = torch.empty(shape, dtype=torch.bool, device=x_seq.device)
         v_bufs = (torch.empty_like(tmp), torch.empty_like(tmp))
         for t in range(T):
-            x = x_seq[t]
-            # charge (neuron_charge, in the same operation order, into buffers)
-            if neuron == "if":
-                torch.add(v, x, out=h)
-            elif vr_zero:
-                if decay_input:   # V + (X - V) / tau  or  V + (X - V) * k
-                    torch.sub(x, v, out=tmp)
-                    tmp.div_(tau) if neuron == "lif" else tmp.mul_(k)
-                    torch.add(v, tmp, out=h)
-                else:             # V - V / tau + X  or  V - V * k + X
-                    torch.div(v, tau, out=tmp) if neuron == "lif" else torch.mul(v, k, out=tmp)
-                    torch.sub(v, tmp, out=h)
-                    h.add_(x)
-            else:
-                h.copy_(neuron_charge(neuron, v, x, tau, k, decay_input, vr_q))
+            neuron_charge(neuron, v, x_seq[t], tau, k, decay_input, vr_q, out=(h, tmp),
+                          vr_zero=vr_zero)
             # quantize: H_q = s * round(clamp(H/s)), clamp first so that the mask costs one pass
             hs = hs_seq[t] if need_step else hs_buf
             torch.div(h, s, out=hs)
@@ -374,15 +394,10 @@ class QuantNeuronFunction(torch.autograd.Function):
             tmp.round_()
             hq = hq_seq[t] if needs_grad else hq_buf
             torch.mul(tmp, s, out=hq)
-            # fire and reset
-            torch.ge(hq, v_threshold, out=fired)  # H_q - V_th >= 0 for finite values
+            neuron_fire(hq, v_threshold, out=fired)
             spike_seq[t].copy_(fired)
-            v_next = v_seq[t] if keep_v else v_bufs[t % 2]
-            if v_reset is None:  # H_q - theta_q S, exactly as written (S is 0 or 1)
-                torch.addcmul(hq, spike_seq[t], theta_q, value=-1.0, out=v_next)
-            else:
-                torch.where(fired, vr_q, hq, out=v_next)
-            v = v_next
+            v = neuron_reset(hq, spike_seq[t], v_reset, vr_q, theta_q,
+                             out=v_seq[t] if keep_v else v_bufs[t % 2], fired=fired)
         # a private buffer is returned as it is; a view of v_seq is copied
         v_last = v.contiguous() if T == 0 else (v.clone() if keep_v else v)
         ctx.cfg = cfg
