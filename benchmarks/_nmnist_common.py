@@ -43,7 +43,6 @@ class Bench:
         self.epochs = epochs
         self.data_root = data_root
         self.fp_cache = fp_cache
-        self.T = T
         self.quick = quick
         extra = ["-T", str(T)] + (["--samples-per-class", "4", "-T", "4"] if quick else [])
         self.args = example_args(self.ex, epochs, 0, data_root, extra)
@@ -63,6 +62,9 @@ class Bench:
         epochs = self.epochs if epochs is None else epochs
         torch.manual_seed(seed)
         cached = None
+        if lr is None:  # the example's default for this configuration
+            lr = self.ex.default_lr(*(0, None) if config is None else
+                                    (config.weight_bits, config.weight_quantizer))
         if model is None:
             model = self.ex.build_csnn(args.channels, args.tau)
             if config is not None:
@@ -71,14 +73,12 @@ class Bench:
                 tag = "builtin" if self.data_root is None else \
                     os.path.basename(os.path.normpath(self.data_root))
                 tag += "_quick" if self.quick else ""
-                cached = os.path.join(self.fp_cache, f"fp_{tag}_T{self.T}_e{epochs}_s{seed}.pt")
+                cached = os.path.join(self.fp_cache, f"fp_{tag}_T{args.T}_e{epochs}_s{seed}_"
+                                      f"c{args.channels}_tau{args.tau:g}_lr{lr:g}.pt")
                 if os.path.exists(cached):
                     model.load_state_dict(snnquant.load_checkpoint(cached))
                     print(f"full precision seed {seed}: loaded {cached}", flush=True)
                     return model, self.evaluate(model, seed)
-        if lr is None:  # the example's default for this configuration
-            lr = self.ex.default_lr(*(0, None) if config is None else
-                                    (config.weight_bits, config.weight_quantizer))
         opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
         args.epochs = epochs
@@ -184,8 +184,9 @@ def common_args(description: str, default_epochs: int):
                          "../shared/data/nmnist-real-1k): train and test on the fixed stratified "
                          "800/200 split of benchmarks/accuracy_nmnist_real.py")
     ap.add_argument("--fp-cache", default=None,
-                    help="folder for the trained full-precision networks (per data, T, epochs and "
-                         "seed), so that the accuracy benchmarks train each only once")
+                    help="folder for the trained full-precision networks (per data, T, epochs, "
+                         "seed, channels, tau and learning rate), so that the accuracy benchmarks "
+                         "train each only once")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     ap.add_argument("--quick", action="store_true",
                     help="smoke test: 1 epoch, 1 seed, 4 samples per class, T=4, results not "
