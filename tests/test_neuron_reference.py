@@ -98,3 +98,25 @@ def test_bad_arguments():
         quant_neuron_multi_step(x, 0.0, neuron="if", step=0.0, qmin=-2, qmax=1)
     with pytest.raises(TypeError, match="x_seq"):
         quant_neuron_multi_step(torch.zeros(2, 3, dtype=torch.long), 0.0, neuron="if", step=0.1, qmin=-2, qmax=1)
+
+
+def test_buffered_charge_fire_reset_equal_the_plain_ones():
+    from snnquant.functional.neuron import neuron_charge, neuron_fire, neuron_reset
+    torch.manual_seed(2)
+    v, x = torch.randn(50), torch.randn(50)
+    vr, theta = torch.tensor(-0.25), torch.tensor(1.0)
+    k = torch.tensor(0.3)
+    for neuron, decay in itertools.product(["if", "lif", "plif"], [True, False]):
+        h, tmp = torch.empty(50), torch.empty(50)
+        plain = neuron_charge(neuron, v, x, 2.0, k, decay, vr)
+        assert torch.equal(neuron_charge(neuron, v, x, 2.0, k, decay, vr, out=(h, tmp)), plain)
+    hq = torch.randint(-8, 16, (50,)).float() / 8
+    mask = torch.empty(50, dtype=torch.bool)
+    spike = neuron_fire(hq, 1.0)
+    assert torch.equal(neuron_fire(hq, 1.0, out=mask), spike.bool())
+    for v_reset in (-0.25, None):
+        plain = neuron_reset(hq, spike, v_reset, vr, theta)
+        got = neuron_reset(hq, spike, v_reset, vr, theta, out=torch.empty(50), fired=mask)
+        assert torch.equal(got, plain)
+    with pytest.raises(ValueError, match="fired"):
+        neuron_reset(hq, spike, -0.25, vr, theta, out=torch.empty(50))

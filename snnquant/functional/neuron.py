@@ -168,6 +168,9 @@ def neuron_reset(hq: torch.Tensor, spike: torch.Tensor, v_reset: Optional[float]
     if out is not None:
         if v_reset is None:
             return torch.addcmul(hq, spike, theta_q, value=-1.0, out=out)
+        if fired is None or fired.dtype != torch.bool:
+            raise ValueError(f"neuron_reset(out=...) of a hard reset needs fired, the bool mask of "
+                             f"the spikes, got {type(fired).__name__ if fired is None else fired.dtype}")
         return torch.where(fired, vr_q, hq, out=out)
     if v_reset is None:
         return hq - spike * theta_q
