@@ -19,7 +19,6 @@ Prints a table and writes ``benchmarks/results/bench_c_runtime.json`` (and ``.md
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -37,7 +36,9 @@ import torch
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(HERE))
 
+import _nmnist_common  # noqa: E402  (the example module, loaded in one place)
 import snnquant  # noqa: E402
 from snnquant import QuantConfig, quantize_model  # noqa: E402
 from snnquant.export import IntegerSNN, c_memory, fold_batchnorm, load_integer, to_c, to_integer  # noqa: E402
@@ -91,9 +92,7 @@ int main(int argc, char **argv)
 
 
 def example_network(channels: int):
-    spec = importlib.util.spec_from_file_location("train_nmnist", ROOT / "examples" / "train_nmnist.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _nmnist_common.example()
     from spikingjelly.activation_based import functional
 
     torch.manual_seed(0)

@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import importlib.util
 import json
 import os
 import platform
@@ -55,9 +54,12 @@ from typing import Callable, Dict, List, Optional
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
+
+import _nmnist_common  # noqa: E402  (the example module, loaded in one place)
 
 TARGETS = {
     "cpp_fwd_bwd_over_lif": 0.5,
@@ -226,20 +228,12 @@ def neuron_group(args) -> list:
 
 # ---- CSNN training step and deployment ------------------------------------------------------------
 
-def load_example():
-    spec = importlib.util.spec_from_file_location("train_nmnist",
-                                                  os.path.join(ROOT, "examples", "train_nmnist.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def train_group(args) -> dict:
     from spikingjelly.activation_based import functional as sjf
 
     from snnquant import QuantConfig, quantize_model
     from snnquant.kernels import DEFAULT_BACKEND
-    example = load_example()
+    example = _nmnist_common.example()
     torch.manual_seed(0)
     base = example.build_csnn(args.channels, 2.0)
     nets = {"unquantized": base}

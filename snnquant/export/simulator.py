@@ -67,6 +67,18 @@ class IntegerSNN:
                 self._params.append(None)
 
     # ---- operations -------------------------------------------------------------------------
+    def _stateless(self, op, prm, x: torch.Tensor) -> torch.Tensor:
+        """One synapse, pool or flatten op on ``x`` ``[T*N, ...]`` (no state over time)."""
+        if isinstance(op, SynapseOp):
+            return self._synapse(op, prm, x)
+        if isinstance(op, PoolOp):
+            return self._pool(op, x)
+        if isinstance(op, FlattenOp):
+            start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
+            end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
+            return torch.flatten(x, start, end)
+        raise TypeError(f"unknown operation {type(op).__name__} ({op.name!r})")
+
     def _synapse(self, op: SynapseOp, prm, x: torch.Tensor) -> torch.Tensor:
         w = prm["weight"]
         if op.kind == "linear":
@@ -166,14 +178,8 @@ class IntegerSNN:
         x = x.reshape((T * N,) + tuple(x.shape[2:]))
         layers = {}
         for op, prm in zip(self.desc.ops, self._params):
-            if isinstance(op, SynapseOp):
-                x = self._synapse(op, prm, x)
-            elif isinstance(op, PoolOp):
-                x = self._pool(op, x)
-            elif isinstance(op, FlattenOp):
-                start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
-                end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
-                x = torch.flatten(x, start, end)
+            if not isinstance(op, NeuronOp):
+                x = self._stateless(op, prm, x)
             else:
                 s = self._neuron(op, x.reshape((T, N) + tuple(x.shape[1:])))
                 if record:
@@ -203,14 +209,8 @@ def op_shapes(desc: IntegerNetwork, input_shape) -> list:
     for op, prm in zip(desc.ops, sim._params):
         before = tuple(x.shape[1:])
         try:
-            if isinstance(op, SynapseOp):
-                x = sim._synapse(op, prm, x)
-            elif isinstance(op, PoolOp):
-                x = sim._pool(op, x)
-            elif isinstance(op, FlattenOp):
-                start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
-                end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
-                x = torch.flatten(x, start, end)
+            if not isinstance(op, NeuronOp):
+                x = sim._stateless(op, prm, x)
         except (RuntimeError, IndexError, ValueError) as err:
             raise ValueError(f"input_shape={tuple(input_shape)} does not fit layer {op.name!r} "
                              f"(its input would be {before}): {err}") from None

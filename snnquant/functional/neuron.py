@@ -381,8 +381,8 @@ class QuantNeuronFunction(torch.autograd.Function):
         v = v_init.detach().to(dtype).expand(shape)
         tmp = torch.empty(shape, dtype=dtype, device=x_seq.device)
         h = torch.empty_like(tmp)
-        hs_buf = torch.empty_like(tmp)
-        hq_buf = torch.empty_like(tmp)
+        hs_buf = None if need_step else torch.empty_like(tmp)   # H/s when it is not kept
+        hq_buf = None if needs_grad else torch.empty_like(tmp)  # H_q when it is not kept
         fired = torch.empty(shape, dtype=torch.bool, device=x_seq.device)
         v_bufs = (torch.empty_like(tmp), torch.empty_like(tmp))
         for t in range(T):
