@@ -12,6 +12,10 @@ epochs, same seed). Seeds are the outer loop (interleaved cases).
 
     OMP_NUM_THREADS=1 python benchmarks/mixed_precision.py [--epochs 30] [--fp-cache runs/fp_cache]
 
+Seeds can run in separate processes (``--seeds 3 4 --out DIR``) and be reported together:
+``--combine A.json B.json ...`` reads the results of earlier runs (same epochs and data, no seed
+twice) and writes the table of all their seeds, without training.
+
 Target (issue 15): mixed precision at least as accurate as the best uniform configuration that
 fits the budget.
 """
@@ -37,7 +41,11 @@ def model_bytes(model, x) -> float:
 def main():
     ap = common.common_args(__doc__, default_epochs=30)
     ap.add_argument("--sens-batches", type=int, default=4)
+    ap.add_argument("--combine", nargs="+", metavar="JSON", default=None,
+                    help="report the seeds of these earlier results together (no training)")
     args = ap.parse_args()
+    if args.combine:
+        return combine(args)
     if args.quick:
         args.epochs, args.seeds, args.sens_batches = 1, args.seeds[:1], 1
     import snnquant
@@ -73,20 +81,65 @@ def main():
         report(args, rows, assignments, args.seeds[:args.seeds.index(seed) + 1])
 
 
-def report(args, rows, assignments, seeds_done):
+def combine(args):
+    """Report the seeds of earlier results (``--combine``) together, without training."""
+    import json
+    rows, assignments, seen, first = None, [], {}, None
+    for path in args.combine:
+        try:
+            with open(path) as f:
+                part = json.load(f)
+            part_rows, part_assign = part["rows"], part["assignments"]
+            key = (part["epochs"], part["data"], sorted(part_rows))
+        except (OSError, ValueError, KeyError) as e:
+            raise SystemExit(f"--combine: cannot read the results file {path!r}: {e}")
+        if first is None:
+            first, rows = key, {name: [] for name in part_rows}
+        elif key != first:
+            raise SystemExit(f"--combine: {path!r} has epochs/data/configurations {key[:2]}, "
+                             f"{key[2]}; the first file has {first[:2]}, {first[2]}")
+        for i, a in enumerate(part_assign):
+            if a["seed"] in seen:
+                raise SystemExit(f"--combine: seed {a['seed']} is in both {seen[a['seed']]!r} "
+                                 f"and {path!r}")
+            seen[a["seed"]] = path
+            assignments.append(a)
+            for name in rows:
+                rows[name].append(part_rows[name][i])
+    order = sorted(range(len(assignments)), key=lambda i: assignments[i]["seed"])
+    assignments = [assignments[i] for i in order]
+    rows = {name: [values[i] for i in order] for name, values in rows.items()}
+    args.epochs = first[0]
+    args.seeds = [a["seed"] for a in assignments]
+    builtin = common.data_label(args, None)
+    report(args, rows, assignments, args.seeds, data=first[1],
+           suffix="" if first[1] == builtin else "_real")
+
+
+def report(args, rows, assignments, seeds_done, data=None, suffix=None):
     """Print the table and (unless --quick) write the results, after every seed."""
-    data = common.data_label(args, args.root)
+    import statistics
+    data = data or common.data_label(args, args.root)
     best_uniform = max((k for k in rows if k != MIXED), key=lambda k: common.spread(rows[k])[0])
     lines = [f"Data: {data}; every configuration trained {args.epochs} epochs from scratch "
              f"(quantization-aware), seeds {seeds_done} (of {args.seeds} asked); budget = uniform "
              f"3-bit weights + 8-bit membrane state per sample = "
              f"{assignments[0]['budget_bytes']:.0f} bytes (as snnquant.summary counts them); "
-             f"median (min..max).", "",
-             "| configuration | test accuracy | vs best uniform (median) |", "|---|---|---|"]
+             f"median (min..max), mean and standard deviation over the seeds; per seed, "
+             f"the configuration against the best uniform one (by median): better / equal / "
+             f"worse.", "",
+             "| configuration | test accuracy | mean (std) | vs best uniform (median) | "
+             "per seed vs best uniform |", "|---|---|---|---|---|"]
     best = common.spread(rows[best_uniform])[0]
     for name, values in rows.items():
-        lines.append(f"| {name} | {common.fmt(values)} | "
-                     f"{100 * (common.spread(values)[0] - best):+.2f} |")
+        std = statistics.stdev(values) if len(values) > 1 else 0.0
+        diff = [v - u for v, u in zip(values, rows[best_uniform])]
+        paired = ("-" if name == best_uniform else
+                  f"{sum(d > 0 for d in diff)} / {sum(d == 0 for d in diff)} / "
+                  f"{sum(d < 0 for d in diff)}")
+        lines.append(f"| {name} | {common.fmt(values)} | {100 * statistics.mean(values):.2f}% "
+                     f"({100 * std:.2f}) | {100 * (common.spread(values)[0] - best):+.2f} | "
+                     f"{paired} |")
     lines += ["", "Bits chosen per seed: " + "; ".join(
         f"seed {a['seed']}: " + ", ".join(
             f"{k.split(' ')[0]}{'w' if '(weight)' in k else 'm'}={b}" for k, b in a["bits"].items())
@@ -95,7 +148,8 @@ def report(args, rows, assignments, seeds_done):
     table = "\n".join(lines)
     print(table)
     if not args.quick:
-        suffix = "" if args.root is None else "_real"
+        if suffix is None:
+            suffix = "" if args.root is None else "_real"
         common.write_results(f"mixed_precision{suffix}", dict(
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data, rows=rows,
             assignments=assignments), table, args.out)

@@ -36,3 +36,37 @@ def test_accuracy_benchmark_quick(script, extra, expect, tmp_path):
     assert ("loaded" in res.stdout) == (script != "mixed_precision.py")
     assert len(list(cache.glob("fp_builtin_quick_*.pt"))) == 1
     assert not out.exists()  # --quick writes no results
+
+
+def _mixed_results(path, seeds, rows, epochs=30):
+    import json
+    assignments = [dict(seed=s, fp_acc=0.98, budget_bytes=100.0, bits={"0 (weight)": 4},
+                        bytes=90.0, predicted_delta_loss=0.0, sensitivity=[]) for s in seeds]
+    path.write_text(json.dumps(dict(epochs=epochs, seeds=seeds, seeds_asked=seeds,
+                                    data="built-in digits (N-MNIST format)", rows=rows,
+                                    assignments=assignments)))
+    return str(path)
+
+
+def test_mixed_precision_combines_seeds_run_apart(tmp_path):
+    mixed = "mixed (assign_bits: weights 2/4, membranes 4/8)"
+    a = _mixed_results(tmp_path / "a.json", [3, 1], {mixed: [0.5, 0.7], "uniform W3/V8": [0.6, 0.6]})
+    b = _mixed_results(tmp_path / "b.json", [2], {mixed: [0.6], "uniform W3/V8": [0.6]})
+    out = tmp_path / "out"
+    script = str(ROOT / "benchmarks" / "mixed_precision.py")
+    res = subprocess.run([sys.executable, script, "--combine", a, b, "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    import json
+    data = json.loads((out / "mixed_precision.json").read_text())
+    assert data["seeds"] == [1, 2, 3]  # in seed order, each row with its own seed
+    assert data["rows"][mixed] == [0.7, 0.6, 0.5]
+    assert "| 60.00% (50.00..70.00) | 60.00% (10.00) | +0.00 | 1 / 1 / 1 |" in res.stdout
+    # the same seed twice, or results of another training length, are refused by name
+    res = subprocess.run([sys.executable, script, "--combine", a, a, "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "seed 3 is in both" in res.stderr
+    c = _mixed_results(tmp_path / "c.json", [5], {mixed: [0.6], "uniform W3/V8": [0.6]}, epochs=1)
+    res = subprocess.run([sys.executable, script, "--combine", a, c, "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "c.json" in res.stderr and "epochs" in res.stderr
