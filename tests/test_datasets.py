@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -455,6 +456,20 @@ def test_unfinished_markers_are_reported(small_root, tmp_path):
     (root / "events_np.building").touch()
     with pytest.raises(D.DatasetRootError, match="events_np.building"):
         D.load_nmnist_frames(root, train=True, frames_number=3)
+
+
+def test_unfinished_marker_message_covers_a_build_under_way(small_root, tmp_path):
+    # the marker is also there while another process builds the same root: the message must not
+    # claim that the build failed, and must give the marker's age so the user can tell
+    root = _copy(small_root, tmp_path / "r")
+    marker = root / "frames_number_4_split_by_number.building"
+    marker.touch()
+    os.utime(marker, (time.time() - 125, time.time() - 125))
+    with pytest.raises(D.DatasetRootError) as info:
+        D.load_nmnist_frames(root, train=True, frames_number=4)
+    text = str(info.value)
+    assert "another process" in text and "last modified 2 min ago" in text
+    assert "if no process is" in text and str(root / "frames_number_4_split_by_number") in text
 
 
 def test_root_with_only_extract_is_converted(small_root, tmp_path):

@@ -156,6 +156,13 @@ def test_bad_roots_get_clear_errors(roots, tmp_path):
     with pytest.raises(D.DatasetRootError, match="shd_train.h5.zip has md5"):
         D.load_dataset("shd", root, 2)
     assert (root / "download" / "shd_train.h5.zip").exists()
+    # a preparation marker (SpikingJelly's, left while it builds or after an interruption)
+    root = _fresh_copy(roots, "dvs128_gesture", tmp_path)
+    (root / "events_np.building").touch()
+    with pytest.raises(D.DatasetRootError, match=r"events_np.building \(last modified \d+ s ago\): "
+                       r"a SpikingJelly preparation .* under way in another process"):
+        D.check_neuromorphic_root("dvs128_gesture", root)
+    assert (root / "events_np.building").exists()
     # more samples per class than a split has
     root = _fresh_copy(roots, "shd", tmp_path)
     with pytest.raises(D.DatasetRootError, match="samples_per_class=2 .*test split"):

@@ -37,7 +37,8 @@ import numpy as np
 
 from .checked import (LOAD_ERRORS, CorruptDatasetFileError, spikingjelly_preprocessing,
                       wrap_dataset_loader)
-from .nmnist import DatasetRootError, _describe_folder, frames_cache_dir, raise_corrupt_cache
+from .nmnist import (DatasetRootError, _describe_folder, frames_cache_dir, raise_corrupt_cache,
+                     unfinished_marker_message)
 
 __all__ = [
     "DVS128_GESTURE_URL",
@@ -141,10 +142,8 @@ def check_neuromorphic_root(name: str, root) -> str:
     raw = root / spec.raw_dir
     marker = raw.with_name(raw.name + ".building")
     if marker.exists():
-        raise DatasetRootError(
-            f"found {marker}: an earlier SpikingJelly preparation of {root} did not finish. Delete {raw} "
-            f"and the marker, then load again; nothing was deleted."
-        )
+        raise DatasetRootError(unfinished_marker_message(
+            marker, f"SpikingJelly preparation of {root}", [raw]))
     if raw.exists():
         problems = _raw_problems(spec, raw)
         if problems:

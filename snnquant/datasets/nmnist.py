@@ -12,6 +12,7 @@ import hashlib
 import os
 import secrets
 import shutil
+import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -109,11 +110,8 @@ def check_nmnist_root(root: PathLike) -> str:
         raise DatasetRootError(f"N-MNIST root {str(root)!r} is not a directory. " + _download_instructions(root))
     marker = root / "events_np.building"
     if marker.exists():
-        raise DatasetRootError(
-            f"found {marker}: an earlier SpikingJelly preparation of {root} did not finish, and "
-            f"SpikingJelly refuses to load the root while the marker exists. Delete {root / 'events_np'} "
-            f"and {root / 'extract'} (if they exist) and the marker, then load again; nothing was deleted."
-        )
+        raise DatasetRootError(unfinished_marker_message(
+            marker, f"SpikingJelly preparation of {root}", [root / "events_np", root / "extract"]))
     if (root / "events_np").exists():
         problems = _class_folder_problems(root, "events_np")
         if problems:
@@ -434,16 +432,34 @@ def _extract_zips(root: Path, zips: Sequence[Path]) -> Path:
     return target
 
 
+def unfinished_marker_message(marker: Path, what: str, delete: Sequence[Path]) -> str:
+    """The message for a SpikingJelly ``.building`` marker found at ``marker``: ``what`` is either
+    under way in another process or was interrupted, which the marker alone cannot tell; the
+    marker's age is given so the user can, and ``delete`` (with the marker) is what to delete in
+    the second case. Nothing is deleted here."""
+    try:
+        age = max(0.0, time.time() - marker.stat().st_mtime)
+        when = f"last modified {age:.0f} s ago" if age < 120 else \
+            f"last modified {age / 60:.0f} min ago" if age < 7200 else \
+            f"last modified {age / 3600:.0f} h ago"
+    except OSError:  # removed meanwhile: the other process has just finished
+        when = "removed while this message was written"
+    paths = " and ".join(str(p) for p in delete)
+    return (f"found {marker} ({when}): a {what} is under way in another process, or an earlier one "
+            f"did not finish; SpikingJelly refuses to load while the marker exists. If another process "
+            f"is building it, wait until the marker is gone and load again; if no process is, delete "
+            f"{paths} (those that exist) and the marker, then load again. Nothing was deleted.")
+
+
 def frames_cache_dir(root: Path, frames_number: int, split_by: str) -> Path:
-    """SpikingJelly's frames folder under ``root``; raises DatasetRootError when an earlier frame
-    integration left its ``.building`` marker (nothing is deleted)."""
+    """SpikingJelly's frames folder under ``root``; raises DatasetRootError when a frame
+    integration's ``.building`` marker is there (under way elsewhere, or interrupted; nothing is
+    deleted)."""
     frames_dir = root / f"frames_number_{frames_number}_split_by_{split_by}"
     frames_marker = frames_dir.with_name(frames_dir.name + ".building")
     if frames_marker.exists():
-        raise DatasetRootError(
-            f"found {frames_marker}: an earlier SpikingJelly frame integration did not finish. "
-            f"Delete {frames_dir} and the marker, then load again; nothing was deleted."
-        )
+        raise DatasetRootError(unfinished_marker_message(
+            frames_marker, "SpikingJelly frame integration", [frames_dir]))
     return frames_dir
 
 
