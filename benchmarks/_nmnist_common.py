@@ -114,10 +114,13 @@ class Bench:
 
 
 def machine():
-    import spikingjelly
-    return dict(platform=platform.platform(), python=platform.python_version(),
-                torch=torch.__version__, spikingjelly=getattr(spikingjelly, "__version__", "?"),
-                cpu_count=os.cpu_count(), omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
+    """The machine and versions a result was measured with (SpikingJelly 2.0.0 has no
+    ``__version__``: its version is the installed distribution's)."""
+    from importlib.metadata import version
+    return dict(platform=platform.platform(), processor=platform.processor(),
+                python=platform.python_version(), torch=torch.__version__,
+                spikingjelly=version("spikingjelly"), cpu_count=os.cpu_count(),
+                omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
                 torch_threads=torch.get_num_threads())
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,8 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
+sys.path.insert(0, str(HERE))
+from _nmnist_common import machine  # noqa: E402
 
 CONFIGS = [
     ("full precision", ["--weight-bits", "0", "--v-bits", "0"]),
@@ -152,13 +153,7 @@ def main():
     table = "\n".join(lines)
     print(table)
     os.makedirs(args.out, exist_ok=True)
-    import torch
-    import spikingjelly
-
-    machine = dict(platform=platform.platform(), processor=platform.processor(), cpu_count=os.cpu_count(),
-                   omp_num_threads=os.environ.get("OMP_NUM_THREADS"), python=platform.python_version(),
-                   torch=torch.__version__, spikingjelly=getattr(spikingjelly, "__version__", "2.0.0"))
-    report = dict(machine=machine, command="OMP_NUM_THREADS=1 python benchmarks/accuracy_nmnist_real.py "
+    report = dict(machine=machine(), command="OMP_NUM_THREADS=1 python benchmarks/accuracy_nmnist_real.py "
                   f"--epochs {args.epochs} --finetune-epochs {args.finetune_epochs} --seeds "
                   + " ".join(map(str, args.seeds)),
                   split=dict(seed=SPLIT_SEED, rule="stratified_split(labels, test_count=200, seed=0)",

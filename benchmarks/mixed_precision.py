@@ -84,7 +84,7 @@ def main():
 def combine(args):
     """Report the seeds of earlier results (``--combine``) together, without training."""
     import json
-    rows, assignments, seen, first = None, [], {}, None
+    rows, assignments, seen, first, parts = None, [], {}, None, []
     for path in args.combine:
         try:
             with open(path) as f:
@@ -106,6 +106,9 @@ def combine(args):
             assignments.append(a)
             for name in rows:
                 rows[name].append(part_rows[name][i])
+        # each part keeps the command, machine and time it was measured with
+        parts.append(dict(seeds=[a["seed"] for a in part_assign], command=part.get("command"),
+                          machine=part.get("machine"), finished=part.get("finished")))
     order = sorted(range(len(assignments)), key=lambda i: assignments[i]["seed"])
     assignments = [assignments[i] for i in order]
     rows = {name: [values[i] for i in order] for name, values in rows.items()}
@@ -113,10 +116,10 @@ def combine(args):
     args.seeds = [a["seed"] for a in assignments]
     builtin = common.data_label(args, None)
     report(args, rows, assignments, args.seeds, data=first[1],
-           suffix="" if first[1] == builtin else "_real")
+           suffix="" if first[1] == builtin else "_real", parts=parts)
 
 
-def report(args, rows, assignments, seeds_done, data=None, suffix=None):
+def report(args, rows, assignments, seeds_done, data=None, suffix=None, parts=None):
     """Print the table and (unless --quick) write the results, after every seed."""
     import statistics
     data = data or common.data_label(args, args.root)
@@ -145,6 +148,9 @@ def report(args, rows, assignments, seeds_done, data=None, suffix=None):
             f"{k.split(' ')[0]}{'w' if '(weight)' in k else 'm'}={b}" for k, b in a["bits"].items())
         + f" ({a['bytes']:.0f} bytes)" for a in assignments),
         "(layer index, w = weights, m = membrane, = bits)"]
+    if parts:
+        lines += ["", "Seeds measured by: " + "; ".join(
+            f"`{p['command']}` (seeds {', '.join(map(str, p['seeds']))})" for p in parts)]
     table = "\n".join(lines)
     print(table)
     if not args.quick:
@@ -152,7 +158,7 @@ def report(args, rows, assignments, seeds_done, data=None, suffix=None):
             suffix = "" if args.root is None else "_real"
         common.write_results(f"mixed_precision{suffix}", dict(
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data, rows=rows,
-            assignments=assignments), table, args.out)
+            assignments=assignments, **({"parts": parts} if parts else {})), table, args.out)
 
 
 if __name__ == "__main__":

@@ -42,9 +42,11 @@ def _mixed_results(path, seeds, rows, epochs=30):
     import json
     assignments = [dict(seed=s, fp_acc=0.98, budget_bytes=100.0, bits={"0 (weight)": 4},
                         bytes=90.0, predicted_delta_loss=0.0, sensitivity=[]) for s in seeds]
+    command = "benchmarks/mixed_precision.py --seeds " + " ".join(map(str, seeds))
     path.write_text(json.dumps(dict(epochs=epochs, seeds=seeds, seeds_asked=seeds,
                                     data="built-in digits (N-MNIST format)", rows=rows,
-                                    assignments=assignments)))
+                                    assignments=assignments, command=command,
+                                    machine={"torch": "x"}, finished="then")))
     return str(path)
 
 
@@ -62,6 +64,11 @@ def test_mixed_precision_combines_seeds_run_apart(tmp_path):
     assert data["seeds"] == [1, 2, 3]  # in seed order, each row with its own seed
     assert data["rows"][mixed] == [0.7, 0.6, 0.5]
     assert "| 60.00% (50.00..70.00) | 60.00% (10.00) | +0.00 | 1 / 1 / 1 |" in res.stdout
+    # the command each seed was measured with is kept, in the file and under the table
+    assert [(p["seeds"], p["command"]) for p in data["parts"]] == [
+        ([3, 1], "benchmarks/mixed_precision.py --seeds 3 1"),
+        ([2], "benchmarks/mixed_precision.py --seeds 2")]
+    assert "`benchmarks/mixed_precision.py --seeds 2` (seeds 2)" in res.stdout
     # the same seed twice, or results of another training length, are refused by name
     res = subprocess.run([sys.executable, script, "--combine", a, a, "--out", str(out)],
                          capture_output=True, text=True, timeout=120)
@@ -70,3 +77,18 @@ def test_mixed_precision_combines_seeds_run_apart(tmp_path):
     res = subprocess.run([sys.executable, script, "--combine", a, c, "--out", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and "c.json" in res.stderr and "epochs" in res.stderr
+
+
+@pytest.mark.parametrize("script", ["_nmnist_common.py", "accuracy_nmnist_real.py"])
+def test_benchmarks_record_the_installed_spikingjelly_version(script):
+    # SpikingJelly 2.0.0 has no __version__: the version comes from the installed distribution
+    from importlib.metadata import version
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("bench_" + script[:-3], ROOT / "benchmarks" / script)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    assert mod.machine()["spikingjelly"] == version("spikingjelly")
