@@ -16,6 +16,8 @@ import torch
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, ROOT)
+sys.path.insert(0, HERE)
+from _machine import cpu_name  # noqa: E402
 
 
 def example():
@@ -117,7 +119,7 @@ def machine():
     """The machine and versions a result was measured with (SpikingJelly 2.0.0 has no
     ``__version__``: its version is the installed distribution's)."""
     from importlib.metadata import version
-    return dict(platform=platform.platform(), processor=platform.processor(),
+    return dict(platform=platform.platform(), cpu=cpu_name(),
                 python=platform.python_version(), torch=torch.__version__,
                 spikingjelly=version("spikingjelly"), cpu_count=os.cpu_count(),
                 omp_num_threads=os.environ.get("OMP_NUM_THREADS"),

@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(HERE))
 
 import _nmnist_common  # noqa: E402  (the example module, loaded in one place)
+from _machine import cpu_name  # noqa: E402
 import snnquant  # noqa: E402
 from snnquant import QuantConfig, quantize_model  # noqa: E402
 from snnquant.export import IntegerSNN, c_memory, fold_batchnorm, load_integer, to_c, to_integer  # noqa: E402
@@ -115,16 +116,6 @@ def compiler_version(cc):
         return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
     except (OSError, IndexError):
         return None
-
-
-def cpu_name():
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main(argv=None):

@@ -39,6 +39,8 @@ import time
 N = 2**20
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO_ROOT, "benchmarks", "results")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _machine import cpu_name  # noqa: E402
 
 
 def _drop_in_cases():
@@ -283,7 +285,7 @@ def main(argv=None):
         "snntorch": version("snntorch"),
         "python": platform.python_version(),
         "machine": platform.machine(),
-        "processor": _cpu_model(),
+        "processor": cpu_name(),
         "torch_num_threads": threads,
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
         "repeats": args.repeats,
@@ -300,17 +302,6 @@ def main(argv=None):
     _write_atomic(os.path.join(RESULTS, "bench_functional.md"), _markdown(meta, rows))
     print(f"\nwrote {os.path.join(RESULTS, 'bench_functional.json')} and bench_functional.md")
     return 0
-
-
-def _cpu_model():
-    try:
-        with open("/proc/cpuinfo") as info:
-            for line in info:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def _markdown(meta, rows):

@@ -59,6 +59,7 @@ sys.path.insert(0, HERE)
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
+import _machine  # noqa: E402
 import _nmnist_common  # noqa: E402  (the example module, loaded in one place)
 
 TARGETS = {
@@ -312,12 +313,6 @@ def _version(distribution: str) -> str:
 def environment(args) -> dict:
     import snnquant
     from snnquant.kernels import cpp_backend
-    cpu = platform.processor()
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
     compiler = cpp_backend.cpp_compiler()
     version = None
     if compiler:
@@ -329,7 +324,7 @@ def environment(args) -> dict:
     except Exception as error:  # not in every SpikingJelly version
         lif_impl = f"unknown ({type(error).__name__})"
     return {
-        "cpu": cpu, "logical_cpus": os.cpu_count(),
+        "cpu": _machine.cpu_name(), "logical_cpus": os.cpu_count(),
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "threads": torch.get_num_threads(), "platform": platform.platform(),
         "python": platform.python_version(), "torch": torch.__version__,

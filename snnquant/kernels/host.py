@@ -167,22 +167,11 @@ class HostKernels:
         :func:`snnquant.functional.neuron.quant_neuron_multi_step`).
 
         Args:
-            x_seq: input ``[T, N, ...]`` on the CPU; the other arguments as in
-                :func:`snnquant.kernels.fused_quant_neuron_multi_step`.
+            x_seq: input ``[T, N, ...]`` on the CPU.
             v_init: initial membrane, broadcastable to ``x_seq[0]``.
-            neuron: ``'if'``, ``'lif'`` or ``'plif'``.
-            tau: LIF time constant.
-            w: PLIF parameter (one-element tensor).
-            decay_input: LIF/PLIF input decay.
-            v_threshold: firing threshold.
-            v_reset: hard reset value or ``None`` (soft reset).
-            surrogate_function: ``surrogate.Sigmoid`` or ``surrogate.ATan`` (``None``: Sigmoid()).
-            detach_reset: no gradient through the reset.
-            step: quantization step (positive float or one-element tensor).
-            qmin: lowest grid index.
-            qmax: highest grid index.
-            step_grad_scale: factor on the step's gradient.
-            store_v_seq: also return the membrane after every step.
+            neuron, tau, w, decay_input, v_threshold, v_reset, surrogate_function, detach_reset,
+                step, qmin, qmax, step_grad_scale, store_v_seq: as in
+                :func:`snnquant.kernels.fused_quant_neuron_multi_step`.
 
         Returns:
             ``(spike_seq, v_last, v_seq or None)``.
