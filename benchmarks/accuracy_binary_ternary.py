@@ -58,6 +58,7 @@ def main():
         args.epochs, args.seeds = 1, args.seeds[:1]
     args.root = common.data_root_of(args)
     bench = common.Bench(args.epochs, args.root, quick=args.quick, fp_cache=args.fp_cache)
+    args.data_sha256 = bench.data_sha256()
     rows = {name: dict(test_acc=[], folded_acc=[], tuned_acc=[], agreement=[], seconds=[],
                        weight_bits=None) for name, _ in configs()}
     for seed in args.seeds:          # seeds outer, configurations inner: interleaved
@@ -106,7 +107,8 @@ def report(args, rows, seeds_done):
     if not args.quick:
         suffix = "" if args.root is None else "_real"
         common.write_results(f"accuracy_binary_ternary{suffix}", dict(
-            epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data, rows=rows),
+            epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
+            data_sha256=args.data_sha256, rows=rows),
             table, args.out)
 
 

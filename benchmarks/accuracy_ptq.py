@@ -45,6 +45,7 @@ def main():
 
     args.root = common.data_root_of(args)
     bench = common.Bench(args.epochs, args.root, quick=args.quick, fp_cache=args.fp_cache)
+    args.data_sha256 = bench.data_sha256()
     rows = {"full precision": []}
     for w, v in BITS:
         for kind in ("PTQ", *[f"PTQ + {e} fine-tuning epochs" for e in
@@ -93,7 +94,8 @@ def qat_only(args, bench):
         if not args.quick:
             suffix = "" if args.root is None else "_real"
             common.write_results(f"accuracy_qat{suffix}", dict(
-                epochs=args.epochs, seeds=done, seeds_asked=args.seeds, rows=rows), table, args.out)
+                epochs=args.epochs, seeds=done, seeds_asked=args.seeds,
+                data_sha256=args.data_sha256, rows=rows), table, args.out)
 
 
 def report(args, rows, seeds_done):
@@ -115,7 +117,7 @@ def report(args, rows, seeds_done):
         suffix = "" if args.root is None else "_real"
         common.write_results(f"accuracy_ptq{suffix}", dict(
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
-            method=args.method, skip_qat=args.skip_qat,
+            data_sha256=args.data_sha256, method=args.method, skip_qat=args.skip_qat,
             calib_batches=args.calib_batches, rows=rows), table, args.out)
 
 

@@ -52,6 +52,7 @@ def main():
 
     args.root = common.data_root_of(args)
     bench = common.Bench(args.epochs, args.root, quick=args.quick, fp_cache=args.fp_cache)
+    args.data_sha256 = bench.data_sha256()
     template = snnquant.QuantConfig(per_channel=True, v_bits=8)
     x1 = bench.batches(1)[0][0][:, :1]
     uniform = {f"uniform W{w}/V{v}": snnquant.QuantConfig(weight_bits=w, per_channel=True, v_bits=v)
@@ -108,7 +109,14 @@ def combine(args):
                 rows[name].append(part_rows[name][i])
         # each part keeps the command, machine and time it was measured with
         parts.append(dict(seeds=[a["seed"] for a in part_assign], command=part.get("command"),
-                          machine=part.get("machine"), finished=part.get("finished")))
+                          machine=part.get("machine"), finished=part.get("finished"),
+                          data_sha256=part.get("data_sha256")))
+    digests = {p["data_sha256"] for p in parts} - {None}
+    if len(digests) > 1:  # older results have no digest: they cannot be checked, only reported
+        raise SystemExit("--combine: the results were measured on different data (data_sha256 "
+                         + ", ".join(f"{p['data_sha256']} in seeds {p['seeds']}" for p in parts
+                                     if p["data_sha256"]) + ")")
+    args.data_sha256 = digests.pop() if digests and all(p["data_sha256"] for p in parts) else None
     order = sorted(range(len(assignments)), key=lambda i: assignments[i]["seed"])
     assignments = [assignments[i] for i in order]
     rows = {name: [values[i] for i in order] for name, values in rows.items()}
@@ -157,8 +165,8 @@ def report(args, rows, assignments, seeds_done, data=None, suffix=None, parts=No
         if suffix is None:
             suffix = "" if args.root is None else "_real"
         common.write_results(f"mixed_precision{suffix}", dict(
-            epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data, rows=rows,
-            assignments=assignments, **({"parts": parts} if parts else {})), table, args.out)
+            epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
+            data_sha256=args.data_sha256, rows=rows, assignments=assignments, **({"parts": parts} if parts else {})), table, args.out)
 
 
 if __name__ == "__main__":

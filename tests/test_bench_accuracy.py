@@ -38,14 +38,14 @@ def test_accuracy_benchmark_quick(script, extra, expect, tmp_path):
     assert not out.exists()  # --quick writes no results
 
 
-def _mixed_results(path, seeds, rows, epochs=30):
+def _mixed_results(path, seeds, rows, epochs=30, digest="d1"):
     import json
     assignments = [dict(seed=s, fp_acc=0.98, budget_bytes=100.0, bits={"0 (weight)": 4},
                         bytes=90.0, predicted_delta_loss=0.0, sensitivity=[]) for s in seeds]
     command = "benchmarks/mixed_precision.py --seeds " + " ".join(map(str, seeds))
     path.write_text(json.dumps(dict(epochs=epochs, seeds=seeds, seeds_asked=seeds,
                                     data="built-in digits (N-MNIST format)", rows=rows,
-                                    assignments=assignments, command=command,
+                                    assignments=assignments, command=command, data_sha256=digest,
                                     machine={"torch": "x"}, finished="then")))
     return str(path)
 
@@ -69,6 +69,7 @@ def test_mixed_precision_combines_seeds_run_apart(tmp_path):
         ([3, 1], "benchmarks/mixed_precision.py --seeds 3 1"),
         ([2], "benchmarks/mixed_precision.py --seeds 2")]
     assert "`benchmarks/mixed_precision.py --seeds 2` (seeds 2)" in res.stdout
+    assert data["data_sha256"] == "d1"
     # the same seed twice, or results of another training length, are refused by name
     res = subprocess.run([sys.executable, script, "--combine", a, a, "--out", str(out)],
                          capture_output=True, text=True, timeout=120)
@@ -77,6 +78,11 @@ def test_mixed_precision_combines_seeds_run_apart(tmp_path):
     res = subprocess.run([sys.executable, script, "--combine", a, c, "--out", str(out)],
                          capture_output=True, text=True, timeout=120)
     assert res.returncode != 0 and "c.json" in res.stderr and "epochs" in res.stderr
+    # seeds measured on other data (the built-in data generated differently) are refused
+    d = _mixed_results(tmp_path / "d.json", [6], {mixed: [0.6], "uniform W3/V8": [0.6]}, digest="d2")
+    res = subprocess.run([sys.executable, script, "--combine", a, d, "--out", str(out)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0 and "different data" in res.stderr and "d2 in seeds [6]" in res.stderr
 
 
 @pytest.mark.parametrize("script", ["_nmnist_common.py", "accuracy_nmnist_real.py"])
@@ -94,3 +100,32 @@ def test_benchmarks_record_the_installed_spikingjelly_version(script):
     info = mod.machine()
     assert info["spikingjelly"] == version("spikingjelly")
     assert info["cpu"]  # a rerun on another CPU model need not train bit-identical networks
+
+
+def test_data_digest_changes_with_one_event_count(tmp_path):
+    import numpy as np
+    from types import SimpleNamespace
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import _nmnist_common as common
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    samples = []
+    for i in range(3):
+        np.savez(tmp_path / f"{i}.npz", frames=np.full((2, 2, 3, 3), i, dtype=np.float32))
+        samples.append((str(tmp_path / f"{i}.npz"), i))
+    bench = SimpleNamespace(train_set=SimpleNamespace(samples=samples[:2]),
+                            test_set=SimpleNamespace(samples=samples[2:]))
+    first = common.Bench.data_sha256(bench)
+    assert first == common.Bench.data_sha256(bench)
+    frames = np.full((2, 2, 3, 3), 1, dtype=np.float32)
+    frames[1, 0, 2, 2] += 1
+    np.savez(tmp_path / "1.npz", frames=frames)
+    assert common.Bench.data_sha256(bench) != first
+    # the same frames under another label, or moved from train to test, are other data too
+    np.savez(tmp_path / "1.npz", frames=np.full((2, 2, 3, 3), 1, dtype=np.float32))
+    relabelled = SimpleNamespace(train_set=SimpleNamespace(samples=[samples[0], (samples[1][0], 5)]),
+                                 test_set=bench.test_set)
+    moved = SimpleNamespace(train_set=SimpleNamespace(samples=samples[:1]),
+                            test_set=SimpleNamespace(samples=samples[1:]))
+    assert len({first, common.Bench.data_sha256(relabelled), common.Bench.data_sha256(moved)}) == 3
