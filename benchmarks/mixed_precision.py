@@ -1,5 +1,6 @@
 """Mixed precision from ``snnquant.assign_bits`` against uniform bit widths at the same memory
-budget, on the N-MNIST example's CSNN, 3 seeds.
+budget, on the N-MNIST example's CSNN, seeds 0, 1, 2 unless ``--seeds`` (the committed table has
+ten, run in parallel processes and combined).
 
 Per seed: a full-precision network is trained for ``--epochs`` epochs;
 ``snnquant.sensitivity`` measures each layer's weights at 2 and 4 bits and each layer's membrane at
@@ -158,7 +159,8 @@ def report(args, rows, assignments, seeds_done, data=None, suffix=None, parts=No
         "(layer index, w = weights, m = membrane, = bits)"]
     if parts:
         lines += ["", "Seeds measured by: " + "; ".join(
-            f"`{p['command']}` (seeds {', '.join(map(str, p['seeds']))})" for p in parts)]
+            f"`{p['command']}` (seed{'s' * (len(p['seeds']) > 1)} {', '.join(map(str, p['seeds']))})"
+            for p in parts)]
     table = "\n".join(lines)
     print(table)
     if not args.quick:

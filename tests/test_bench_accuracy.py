@@ -68,7 +68,8 @@ def test_mixed_precision_combines_seeds_run_apart(tmp_path):
     assert [(p["seeds"], p["command"]) for p in data["parts"]] == [
         ([3, 1], "benchmarks/mixed_precision.py --seeds 3 1"),
         ([2], "benchmarks/mixed_precision.py --seeds 2")]
-    assert "`benchmarks/mixed_precision.py --seeds 2` (seeds 2)" in res.stdout
+    assert "`benchmarks/mixed_precision.py --seeds 2` (seed 2)" in res.stdout
+    assert "`benchmarks/mixed_precision.py --seeds 3 1` (seeds 3, 1)" in res.stdout
     assert data["data_sha256"] == "d1"
     # the same seed twice, or results of another training length, are refused by name
     res = subprocess.run([sys.executable, script, "--combine", a, a, "--out", str(out)],

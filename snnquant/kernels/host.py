@@ -166,12 +166,8 @@ class HostKernels:
         The dynamics and gradients are those of the GPU kernels (and of
         :func:`snnquant.functional.neuron.quant_neuron_multi_step`).
 
-        Args:
-            x_seq: input ``[T, N, ...]`` on the CPU.
-            v_init: initial membrane, broadcastable to ``x_seq[0]``.
-            neuron, tau, w, decay_input, v_threshold, v_reset, surrogate_function, detach_reset,
-                step, qmin, qmax, step_grad_scale, store_v_seq: as in
-                :func:`snnquant.kernels.fused_quant_neuron_multi_step`.
+        The arguments are those of :func:`snnquant.kernels.fused_quant_neuron_multi_step`, with
+        ``x_seq`` (and a tensor ``v_init``, ``step`` or ``w``) on the CPU.
 
         Returns:
             ``(spike_seq, v_last, v_seq or None)``.
