@@ -472,6 +472,39 @@ def test_unfinished_marker_message_covers_a_build_under_way(small_root, tmp_path
     assert "if no process is" in text and str(root / "frames_number_4_split_by_number") in text
 
 
+def test_a_load_waits_for_another_process_building_the_root(small_root, tmp_path, monkeypatch, capfd):
+    # two runs started at once on a root not yet built: the second used to fail on SpikingJelly's
+    # .building marker of the first; now it waits for the first and loads what it built
+    root = _copy(small_root, tmp_path / "r")
+    monkeypatch.setenv("SNNQUANT_DATA", str(tmp_path / "cache"))
+    marker = root / "frames_number_4_split_by_number.building"
+    released = tmp_path / "released"
+    code = (
+        "import sys, time\n"
+        "from pathlib import Path\n"
+        "from snnquant.datasets import build_lock\n"
+        "root, marker, released = map(Path, sys.argv[1:])\n"
+        "with build_lock(root):\n"
+        "    marker.touch()\n"
+        "    print('building', flush=True)\n"
+        "    time.sleep(2)\n"
+        "    marker.unlink()\n"
+        "    released.touch()\n"
+    )
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1])] + sys.path))
+    other = subprocess.Popen([sys.executable, "-c", code, str(root), str(marker), str(released)],
+                             stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert other.stdout.readline().strip() == "building"
+        dataset = D.load_nmnist_frames(root, train=True, frames_number=4)
+        assert released.exists()  # it loaded only after the other process let go of the root
+        assert len(dataset) == 20 and not marker.exists()
+        assert "waiting for another process that is preparing" in capfd.readouterr().err
+    finally:
+        other.wait(timeout=60)
+    assert other.returncode == 0
+
+
 def test_root_with_only_extract_is_converted(small_root, tmp_path):
     root = tmp_path / "r"
     shutil.copytree(small_root / "extract", root / "extract")

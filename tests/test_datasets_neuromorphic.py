@@ -224,3 +224,33 @@ def test_example_needs_a_root_for_the_other_datasets(capsys):
         _example().parse_args(["--dataset", "shd"])
     assert info.value.code == 2
     assert "--dataset shd needs --data-root" in capsys.readouterr().err
+
+
+def test_a_root_is_prepared_and_loaded_under_the_build_lock(roots, tmp_path, monkeypatch):
+    # another process that loads the same root meanwhile waits instead of meeting SpikingJelly's
+    # .building markers; here a thread asks for the lock while the root is being prepared
+    import threading
+    from snnquant.datasets import neuromorphic
+    monkeypatch.setenv("SNNQUANT_DATA", str(tmp_path / "cache"))
+    root = _fresh_copy(roots, "shd", tmp_path)
+    prepare = neuromorphic.prepare_neuromorphic_root
+    seen = {}
+
+    def prepare_while_another_asks(name, path):
+        def other():
+            with D.build_lock(path):
+                seen["other got it after preparing"] = seen.get("prepared", False)
+        waiting = threading.Thread(target=other)
+        waiting.start()
+        waiting.join(0.5)
+        seen["other waited"] = waiting.is_alive()
+        result = prepare(name, path)
+        seen["prepared"] = True
+        seen["thread"] = waiting
+        return result
+
+    monkeypatch.setattr(neuromorphic, "prepare_neuromorphic_root", prepare_while_another_asks)
+    dataset = D.load_neuromorphic_frames("shd", root, True, 3)
+    seen["thread"].join(30)
+    assert seen["other waited"] and seen["other got it after preparing"]
+    assert len(dataset) == 40

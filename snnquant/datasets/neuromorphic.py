@@ -37,7 +37,7 @@ import numpy as np
 
 from .checked import (LOAD_ERRORS, CorruptDatasetFileError, spikingjelly_preprocessing,
                       wrap_dataset_loader)
-from .nmnist import (DatasetRootError, _describe_folder, frames_cache_dir, raise_corrupt_cache,
+from .nmnist import (DatasetRootError, _describe_folder, build_lock, frames_cache_dir, raise_corrupt_cache,
                      unfinished_marker_message)
 
 __all__ = [
@@ -181,8 +181,10 @@ def prepare_neuromorphic_root(name: str, root) -> str:
     ``download/`` is extracted with the class's ``extract_downloaded_files`` into a temporary
     folder renamed to ``extract/`` when complete; ``extract/`` is converted with the class's
     ``create_raw_from_extracted`` into a temporary folder renamed to ``events_np/`` (``events_h5/``
-    for SHD) when complete and when every class has at least one sample in every split. Under
-    DistributedDataParallel call it on one rank first, the others after a barrier.
+    for SHD) when complete and when every class has at least one sample in every split.
+    :func:`load_neuromorphic_frames` runs it under :func:`snnquant.datasets.build_lock`, so
+    processes that load the same root wait for each other; call it yourself inside
+    ``with build_lock(root):``.
 
     Args:
         name: ``'dvs128_gesture'``, ``'cifar10_dvs'`` or ``'shd'``.
@@ -248,17 +250,18 @@ def load_neuromorphic_frames(name: str, root, train: bool, frames_number: int, s
     """
     spec = _spec(name)
     root = Path(root).resolve()
-    prepare_neuromorphic_root(name, root)
-    frames_dir = frames_cache_dir(root, frames_number, split_by)
     kwargs = dict(data_type="frame", frames_number=frames_number, split_by=split_by)
     if spec.needs_train_flag:
         kwargs["train"] = train
-    try:
-        with spikingjelly_preprocessing():
-            dataset = spec.sj_class()(str(root), **kwargs)
-    except LOAD_ERRORS as error:
-        raise_corrupt_cache(root, frames_dir, error, raw_dir=spec.raw_dir)
-        raise
+    with build_lock(root):
+        prepare_neuromorphic_root(name, root)
+        frames_dir = frames_cache_dir(root, frames_number, split_by)
+        try:
+            with spikingjelly_preprocessing():
+                dataset = spec.sj_class()(str(root), **kwargs)
+        except LOAD_ERRORS as error:
+            raise_corrupt_cache(root, frames_dir, error, raw_dir=spec.raw_dir)
+            raise
     classes = tuple(sorted(dataset.classes, key=_natural))
     if classes != spec.classes:
         raise DatasetRootError(

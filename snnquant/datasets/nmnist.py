@@ -8,6 +8,7 @@ every later load fail. :func:`load_nmnist_frames` checks the root first and says
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import secrets
@@ -164,7 +165,8 @@ def prepare_nmnist_root(root: PathLike) -> str:
     ``'tonic'`` roots have their zips extracted to ``<root>/extract/`` (a temporary folder renamed
     when complete); ``'extract'`` and ``'extracted'`` roots are converted by
     :func:`convert_extracted`. ``'events_np'`` and ``'download'`` roots are left to SpikingJelly.
-    Under DistributedDataParallel call it on one rank first, the others after a barrier.
+    :func:`load_nmnist_frames` runs it under :func:`build_lock`, so processes that load the same
+    root wait for each other; call it yourself inside ``with build_lock(root):``.
 
     Args:
         root: the dataset root.
@@ -210,8 +212,9 @@ def load_nmnist_frames(
     is converted with SpikingJelly's ``NMNIST.create_raw_from_extracted`` into a temporary folder
     renamed to ``events_np/`` when complete. The first load with a given ``frames_number`` and
     ``split_by`` writes ``<root>/frames_number_<T>_split_by_<split_by>/`` (SpikingJelly's cache);
-    a leftover ``.building`` marker of an interrupted run is reported, not removed. Under
-    DistributedDataParallel let one rank load first, the others after a barrier.
+    a leftover ``.building`` marker of an interrupted run is reported, not removed. Processes that
+    load the same root at once (DistributedDataParallel ranks, parallel runs) wait for each other
+    under :func:`build_lock` while one of them prepares it.
 
     Args:
         root: the dataset root, e.g. the result of :func:`make_digits_nmnist`, or a folder with
@@ -240,25 +243,25 @@ def load_nmnist_frames(
     if split_by not in ("number", "time"):
         raise ValueError(f"split_by must be 'number' or 'time', got {split_by!r}")
     root = Path(root)
-    prepare_nmnist_root(root)
-    frames_dir = frames_cache_dir(root, frames_number, split_by)
-
     from spikingjelly.datasets.n_mnist import NMNIST
 
-    try:
-        with spikingjelly_preprocessing():
-            dataset = NMNIST(
-                root=str(root),
-                train=train,
-                data_type="frame",
-                frames_number=frames_number,
-                split_by=split_by,
-                transform=transform,
-                target_transform=target_transform,
-            )
-    except LOAD_ERRORS as error:
-        raise_corrupt_cache(root, frames_dir, error)
-        raise
+    with build_lock(root):
+        prepare_nmnist_root(root)
+        frames_dir = frames_cache_dir(root, frames_number, split_by)
+        try:
+            with spikingjelly_preprocessing():
+                dataset = NMNIST(
+                    root=str(root),
+                    train=train,
+                    data_type="frame",
+                    frames_number=frames_number,
+                    split_by=split_by,
+                    transform=transform,
+                    target_transform=target_transform,
+                )
+        except LOAD_ERRORS as error:
+            raise_corrupt_cache(root, frames_dir, error)
+            raise
     wrap_dataset_loader(dataset, f"delete it (or all of {frames_dir}) to have the frames rebuilt from {root / 'events_np'}")
     split = "train" if train else "test"
     if tuple(dataset.classes) != NMNIST_CLASSES:
@@ -449,6 +452,38 @@ def unfinished_marker_message(marker: Path, what: str, delete: Sequence[Path]) -
             f"did not finish; SpikingJelly refuses to load while the marker exists. If another process "
             f"is building it, wait until the marker is gone and load again; if no process is, delete "
             f"{paths} (those that exist) and the marker, then load again. Nothing was deleted.")
+
+
+@contextlib.contextmanager
+def build_lock(root: PathLike):
+    """Let one process at a time prepare and load ``root``; the others wait for it.
+
+    SpikingJelly builds a root's ``events_np/`` and frames folders in place behind a ``.building``
+    marker and refuses to load while a marker exists, so two processes that load a root not yet
+    built (two benchmarks started at once, a second training run) would make one of them fail.
+    Inside this block no other snnquant process is preparing ``root``: a marker found there was
+    left by an interrupted build or by another program. The lock is a file in
+    ``<data cache>/locks/`` (:func:`snnquant.datasets.default_data_dir`), named by a hash of the
+    resolved root, so read-only roots are locked too; where that folder cannot be created, the
+    block runs without a lock.
+
+    Args:
+        root: the dataset root.
+    """
+    from .._filelock import file_lock
+    from .digits import default_data_dir
+
+    resolved = str(Path(root).expanduser().resolve())
+    locks = default_data_dir() / "locks"
+    try:
+        locks.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        yield
+        return
+    path = locks / (hashlib.sha256(resolved.encode()).hexdigest()[:24] + ".lock")
+    with file_lock(path, waiting=f"snnquant: waiting for another process that is preparing {resolved} "
+                                 f"(lock {path})"):
+        yield
 
 
 def frames_cache_dir(root: Path, frames_number: int, split_by: str) -> Path:

@@ -26,7 +26,6 @@ by machines of different kinds gets one library per kind.
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import functools
 import hashlib
@@ -40,6 +39,7 @@ from typing import Optional
 
 import torch
 
+from .._filelock import file_lock
 from ._fused import KernelConfig, KernelScalars, run_fused
 
 #: compiler flags of every build (``-march=native`` is added when the compiler accepts it)
@@ -175,21 +175,6 @@ def _sources() -> dict[str, bytes]:
     return {name: (kernel_dir / name).read_bytes() for name in SOURCES}
 
 
-@contextlib.contextmanager
-def _file_lock(path: Path):
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): the atomic rename alone keeps builds safe
-        yield
-        return
-    with open(path, "a+b") as handle:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle.fileno(), fcntl.LOCK_UN)
-
-
 def library_path(config: KernelConfig, compiler: Optional[str] = None,
                  directory: Optional[Path] = None) -> Path:
     """Where the library of ``config`` is (or will be) cached.
@@ -243,7 +228,8 @@ def build_library(config: KernelConfig, compiler: Optional[str] = None,
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    with _file_lock(target.with_name(target.name + ".lock")):
+    # without flock (Windows) the atomic rename alone keeps concurrent builds safe
+    with file_lock(target.with_name(target.name + ".lock")):
         if target.exists():  # another process built it while this one waited
             return target
         flags, _ = _compiler_identity(compiler)
