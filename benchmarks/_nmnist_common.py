@@ -51,10 +51,22 @@ class Bench:
         self.train_set, self.test_set = self.ex.load_data(self.args, 0)
         self.device = torch.device("cpu")
 
+    def fp_cache_file(self, seed: int, epochs: int, lr: float) -> str:
+        """Where ``--fp-cache`` keeps the full-precision network of ``seed``: named by the data
+        (their digest: a network trained on other data is never reused), the training and the
+        network."""
+        args = self.args_for(seed)
+        tag = "builtin" if self.data_root is None else os.path.basename(os.path.normpath(self.data_root))
+        tag += "_quick" if self.quick else ""
+        return os.path.join(self.fp_cache, f"fp_{tag}_{self.data_sha256()[:12]}_T{args.T}_e{epochs}_"
+                            f"s{seed}_c{args.channels}_tau{args.tau:g}_lr{lr:g}.pt")
+
     def data_sha256(self) -> str:
         """SHA-256 of the frames the networks train and test on (labels, shapes, dtypes and
         values, in the loaders' order): two results with the same digest saw the same data,
         wherever the built-in data were generated."""
+        if getattr(self, "_data_sha256", None):
+            return self._data_sha256
         import hashlib
         import numpy as np
         digest = hashlib.sha256()
@@ -65,7 +77,8 @@ class Bench:
                         value = np.ascontiguousarray(sample[key])
                         digest.update(f"{split}/{label}/{key}/{value.dtype}/{value.shape}".encode())
                         digest.update(value.tobytes())
-        return digest.hexdigest()
+        self._data_sha256 = digest.hexdigest()
+        return self._data_sha256
 
     def args_for(self, seed: int):
         a = argparse.Namespace(**vars(self.args))
@@ -88,11 +101,7 @@ class Bench:
             if config is not None:
                 model, _ = snnquant.quantize_model(model, config)
             elif self.fp_cache:  # full precision from scratch: the same in every benchmark
-                tag = "builtin" if self.data_root is None else \
-                    os.path.basename(os.path.normpath(self.data_root))
-                tag += "_quick" if self.quick else ""
-                cached = os.path.join(self.fp_cache, f"fp_{tag}_T{args.T}_e{epochs}_s{seed}_"
-                                      f"c{args.channels}_tau{args.tau:g}_lr{lr:g}.pt")
+                cached = self.fp_cache_file(seed, epochs, lr)
                 if os.path.exists(cached):
                     model.load_state_dict(snnquant.load_checkpoint(cached))
                     print(f"full precision seed {seed}: loaded {cached}", flush=True)

@@ -111,22 +111,41 @@ def test_data_digest_changes_with_one_event_count(tmp_path):
         import _nmnist_common as common
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+
+    def digest(train, test):  # a fresh Bench each time: a Bench computes its digest once
+        return common.Bench.data_sha256(SimpleNamespace(train_set=SimpleNamespace(samples=train),
+                                                        test_set=SimpleNamespace(samples=test)))
+
     samples = []
     for i in range(3):
         np.savez(tmp_path / f"{i}.npz", frames=np.full((2, 2, 3, 3), i, dtype=np.float32))
         samples.append((str(tmp_path / f"{i}.npz"), i))
-    bench = SimpleNamespace(train_set=SimpleNamespace(samples=samples[:2]),
-                            test_set=SimpleNamespace(samples=samples[2:]))
-    first = common.Bench.data_sha256(bench)
-    assert first == common.Bench.data_sha256(bench)
+    first = digest(samples[:2], samples[2:])
+    assert first == digest(samples[:2], samples[2:])
     frames = np.full((2, 2, 3, 3), 1, dtype=np.float32)
     frames[1, 0, 2, 2] += 1
     np.savez(tmp_path / "1.npz", frames=frames)
-    assert common.Bench.data_sha256(bench) != first
+    assert digest(samples[:2], samples[2:]) != first
     # the same frames under another label, or moved from train to test, are other data too
     np.savez(tmp_path / "1.npz", frames=np.full((2, 2, 3, 3), 1, dtype=np.float32))
-    relabelled = SimpleNamespace(train_set=SimpleNamespace(samples=[samples[0], (samples[1][0], 5)]),
-                                 test_set=bench.test_set)
-    moved = SimpleNamespace(train_set=SimpleNamespace(samples=samples[:1]),
-                            test_set=SimpleNamespace(samples=samples[1:]))
-    assert len({first, common.Bench.data_sha256(relabelled), common.Bench.data_sha256(moved)}) == 3
+    relabelled = digest([samples[0], (samples[1][0], 5)], samples[2:])
+    moved = digest(samples[:1], samples[1:])
+    assert len({first, relabelled, moved}) == 3
+
+
+def test_full_precision_cache_is_keyed_by_the_data(tmp_path):
+    # a network trained on other data (another generator version, another root) is never reused
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        import _nmnist_common as common
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    from types import SimpleNamespace
+    names = set()
+    for digest in ("a" * 64, "b" * 64):
+        bench = object.__new__(common.Bench)
+        bench.args = SimpleNamespace(T=8, channels=16, tau=2.0, seed=0)
+        bench.data_root, bench.quick, bench.fp_cache, bench._data_sha256 = None, False, str(tmp_path), digest
+        names.add(os.path.basename(bench.fp_cache_file(3, 30, 2e-3)))
+    assert names == {"fp_builtin_aaaaaaaaaaaa_T8_e30_s3_c16_tau2_lr0.002.pt",
+                     "fp_builtin_bbbbbbbbbbbb_T8_e30_s3_c16_tau2_lr0.002.pt"}

@@ -218,6 +218,51 @@ def test_events_of_an_image_are_the_same_in_every_batch_size_and_position(batch,
         np.testing.assert_array_equal(together[key], alone[key])
 
 
+_EVENTS_DIGEST = """
+import hashlib, sys
+from sklearn.datasets import load_digits
+from snnquant.datasets import DIGITS_NMNIST_EMULATION, saccade_events
+events = saccade_events(load_digits().images[:40] / 16.0, seed=0, **DIGITS_NMNIST_EMULATION)
+digest = hashlib.sha256()
+for e in events:
+    for key in "xypt":
+        digest.update(e[key].tobytes())
+print(digest.hexdigest())
+"""
+
+
+def test_events_are_the_same_whatever_the_cpu_code_paths():
+    # Regression: the blur ran through OpenBLAS and the log through numpy's vectorised code, both
+    # chosen by the processor; OpenBLAS's SkylakeX and Prescott kernels (or numpy without its
+    # AVX2/AVX-512 loops) gave other events for the same seed, so the "same" built-in data
+    # differed from machine to machine
+    from numpy._core._multiarray_umath import __cpu_dispatch__, __cpu_features__
+
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(Path(__file__).parents[1])] + sys.path))
+    env.pop("OPENBLAS_CORETYPE", None)
+    env.pop("NPY_DISABLE_CPU_FEATURES", None)
+    vector = " ".join(f for f in __cpu_dispatch__ if __cpu_features__.get(f))
+    digests = set()
+    for extra in ({}, {"OPENBLAS_CORETYPE": "Prescott"}, {"NPY_DISABLE_CPU_FEATURES": vector}):
+        out = subprocess.run([sys.executable, "-c", _EVENTS_DIGEST], capture_output=True, text=True,
+                             env=dict(env, **extra), timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+        digests.add(out.stdout.strip())
+    assert len(digests) == 1, digests
+
+
+def test_portable_log_and_exp_match_the_c_library():
+    from snnquant.datasets import saccades
+
+    x = np.exp(np.linspace(-40.0, 40.0, 20001))
+    np.testing.assert_allclose(saccades._portable_log(x), np.log(x), rtol=0, atol=1e-14)
+    np.testing.assert_allclose(saccades._portable_log(np.float32([0.1, 0.5, 1.0])),
+                               np.log([np.float32(0.1), 0.5, 1.0]), rtol=0, atol=1e-15)
+    assert saccades._portable_log(np.array([1.0]))[0] == 0.0
+    z = np.linspace(-30.0, 30.0, 20001)
+    np.testing.assert_allclose(saccades._portable_exp(z), np.exp(z), rtol=1e-14, atol=0)
+
+
 @pytest.mark.parametrize(
     "kwargs,error,match",
     [

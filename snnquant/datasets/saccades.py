@@ -17,7 +17,6 @@ The emulation, vectorised over all images and pixels with numpy (one loop over t
 
 from __future__ import annotations
 
-import contextlib
 import math
 from typing import List, Optional, Sequence, Tuple
 
@@ -131,9 +130,11 @@ def saccade_events(
 
     Results are deterministic for a ``seed``: the sensor's mismatch comes from ``seed`` alone, and
     the random parts of image ``i`` (initial references, noise) from ``(seed, image_ids[i])``, so
-    an image gets the same events whatever else is converted with it. Bit-identical results across
-    machines are expected but not guaranteed: BLAS and ``log`` may differ in the last bit between
-    CPUs, which can move an event that sits exactly on a threshold.
+    an image gets the same events whatever else is converted with it. They are the same on every
+    CPU: the blur, the logarithm and the exponential are computed from correctly rounded
+    additions, multiplications and divisions in a fixed order, not by a BLAS or numpy's
+    vectorised ``log``/``exp``, whose last bits depend on the processor (with them, 0.6% of the
+    events of 300 digits changed between two OpenBLAS kernels).
 
     Args:
         images: array ``[N, h, w]`` (or one image ``[h, w]``) of floats in [0, 1], 1 = white.
@@ -208,8 +209,8 @@ def saccade_events(
             raise ValueError(f"image_ids must be non-negative, got {int(image_ids.min())}")
 
     sensor_rng = np.random.default_rng([seed, 0])
-    theta_on = contrast_threshold * np.exp(threshold_mismatch * sensor_rng.standard_normal((height, 1, width)))
-    theta_off = contrast_threshold * np.exp(threshold_mismatch * sensor_rng.standard_normal((height, 1, width)))
+    theta_on = contrast_threshold * _portable_exp(threshold_mismatch * sensor_rng.standard_normal((height, 1, width)))
+    theta_off = contrast_threshold * _portable_exp(threshold_mismatch * sensor_rng.standard_normal((height, 1, width)))
 
     n_steps = 3 * saccade_duration_us // time_step_us
     times = np.arange(n_steps + 1, dtype=np.int64) * time_step_us
@@ -232,25 +233,13 @@ def saccade_events(
     )
     chunk = max(1, _MAX_CHUNK_PIXELS // (width * height))
     results: List[dict] = []
-    with _single_threaded_blas():
-        for start in range(0, n_images, chunk):
-            stop = min(n_images, start + chunk)
-            rngs = [np.random.default_rng([seed, 1, int(i)]) for i in image_ids[start:stop]]
-            results.extend(
-                _emulate_chunk(images[start:stop], weights_x, weights_y, times, params, rngs, noise_rate_hz)
-            )
+    for start in range(0, n_images, chunk):
+        stop = min(n_images, start + chunk)
+        rngs = [np.random.default_rng([seed, 1, int(i)]) for i in image_ids[start:stop]]
+        results.extend(
+            _emulate_chunk(images[start:stop], weights_x, weights_y, times, params, rngs, noise_rate_hz)
+        )
     return results
-
-
-def _single_threaded_blas():
-    # The products are many small GEMMs (one per image, inner size h or w): a threaded BLAS spends more time
-    # spinning than computing, 5x slower on a loaded 2-core machine. threadpoolctl comes with
-    # scikit-learn; without it the BLAS keeps its own setting.
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return contextlib.nullcontext()
-    return threadpool_limits(limits=1, user_api="blas")
 
 
 class _DvsParams:
@@ -277,19 +266,74 @@ def _pixel_weights(corner: np.ndarray, n_src: int, n_sensor: int, scale: float, 
 def _log_intensity(images, wy, wx, background, out):
     """ln(b + (1-b) I) for all images at one time, written into ``out`` of layout [height, N, width].
 
-    The blur is two matrix products per image, ``wy @ image @ wx.T``, done as a stack of
-    same-shape products (one BLAS call per image) rather than as one product over the whole
-    batch: a BLAS picks its kernels and summation order by the operands' shapes, so a batched
-    product gives an image different last bits depending on its batch and its position in it, and
-    events on a threshold move by a microsecond. Per image, the shapes never depend on the batch.
+    The blur ``wy @ image @ wx.T`` is summed here in a fixed order, one IEEE rounding per product
+    and per sum, instead of by a BLAS: a BLAS picks its kernels and summation order by the CPU
+    (OpenBLAS's Haswell and SkylakeX kernels differ in the last bits) and by the operands' shapes,
+    and numpy's ``log`` by the CPU's vector extensions; either moves events that sit near a
+    threshold, so the same seed gave other recordings on another machine. Additions,
+    multiplications and divisions are correctly rounded on every CPU, so these bits are the same
+    everywhere, and an image's bits never depend on its batch.
     """
-    rows = np.matmul(images, wx.T)  # [N, h, width]
-    intensity = np.matmul(wy, rows)  # [N, height, width]
-    np.multiply(intensity, 1.0 - background, out=intensity)
-    np.add(intensity, background, out=intensity)
-    np.log(intensity, out=intensity)
-    out[...] = intensity.transpose(1, 0, 2)
+    n, h, w = images.shape
+    rows = np.zeros((n, h, wx.shape[0]), np.float32)  # image @ wx.T: [N, h, width]
+    for j in range(w):
+        rows += images[:, :, j, None] * wx[None, None, :, j]
+    intensity = np.zeros((n, wy.shape[0], wx.shape[0]), np.float32)  # wy @ rows: [N, height, width]
+    for i in range(h):
+        intensity += wy[None, :, i, None] * rows[:, i, None, :]
+    np.multiply(intensity, np.float32(1.0 - background), out=intensity)
+    np.add(intensity, np.float32(background), out=intensity)
+    out[...] = _portable_log(intensity).astype(np.float32).transpose(1, 0, 2)
     return out
+
+
+_LN2 = math.log(2.0)
+_SERIES_TERMS = 8  # |s| <= 3 - 2 sqrt(2) < 0.172: 2 s**17 / 17 < 1e-13, far below float32's step
+
+
+def _portable_log(x: np.ndarray) -> np.ndarray:
+    r"""Natural logarithm of positive ``x`` in float64 from additions, multiplications and
+    divisions only (the same bits on every CPU, unlike ``numpy.log``).
+
+    .. math::
+
+        \ln x = e \ln 2 + 2 \sum_{k=0}^{K} \frac{s^{2k+1}}{2k+1}, \quad
+        s = \frac{m - 1}{m + 1}, \quad x = m\, 2^e, \quad m \in [1/\sqrt 2, \sqrt 2)
+    """
+    m, e = np.frexp(np.asarray(x, dtype=np.float64))  # m in [0.5, 1), exact
+    low = m < math.sqrt(0.5)
+    np.multiply(m, 2.0, out=m, where=low)  # exact
+    e -= low
+    s = m - 1.0
+    m += 1.0
+    s /= m
+    s2 = np.multiply(s, s, out=m)
+    acc = np.full_like(s, 1.0 / (2 * _SERIES_TERMS + 1))
+    for k in range(_SERIES_TERMS - 1, -1, -1):
+        acc *= s2
+        acc += 1.0 / (2 * k + 1)
+    acc *= s
+    acc *= 2.0
+    acc += e * _LN2
+    return acc
+
+
+def _portable_exp(x: np.ndarray) -> np.ndarray:
+    r"""Exponential of float64 ``x`` from additions, multiplications and divisions only (the same
+    bits on every CPU, unlike ``numpy.exp``).
+
+    .. math::
+
+        e^x = 2^k \sum_{n=0}^{N} \frac{r^n}{n!}, \quad k = \mathrm{rint}(x / \ln 2), \quad
+        r = x - k \ln 2, \quad |r| \le \ln 2 / 2
+    """
+    x = np.asarray(x, dtype=np.float64)
+    k = np.rint(x / _LN2)
+    r = x - k * _LN2
+    acc = np.ones_like(r)
+    for n in range(18, 0, -1):  # 0.35**19 / 19! < 1e-25
+        acc = 1.0 + acc * r / n
+    return np.ldexp(acc, k.astype(np.int64))
 
 
 def _emulate_chunk(images, weights_x, weights_y, times, params: _DvsParams, rngs, noise_rate_hz):
