@@ -550,6 +550,36 @@ def test_a_load_waits_for_another_process_building_the_root(small_root, tmp_path
     assert other.returncode == 0
 
 
+def test_the_built_in_data_are_built_once_when_asked_for_at_once(tmp_path, monkeypatch):
+    # two runs started together used to generate the same digits twice, side by side
+    import threading
+    monkeypatch.setenv("SNNQUANT_DATA", str(tmp_path / "cache"))
+    real_build, builds = digits_module._build, []
+
+    def slow_build(*args):
+        builds.append(threading.current_thread().name)
+        time.sleep(1.0)  # the other caller arrives while this one builds
+        real_build(*args)
+
+    monkeypatch.setattr(digits_module, "_build", slow_build)
+    roots, errors = [], []
+
+    def make():
+        try:
+            roots.append(D.make_digits_nmnist(seed=5, samples_per_class=1))
+        except BaseException as error:  # reported below, not lost in the thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=make, name=f"run{i}") for i in range(2)]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.2)
+    for thread in threads:
+        thread.join(120)
+    assert not errors and len(builds) == 1 and roots[0] == roots[1]
+    assert len(list((roots[0] / "events_np" / "train").rglob("*.npz"))) == 10
+
+
 def test_root_with_only_extract_is_converted(small_root, tmp_path):
     root = tmp_path / "r"
     shutil.copytree(small_root / "extract", root / "extract")

@@ -17,7 +17,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
-from .nmnist import DatasetRootError, NMNIST_CLASSES, check_nmnist_root, convert_extracted
+from .nmnist import DatasetRootError, NMNIST_CLASSES, build_lock, check_nmnist_root, convert_extracted
 from .nmnist_format import _atomic_write_bytes, write_nmnist_bin
 from .saccades import _check_int, saccade_events
 
@@ -166,21 +166,24 @@ def make_digits_nmnist(
     if _reusable(root, identity):
         return root
     root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = root.with_name(f".{root.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
-    tmp.mkdir()
-    try:
-        _build(tmp, split, seed, identity)
+    with build_lock(root):  # processes asking at once: one builds, the others wait and reuse it
+        if _reusable(root, identity):
+            return root
+        tmp = root.with_name(f".{root.name}.tmp-{os.getpid()}-{secrets.token_hex(4)}")
+        tmp.mkdir()
         try:
-            os.rename(tmp, root)  # atomic; allowed onto an empty folder, refused onto a full one
-        except OSError:
-            if not root.is_dir() or not any(root.iterdir()):
-                raise
-            shutil.rmtree(tmp)  # someone else finished first: check theirs
-            if not _reusable(root, identity):
-                raise
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+            _build(tmp, split, seed, identity)
+            try:
+                os.rename(tmp, root)  # atomic; allowed onto an empty folder, refused onto a full one
+            except OSError:
+                if not root.is_dir() or not any(root.iterdir()):
+                    raise
+                shutil.rmtree(tmp)  # another program finished first: check theirs
+                if not _reusable(root, identity):
+                    raise
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
     return root
 
 

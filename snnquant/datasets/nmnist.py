@@ -465,7 +465,9 @@ def build_lock(root: PathLike):
     left by an interrupted build or by another program. The lock is a file in
     ``<data cache>/locks/`` (:func:`snnquant.datasets.default_data_dir`), named by a hash of the
     resolved root, so read-only roots are locked too; where that folder cannot be created, the
-    block runs without a lock.
+    block runs without a lock. The lock is not reentrant: inside the block, do not call the
+    functions that take it (:func:`load_nmnist_frames`, :func:`snnquant.datasets.make_digits_nmnist`,
+    :func:`snnquant.datasets.load_neuromorphic_frames`) for the same root.
 
     Args:
         root: the dataset root.

@@ -130,11 +130,13 @@ def saccade_events(
 
     Results are deterministic for a ``seed``: the sensor's mismatch comes from ``seed`` alone, and
     the random parts of image ``i`` (initial references, noise) from ``(seed, image_ids[i])``, so
-    an image gets the same events whatever else is converted with it. They are the same on every
-    CPU: the blur, the logarithm and the exponential are computed from correctly rounded
-    additions, multiplications and divisions in a fixed order, not by a BLAS or numpy's
-    vectorised ``log``/``exp``, whose last bits depend on the processor (with them, 0.6% of the
-    events of 300 digits changed between two OpenBLAS kernels).
+    an image gets the same events whatever else is converted with it. They do not depend on the
+    processor's code paths: the blur, the logarithm and the exponential are computed from
+    correctly rounded additions, multiplications and divisions in a fixed order, not by a BLAS or
+    numpy's vectorised ``log``/``exp``, whose last bits depend on the processor (with them, 0.6% of
+    the events of 300 digits changed between two OpenBLAS kernels). What remains from elsewhere is
+    the C library's ``erf`` (the blur's weights, rounded to float32) and numpy's random
+    generators.
 
     Args:
         images: array ``[N, h, w]`` (or one image ``[h, w]``) of floats in [0, 1], 1 = white.
