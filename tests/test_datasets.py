@@ -532,7 +532,7 @@ def test_a_load_waits_for_another_process_building_the_root(small_root, tmp_path
         "with build_lock(root):\n"
         "    marker.touch()\n"
         "    print('building', flush=True)\n"
-        "    time.sleep(2)\n"
+        "    time.sleep(4)\n"  # longer than the 2 s before the waiting message
         "    marker.unlink()\n"
         "    released.touch()\n"
     )

@@ -483,8 +483,8 @@ def build_lock(root: PathLike):
         yield
         return
     path = locks / (hashlib.sha256(resolved.encode()).hexdigest()[:24] + ".lock")
-    with file_lock(path, waiting=f"snnquant: waiting for another process that is preparing {resolved} "
-                                 f"(lock {path})"):
+    with file_lock(path, waiting=f"snnquant: waiting for another process that is preparing or loading "
+                                 f"{resolved} (lock {path})"):
         yield
 
 
