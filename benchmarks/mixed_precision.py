@@ -168,7 +168,8 @@ def report(args, rows, assignments, seeds_done, data=None, suffix=None, parts=No
             suffix = "" if args.root is None else "_real"
         common.write_results(f"mixed_precision{suffix}", dict(
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
-            data_sha256=args.data_sha256, rows=rows, assignments=assignments, **({"parts": parts} if parts else {})), table, args.out)
+            data_sha256=args.data_sha256, rows=rows, assignments=assignments,
+            **({"parts": parts} if parts else {})), table, args.out)
 
 
 if __name__ == "__main__":
