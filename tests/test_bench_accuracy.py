@@ -86,19 +86,24 @@ def test_mixed_precision_combines_seeds_run_apart(tmp_path):
     assert res.returncode != 0 and "different data" in res.stderr and "d2 in seeds [6]" in res.stderr
 
 
-@pytest.mark.parametrize("script", ["_nmnist_common.py", "accuracy_nmnist_real.py"])
-def test_benchmarks_record_the_installed_spikingjelly_version(script):
-    # SpikingJelly 2.0.0 has no __version__: the version comes from the installed distribution
-    from importlib.metadata import version
+def _benchmark_module(name):
+    """A module of benchmarks/ (scripts there import their siblings by bare name)."""
+    import importlib.util
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        import importlib.util
-        spec = importlib.util.spec_from_file_location("bench_" + script[:-3], ROOT / "benchmarks" / script)
+        spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
-    info = mod.machine()
+    return mod
+
+
+@pytest.mark.parametrize("script", ["_nmnist_common.py", "accuracy_nmnist_real.py"])
+def test_benchmarks_record_the_installed_spikingjelly_version(script):
+    # SpikingJelly 2.0.0 has no __version__: the version comes from the installed distribution
+    from importlib.metadata import version
+    info = _benchmark_module(script[:-3]).machine()
     assert info["spikingjelly"] == version("spikingjelly")
     assert info["cpu"]  # a rerun on another CPU model need not train bit-identical networks
 
@@ -106,11 +111,7 @@ def test_benchmarks_record_the_installed_spikingjelly_version(script):
 def test_data_digest_changes_with_one_event_count(tmp_path):
     import numpy as np
     from types import SimpleNamespace
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import _nmnist_common as common
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    common = _benchmark_module("_nmnist_common")
 
     def digest(train, test):  # a fresh Bench each time: a Bench computes its digest once
         return common.Bench.data_sha256(SimpleNamespace(train_set=SimpleNamespace(samples=train),
@@ -135,11 +136,7 @@ def test_data_digest_changes_with_one_event_count(tmp_path):
 
 def test_full_precision_cache_is_keyed_by_the_data(tmp_path):
     # a network trained on other data (another generator version, another root) is never reused
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        import _nmnist_common as common
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    common = _benchmark_module("_nmnist_common")
     from types import SimpleNamespace
     names = set()
     for digest in ("a" * 64, "b" * 64):

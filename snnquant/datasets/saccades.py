@@ -285,7 +285,7 @@ def _log_intensity(images, wy, wx, background, out):
         intensity += wy[None, :, i, None] * rows[:, i, None, :]
     np.multiply(intensity, np.float32(1.0 - background), out=intensity)
     np.add(intensity, np.float32(background), out=intensity)
-    out[...] = _portable_log(intensity).astype(np.float32).transpose(1, 0, 2)
+    out[...] = _portable_log(intensity).transpose(1, 0, 2)  # rounded to float32 on assignment
     return out
 
 
