@@ -148,9 +148,7 @@ class _QuantNeuronMixin:
     def _membrane_grid(self, x_seq):
         """``(step, qmin, qmax, grad_scale)`` for the one-node path, or None for the per-step path."""
         q = self.v_quant
-        if q.observing:
-            return None  # its grid moves with every step: per-step path
-        grid = q.grid()
+        grid = q.sequence_grid()  # None while the grid moves with every step: per-step path
         if grid is None or not grid.per_tensor:
             return None
         return grid.step, grid.qmin, grid.qmax, q.step_grad_scale(x_seq[0])
@@ -218,7 +216,7 @@ class _QuantNeuronMixin:
                 vr_q = torch.zeros((), dtype=like.dtype, device=like.device) \
                     if self.v_reset is None else self._on_grid(self.v_reset, like)
                 return vr_q, torch.ceil(self.v_threshold / step) * step
-        grid = None if q.observing else q.grid()
+        grid = q.sequence_grid()
         if grid is not None and grid.per_tensor:
             return membrane_reset_values(grid.step.to(device=like.device, dtype=like.dtype),
                                          grid.qmin, grid.qmax, self.v_threshold, self.v_reset)

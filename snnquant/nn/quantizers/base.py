@@ -142,6 +142,12 @@ class QuantizerBase(nn.Module, base.StepModule):
         """True while every call updates the statistics (the grid moves with each input)."""
         return False
 
+    def sequence_grid(self) -> Optional[Grid]:
+        """The :class:`Grid` when it holds for a whole sequence of calls: :meth:`grid`, or
+        ``None`` while :attr:`observing` (then each call moves the grid, and a neuron reads it
+        step by step)."""
+        return None if self.observing else self.grid()
+
     def step_grad_scale(self, x: torch.Tensor) -> float:
         """Factor applied to the gradient of a learned step when quantizing ``x`` (1 by default)."""
         return 1.0
