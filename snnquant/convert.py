@@ -1,7 +1,4 @@
-r"""One call to quantize a SpikingJelly network: :func:`quantize_model`, :class:`QuantConfig`.
-
-(:func:`~snnquant.summary.summary` lives in :mod:`snnquant.summary`; it stays importable from here.)
-"""
+r"""One call to quantize a SpikingJelly network: :func:`quantize_model`, :class:`QuantConfig`."""
 
 from __future__ import annotations
 
@@ -16,26 +13,35 @@ import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import neuron
 
+from .functional import check_bit_width, pow2_exponent
 from .functional.state import STATE_QUANT_MAX_BITS
 from .nn.layers import QuantConv1d, QuantConv2d, QuantLinear
 from .kernels.dispatch import DEFAULT_BACKEND
 from .nn.neurons import BACKENDS, QuantIFNode, QuantLIFNode, QuantParametricLIFNode
-from .nn.quantizers import (BinaryQuantizer, LSQQuantizer, MinMaxQuantizer, QuantizedBits,
-                            StateQuant, TernaryQuantizer, UniformQuantizer,
-                            WeightGridBiasQuantizer)
-from .nn.neurons import uniform_membrane_step
-from .summary import Summary, summary  # noqa: F401  (still importable from snnquant.convert)
+from .nn.quantizers import (MEMBRANE_QUANTIZERS, BinaryQuantizer, LSQQuantizer, MinMaxQuantizer,
+                            QuantizedBits, TernaryQuantizer, WeightGridBiasQuantizer,
+                            make_membrane_quantizer)
 from .utils import copy_model
 
 __all__ = ["QuantConfig", "QuantConfigTypeError", "QuantReport", "ReplacedModule", "SkippedModule", "quantize_model",
            "WEIGHT_QUANTIZERS", "MEMBRANE_QUANTIZERS"]
 
 WEIGHT_QUANTIZERS = ("lsq", "lsq_pow2", "minmax", "quantized_bits", "ternary")
-MEMBRANE_QUANTIZERS = ("uniform", "threshold_centered", "lsq")
 
 
 class QuantConfigTypeError(TypeError, ValueError):
     """A :class:`QuantConfig` field of the wrong type (both a ``TypeError`` and a ``ValueError``)."""
+
+
+def __getattr__(name):
+    # Deprecated: summary moved to snnquant.summary, a floor above convert. Reached only by the
+    # old spelling `from snnquant.convert import summary`; convert itself never imports it.
+    if name in ("summary", "Summary"):
+        import importlib
+        warnings.warn(f"snnquant.convert.{name} is deprecated: import it from snnquant "
+                      f"(from snnquant import {name})", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module("snnquant.summary"), name)
+    raise AttributeError(f"module 'snnquant.convert' has no attribute {name!r}")
 
 
 @dataclass
@@ -94,13 +100,14 @@ class QuantConfig:
         """
         for name in ("weight_bits", "bias_bits", "v_bits"):
             value = getattr(self, name)
-            low = 1 if name == "weight_bits" else 2
             if value is not None:
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise QuantConfigTypeError(f"{name} must be None or an int in [{low}, 32], got "
-                                               f"{value!r} ({type(value).__name__})")
-                if not low <= value <= 32:
-                    raise ValueError(f"{name} must be None or an int in [{low}, 32], got {value!r}")
+                try:  # stored as an int (a NumPy integer is accepted)
+                    setattr(self, name, check_bit_width(value, name, 1 if name == "weight_bits"
+                                                        else 2, 32))
+                except TypeError as exc:
+                    raise QuantConfigTypeError(f"{exc}, or None") from None
+                except ValueError as exc:
+                    raise ValueError(f"{exc}, or None") from None
         if not isinstance(self.per_channel, bool):
             raise QuantConfigTypeError(f"per_channel must be True or False, got "
                                        f"{self.per_channel!r} ({type(self.per_channel).__name__})")
@@ -215,15 +222,6 @@ def _weight_quantizer(cfg: QuantConfig, bits: int, num_channels: int):
     return QuantizedBits(bits, integer=0, symmetric=True, keep_negative=True)
 
 
-def _membrane_quantizer(cfg: QuantConfig, v_threshold: float):
-    bits = cfg.v_bits
-    if cfg.membrane_quantizer == "uniform":
-        return UniformQuantizer(bits, step=uniform_membrane_step(v_threshold, bits))
-    if cfg.membrane_quantizer == "threshold_centered":
-        return StateQuant(num_bits=bits, uniform=False, thr_centered=True, threshold=v_threshold)
-    return LSQQuantizer(bits, signed=True)
-
-
 _LAYER_MAP = {
     nn.Linear: QuantLinear,
     nn.Conv1d: QuantConv1d,
@@ -299,14 +297,9 @@ def _why_not_quantized(module) -> Optional[str]:
             f"float")
 
 
-def _pow2(value: float) -> bool:
-    import math
-    return value > 0 and math.isfinite(value) and math.frexp(value)[0] == 0.5
-
-
 def _plif_note(name: str, module) -> Optional[str]:
     tau = float(1.0 / torch.sigmoid(module.w.detach().double()))
-    if not module.w.requires_grad and _pow2(tau):
+    if not module.w.requires_grad and pow2_exponent(tau) is not None:
         return None
     what = "learns its tau" if module.w.requires_grad else "has a fixed tau"
     return (f"{name}: ParametricLIFNode {what} (now {tau:.6g}); a learned tau is rarely a power "
@@ -343,7 +336,9 @@ def _convert_neuron(module, q_cls, cfg: QuantConfig, device=None, dtype=None):
     kw = dict(v_threshold=module.v_threshold, v_reset=module.v_reset,
               surrogate_function=module.surrogate_function, detach_reset=module.detach_reset,
               step_mode=module.step_mode, store_v_seq=module.store_v_seq,
-              v_quant=_membrane_quantizer(cfg, module.v_threshold), backend=cfg.backend)
+              v_quant=make_membrane_quantizer(cfg.v_bits, module.v_threshold,
+                                              cfg.membrane_quantizer),
+              backend=cfg.backend)
     if q_cls is QuantLIFNode:
         new = QuantLIFNode(tau=module.tau, decay_input=module.decay_input, **kw)
     elif q_cls is QuantParametricLIFNode:

@@ -122,14 +122,23 @@ def test_no_private_cross_module_imports():
 
 
 def test_moved_names_stay_importable():
-    from snnquant.convert import summary as s1
+    with pytest.warns(DeprecationWarning, match=r"from snnquant import summary"):
+        from snnquant.convert import summary as s1
     from snnquant.nn.quantizers import LSQQuantizer, check_bits  # noqa: F401
     from snnquant.summary import Summary, summary
     assert s1 is summary and snnquant.summary is summary and snnquant.Summary is Summary
     from snnquant.export.exporter import is_multi_step as e1
     assert e1 is snnquant.is_multi_step and snnquant.copy_model is snnquant.utils.copy_model
     from snnquant.functional import _validation
-    assert _validation.check_bits is not None
+    # one bit-width check with one signature (the functional-side check_bits(fn, name, value) is gone)
+    assert check_bits is snnquant.functional.check_bit_width and not hasattr(_validation, "check_bits")
+    from snnquant.nn.neurons import make_membrane_quantizer, uniform_membrane_step
+    assert make_membrane_quantizer is qnn.quantizers.make_membrane_quantizer
+    assert uniform_membrane_step is qnn.uniform_membrane_step
+    from snnquant.export.integer_ops import pow2_exponent
+    assert pow2_exponent is snnquant.functional.pow2_exponent
+    from snnquant.convert import MEMBRANE_QUANTIZERS
+    assert MEMBRANE_QUANTIZERS == ("uniform", "threshold_centered", "lsq")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -388,3 +397,43 @@ def test_weights_quantized_once_per_forward_and_cached_in_eval():
         assert q.calls == 4
     lin(x)  # with autograd: never served from the cache
     assert q.calls == 5
+
+
+# ------------------------------------------------------------------------------------------------
+# small things once
+
+
+@pytest.mark.parametrize("kind", ["uniform", "threshold_centered", "lsq"])
+def test_one_membrane_quantizer_factory(kind):
+    from snnquant.nn.quantizers import make_membrane_quantizer
+    made, _ = quantize_model(nn.Sequential(neuron.LIFNode(v_threshold=0.75)),
+                             QuantConfig(weight_bits=None, v_bits=6, membrane_quantizer=kind))
+    hand = make_membrane_quantizer(6, 0.75, kind)
+    assert type(made[0].v_quant) is type(hand) and made[0].v_quant.config() == hand.config()
+    if kind == "uniform":
+        assert float(made[0].v_quant.grid().step) == float(hand.grid().step) == 2.0 ** -4
+    assert qnn.QuantLIFNode(v_threshold=0.75, v_quant=6).v_quant.config() == \
+        make_membrane_quantizer(6, 0.75).config()
+    with pytest.raises(ValueError, match="kind"):
+        make_membrane_quantizer(6, 0.75, "exponential")
+
+
+def test_one_bit_width_check_everywhere():
+    import numpy as np
+    from snnquant.convert import QuantConfigTypeError
+    from snnquant.functional import BitWidthTypeError
+    with pytest.raises(QuantConfigTypeError, match=r"weight_bits.*4\.0.*float"):
+        QuantConfig(weight_bits=4.0)
+    with pytest.raises(ValueError, match=r"v_bits must be an int in \[2, 32\], got 1"):
+        QuantConfig(v_bits=1)
+    cfg = QuantConfig(weight_bits=np.int64(4))  # the one check accepts any integer, stored as int
+    assert type(cfg.weight_bits) is int and cfg.weight_bits == 4
+    for make in (lambda: qnn.LSQQuantizer(2.5), lambda: snnquant.functional.check_bit_width("8"),
+                 lambda: snnquant.functional.state_quant(num_bits=3.0)):
+        with pytest.raises(BitWidthTypeError):
+            make()
+    with pytest.raises(TypeError):
+        qnn.UniformQuantizer(True, step=0.5)
+    assert snnquant.functional.pow2_exponent(0.25) == -2
+    assert snnquant.functional.pow2_exponent(0.3) is None
+    assert snnquant.functional.pow2_exponent(1) is None  # an int is not a float step

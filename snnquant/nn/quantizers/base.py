@@ -32,13 +32,9 @@ from ...functional import check_bit_width
 __all__ = ["Grid", "QuantizerBase", "check_bits", "signed_range"]
 
 
-def check_bits(bits, name: str = "bits", low: int = 1, high: int = 32) -> int:
-    """Return ``bits`` if it is an int in ``[low, high]``, else raise ``ValueError`` naming it.
-
-    The module-side spelling of :func:`snnquant.functional.check_bit_width`, the one bit-width
-    check of snnquant.
-    """
-    return check_bit_width(bits, name, low, high)
+#: The one bit-width check of snnquant, :func:`snnquant.functional.check_bit_width`, under the
+#: name the quantizer modules import: ``check_bits(bits, name="bits", low=1, high=32)``.
+check_bits = check_bit_width
 
 
 def signed_range(bits: int, signed: bool):
