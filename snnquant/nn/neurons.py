@@ -176,7 +176,7 @@ class _QuantNeuronMixin:
                 vr_q = torch.zeros((), dtype=like.dtype, device=like.device) \
                     if self.v_reset is None else self._on_grid(self.v_reset, like)
                 return vr_q, torch.ceil(self.v_threshold / step) * step
-        grid = q.sequence_grid()
+        grid = None if q.observing else q.grid()
         if grid is not None and grid.per_tensor:
             return membrane_reset_values(grid.step.to(device=like.device, dtype=like.dtype),
                                          grid.qmin, grid.qmax, self.v_threshold, self.v_reset)
