@@ -30,6 +30,19 @@ with :math:`r_\pm` the largest positive / negative magnitude kept, and for a pow
 * ``'mse'``: the candidate that minimises :math:`\sum (Q_s(x) - x)^2` over
   :math:`r = \frac{k}{K} \max|x|`, :math:`k = 1..K` (or over the powers of two near the
   min/max step for a power-of-two grid).
+* ``'firing'``: starts from the ``'mse'`` steps, then matches the float network's spikes layer by
+  layer, front to back. For neuron layer :math:`l` it tries the steps
+  :math:`2^{j} s_w` of the weight quantizer that feeds it and :math:`2^{k} s_v` of its membrane
+  (:math:`j, k` in :data:`FIRING_SEARCH_EXPONENTS`; membrane steps that no longer reach the
+  threshold are left out), with the layers before it fixed, and keeps the pair whose output
+  spikes :math:`S^q_l` differ least from the float network's :math:`S^f_l` on the batches (the
+  ``'mse'`` pair on a tie):
+
+  .. math::
+
+      (j, k)^* = \arg\min_{j, k} \frac{1}{|S_l|} \sum_{b, t, n} \big|S^q_{l}[t, n] - S^f_{l}[t, n]\big|
+
+  Powers of two keep a power-of-two grid on the ladder, so the result still exports exactly.
 """
 
 from __future__ import annotations
@@ -48,9 +61,13 @@ from .nn.quantizers.base import QuantizerBase
 
 __all__ = ["calibrate", "CalibrationReport", "CalibratedQuantizer", "SkippedQuantizer", "run_batches",
            "batch_input", "FiringRate", "FiringRateWarning", "firing_rates",
-           "CALIBRATION_METHODS", "SILENT_RATE_FRACTION", "EXCESS_RATE_FACTOR"]
+           "CALIBRATION_METHODS", "SILENT_RATE_FRACTION", "EXCESS_RATE_FACTOR",
+           "FIRING_SEARCH_EXPONENTS"]
 
-CALIBRATION_METHODS = ("minmax", "percentile", "mse")
+CALIBRATION_METHODS = ("minmax", "percentile", "mse", "firing")
+
+#: The factors :math:`2^k` by which ``method='firing'`` tries to scale the ``'mse'`` steps.
+FIRING_SEARCH_EXPONENTS = (-2, -1, 0, 1, 2)
 
 #: Values of the charge kept per neuron layer for the percentile and MSE methods.
 _SAMPLE_LIMIT = 1 << 20
@@ -69,6 +86,8 @@ class CalibratedQuantizer(NamedTuple):
     the chosen step (a float, or a list with one step per channel), ``qmin``/``qmax`` the integer
     range, ``observed`` the observed ``(min, max)`` of the values and ``covered`` the range
     ``(qmin * step, qmax * step)`` the grid now covers (per channel: the widest).
+    ``clipped_fraction`` is the fraction of the observed values outside that range (with
+    ``method='firing'``: outside the range of the ``'mse'`` step the search started from).
     """
     name: str
     kind: str
@@ -211,7 +230,7 @@ def _choose_step(x: torch.Tensor, *, method: str, qmin: int, qmax: int, power_of
         step = torch.maximum(step, floor)
     if power_of_two:
         step = _power_of_two_up(step)
-    if method != "mse":
+    if method not in ("mse", "firing"):  # 'firing' starts from the 'mse' steps
         return step
     # candidate steps: fractions of the min/max step, or powers of two at and below it
     if power_of_two:
@@ -341,7 +360,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
         model: a network from :func:`~snnquant.quantize_model` (modified in place).
         batches: an iterable of input tensors ``[T, N, ...]``, or of ``(input, target)`` pairs
             whose input is used (a ``DataLoader`` of such pairs with the time dimension first).
-        method: ``'minmax'``, ``'percentile'`` or ``'mse'``.
+        method: ``'minmax'``, ``'percentile'``, ``'mse'`` or ``'firing'``.
         percentile: for ``'percentile'``: the percentile of :math:`|x|` kept, in ``(0, 100]``.
         num_batches: use at most this many batches (default: all).
         power_of_two: restrict steps to powers of two; default (``None``): where the quantizer's
@@ -384,7 +403,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
     if not entries:
         raise ValueError(f"model ({type(model).__name__}) has no quantized layer or neuron; "
                          f"convert it with snnquant.quantize_model first")
-    if check_firing and iter(batches) is batches:  # one-shot: keep it for the second pass
+    if (check_firing or method == "firing") and iter(batches) is batches:  # kept for more passes
         batches = list(batches if num_batches is None else itertools.islice(batches, num_batches))
     report = CalibrationReport(method=method, num_batches=0)
     settings = dict(method=method, percentile=float(percentile), mse_candidates=mse_candidates)
@@ -408,6 +427,8 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
         if membrane_todo:
             report.num_batches = _calibrate_membranes(model, membrane_todo, batches, num_batches,
                                                       power_of_two, settings, seed, report)
+        if method == "firing" and membrane_todo:
+            _match_firing(model, todo, batches, num_batches, report)
         if freeze:
             for _, _, _, q in todo:
                 q.freeze()
@@ -670,3 +691,78 @@ def _measure_rates(model, batches, num_batches):
         f_rate, q_rate = fs / max(fn, 1), qs / max(qn, 1)
         out.append(FiringRate(name, f_rate, q_rate, _rate_check(f_rate, q_rate)))
     return out, count
+
+
+# --------------------------------------------------------------------------------------------------
+# method='firing': match the float network's spikes, layer by layer
+
+
+def _spike_recorder(module):
+    """Record the outputs of ``module`` (one list per forward) while the returned handle lives."""
+    outputs = []
+
+    def hook(_, args, output):
+        outputs.append(output.detach().to(torch.bool if output.dtype == torch.bool
+                                          else output.dtype).clone())
+    return outputs, module.register_forward_hook(hook)
+
+
+def _spike_distance(model, neuron_module, batches, num_batches, reference):
+    outputs, handle = _spike_recorder(neuron_module)
+    try:
+        run_batches(model, batches, num_batches)
+    finally:
+        handle.remove()
+    diff = sum(float((a.double() - b.double()).abs().sum()) for a, b in zip(outputs, reference))
+    return diff / max(sum(r.numel() for r in reference), 1)
+
+
+def _match_firing(model, todo, batches, num_batches, report):
+    """The search of ``method='firing'`` (see :mod:`snnquant.calibrate`)."""
+    by_name = {(e.name, e.kind): i for i, e in enumerate(report.calibrated)}
+    order = {id(m): i for i, m in enumerate(model.modules())}
+    weights = [(name, m, q) for name, m, kind, q in todo if kind == "weight"]
+    for name, neuron_module, kind, vq in todo:
+        if kind != "membrane" or (name, "membrane") not in by_name:
+            continue
+        reference, handle = _spike_recorder(neuron_module)
+        try:
+            with _quantizers_bypassed(model):
+                run_batches(model, batches, num_batches)
+        finally:
+            handle.remove()
+        # the weight quantizer that feeds this neuron: the nearest one before it in module order
+        before = [w for w in weights if order[id(w[1])] < order[id(neuron_module)]
+                  and (w[0], "weight") in by_name]
+        candidates = [(vq, name, "membrane")]
+        if before:
+            candidates.insert(0, (before[-1][2], before[-1][0], "weight"))
+        base = {(qname, qkind): q.grid().step.detach().clone() for q, qname, qkind in candidates}
+        vth = abs(float(neuron_module.v_threshold))
+        vr = 0.0 if neuron_module.v_reset is None else abs(float(neuron_module.v_reset))
+        vmax = int(vq.grid().qmax)
+        best = None
+        for j in (FIRING_SEARCH_EXPONENTS if len(candidates) == 2 else (0,)):
+            for k in FIRING_SEARCH_EXPONENTS:
+                v_step = base[(name, "membrane")] * 2.0 ** k
+                if float(v_step.max()) * vmax < max(vth, vr):
+                    continue  # the membrane grid must still reach the threshold and the reset
+                if len(candidates) == 2:
+                    q, wname, _ = candidates[0]
+                    q.set_step(base[(wname, "weight")] * 2.0 ** j)
+                vq.set_step(v_step)
+                distance = _spike_distance(model, neuron_module, batches, num_batches, reference)
+                rank = (distance, abs(j) + abs(k))
+                if best is None or rank < best[0]:
+                    best = (rank, j, k)
+        _, j, k = best
+        for q, qname, qkind in candidates:
+            exponent = j if qkind == "weight" else k
+            q.set_step(base[(qname, qkind)] * 2.0 ** exponent)
+            entry = report.calibrated[by_name[(qname, qkind)]]
+            step = q.grid().step.detach().double().reshape(-1)
+            steps = [float(v) for v in step]
+            report.calibrated[by_name[(qname, qkind)]] = entry._replace(
+                method=f"firing (2^{exponent} x mse)",
+                step=steps if isinstance(entry.step, list) else steps[0],
+                covered=(entry.qmin * max(steps), entry.qmax * max(steps)))

@@ -134,3 +134,45 @@ def test_one_shot_iterators_and_bad_arguments():
     # weights only, no data: calibration works and reports no rate
     report = calibrate(q, [], membranes=False)
     assert report.firing == [] or all(f.float_rate == 0 for f in report.firing)
+
+
+def spike_mismatch(qmodel, fmodel, data, layer_name):
+    """Mean |S_q - S_f| of one neuron layer's spikes, quantized against float, on the data."""
+    def spikes(model):
+        out = []
+        m = dict(model.named_modules())[layer_name]
+        h = m.register_forward_hook(lambda mod, a, o: out.append(o.detach().clone()))
+        model.eval()
+        with torch.no_grad():
+            for x in data:
+                sjf.reset_net(model)
+                model(x)
+        h.remove()
+        sjf.reset_net(model)
+        return out
+    q, f = spikes(qmodel), spikes(fmodel)
+    return sum(float((a - b).abs().sum()) for a, b in zip(q, f)) / sum(a.numel() for a in f)
+
+
+def test_firing_method_matches_the_float_spikes_at_least_as_well_as_mse():
+    import copy
+    net = mlp()
+    data = batches(n=4)
+    config = QuantConfig(weight_bits=2, v_bits=4)
+    by_mse, _ = quantize_model(copy.deepcopy(net), config)
+    by_firing, _ = quantize_model(copy.deepcopy(net), config)
+    mse_report = calibrate(by_mse, data, method="mse", check_firing=False)
+    report = calibrate(by_firing, data, method="firing", check_firing=False)
+    # the first layer's search starts from the same 'mse' pair and keeps it unless a pair is better
+    assert spike_mismatch(by_firing, net, data, "1") <= spike_mismatch(by_mse, net, data, "1")
+    for entry in report.calibrated:
+        assert entry.method.startswith("firing (2^")
+        base = mse_report[entry.name, entry.kind].step
+        ratio = torch.tensor(entry.step) / torch.tensor(base)
+        exponent = torch.log2(ratio)
+        assert torch.equal(exponent, torch.round(exponent))  # the steps stay on the 2^k ladder
+        assert -2 <= float(exponent.min()) and float(exponent.max()) <= 2
+    # the membrane grids still reach the thresholds
+    for name in ("1", "3"):
+        grid = dict(by_firing.named_modules())[name].v_quant.grid()
+        assert float(grid.step) * grid.qmax >= 1.0
