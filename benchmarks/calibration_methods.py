@@ -32,15 +32,10 @@ METHODS = ("minmax", "percentile", "mse", "firing")
 def main():
     ap = common.common_args(__doc__, default_epochs=30)
     ap.add_argument("--calib-batches", type=int, default=8)
-    args = ap.parse_args()
-    if args.quick:
-        args.epochs, args.seeds = 1, args.seeds[:1]
+    args, bench = common.parse_and_bench(ap)
     import snnquant
     from snnquant.export import fold_batchnorm
 
-    args.root = common.data_root_of(args)
-    bench = common.Bench(args.epochs, args.root, quick=args.quick, fp_cache=args.fp_cache)
-    args.data_sha256 = bench.data_sha256()
     rows = {"full precision": []}
     low_rate = {}
     for w, v in BITS:
