@@ -17,6 +17,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
+from .._paths import user_cache_home
 from .nmnist import DatasetRootError, NMNIST_CLASSES, build_lock, check_nmnist_root, convert_extracted
 from .nmnist_format import _atomic_write_bytes, write_nmnist_bin
 from .saccades import _check_int, saccade_events
@@ -60,9 +61,10 @@ _DATASET_NAME = "digits-nmnist"
 
 
 def default_data_dir() -> Path:
-    """The cache folder: ``$SNNQUANT_DATA`` when set and not empty, else ``~/.cache/snnquant``."""
+    """The cache folder: ``$SNNQUANT_DATA`` when set and not empty, else
+    ``$XDG_CACHE_HOME/snnquant`` (``~/.cache/snnquant`` without it), as the kernel cache."""
     value = os.environ.get("SNNQUANT_DATA", "")
-    return Path(value).expanduser() if value else Path.home() / ".cache" / "snnquant"
+    return Path(value).expanduser() if value else user_cache_home() / "snnquant"
 
 
 def digits_nmnist_split(seed: int = 0, samples_per_class: Optional[int] = None) -> Dict[str, np.ndarray]:
