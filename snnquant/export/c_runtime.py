@@ -31,6 +31,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from .description import ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
+from .program import SynapseRescale, c_literal, c_rhe_helper, neuron_program
 from .simulator import op_shapes
 
 __all__ = ["to_c", "c_memory", "CMemory"]
@@ -59,14 +60,7 @@ def _ctype(lo: int, hi: int, signed: bool = False) -> Tuple[str, int]:
     raise ExportError(f"no C integer type holds [{lo}, {hi}]")
 
 
-def _lit(v: int) -> str:
-    """A C literal of ``v`` that keeps its value in every integer context."""
-    v = int(v)
-    if -(1 << 31) < v < (1 << 31):
-        return str(v)
-    if v == -(1 << 63):
-        return "INT64_MIN"
-    return f"INT64_C({v})"
+_lit = c_literal
 
 
 def _quote(text: str) -> str:
@@ -162,38 +156,24 @@ class _Gen:
         w = op.weight.to(torch.int64)
         c_out = int(w.shape[0])
         l1 = w.abs().reshape(c_out, -1).sum(dim=1).tolist()
-        mult = [int(v) for v in op.multiplier.tolist()]
-        shift = [int(v) for v in op.shift.tolist()]
-        bias = None if op.bias is None else [int(v) for v in op.bias.tolist()]
-        factor = []
+        rescale_def = SynapseRescale.of(op)
+        factor, bias = list(rescale_def.factor), rescale_def.bias
         bounds = []
         for c in range(c_out):
-            f = 0 if l1[c] == 0 else mult[c] * (1 << shift[c])
-            factor.append(f)
             b = 0 if bias is None else abs(bias[c])
-            bounds.append(l1[c] * mag * abs(f) + b)
-            if max(bounds[-1], l1[c] * mag, abs(f)) >= (1 << _LIMIT_BITS):
+            bounds.append(l1[c] * mag * abs(factor[c]) + b)
+            if max(bounds[-1], l1[c] * mag, abs(factor[c])) >= (1 << _LIMIT_BITS):
                 raise ExportError(f"layer {op.name!r}: the current of output channel {c} is bounded "
                                   f"only by {bounds[-1]} (sum|w| = {l1[c]}, max|x| = {mag}, "
-                                  f"rescale {f}), which reaches 2^{_LIMIT_BITS}: the C code would "
-                                  f"overflow int64")
+                                  f"rescale {factor[c]}), which reaches 2^{_LIMIT_BITS}: the C code "
+                                  f"would overflow int64")
         acc_bound = max([l1[c] * mag for c in range(c_out)] + [1])
         wide = max(bounds + [acc_bound] + [abs(f) for f in factor] + [1])
         acc_t = "int32_t" if wide < (1 << 31) else "int64_t"
         out_range = (-max(bounds + [0]), max(bounds + [0]))
         out_t = out_t_fixed or _ctype(*out_range)[0]
         wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
-        same_factor = all(f == factor[0] for f in factor)
-        rescale = []
-        if same_factor:
-            if factor[0] != 1:
-                rescale.append(f"acc *= {_lit(factor[0])};")
-        else:
-            fname = self.const_array(f"rescale{i}", factor)
-            rescale.append(f"acc *= ({acc_t}){fname}[oc];")
-        if bias is not None:
-            bname = self.const_array(f"b{i}", bias)
-            rescale.append(f"acc += ({acc_t}){bname}[oc];")
+        rescale = rescale_def.c_lines("acc", acc_t, self.const_array, i)
         if fuse_with is None:
             rescale.append(f"out[o] = ({out_t})acc;")
         else:
@@ -352,76 +332,25 @@ class _Gen:
 
     def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed, fused=False):
         n = _numel(shape)
-        d, k, m, r = op.grid_shift, op.leak_shift, op.leak_multiplier, op.leak_round_shift
-        total = d + k - r
-        vr = op.v_reset if op.reset_mode == "hard" else 0
-        th = op.threshold
-        # every value the stored membrane takes: the clamped charge q, the reset value and the
-        # initial value; after a soft reset q - theta with q in [max(theta, v_min), v_max]
-        v_lo, v_hi = min(op.v_min, op.v_init), max(op.v_max, op.v_init)
-        fire_lo = max(th, op.v_min)
-        if op.reset_mode == "hard":
-            v_lo, v_hi = min(v_lo, op.v_reset), max(v_hi, op.v_reset)
-        elif fire_lo <= op.v_max:
-            v_lo, v_hi = min(v_lo, fire_lo - th), max(v_hi, op.v_max - th)
-        vmag = max(abs(v_lo), abs(v_hi))
-        xmag = max(abs(in_range[0]), abs(in_range[1])) << op.input_shift
-        terms = [xmag, vmag << d]
-        if op.kind == "if":
-            terms.append((vmag << d) + xmag)
-        else:
-            lk = (xmag if op.decay_input else 0) + ((vmag + abs(vr)) << d)
-            lk_m = lk * m
-            lk_r = (lk_m >> r) + 1
-            terms += [lk, lk_m, lk_r, vmag << total, xmag << (k - r),
-                      (vmag << total) + lk_r + (xmag << (k - r))]
-        big = max(terms)
-        if big >= (1 << _LIMIT_BITS) or total > _LIMIT_BITS:
+        program = neuron_program(op)
+        regs, (v_lo, v_hi) = program.intervals(in_range)
+        big = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
+        shift = max(program.shifts() + [0])
+        if big >= (1 << _LIMIT_BITS) or shift > _LIMIT_BITS:
             raise ExportError(f"layer {op.name!r}: the charge is bounded only by {big} (grid shift "
-                              f"{d}, leak shift {k}), which reaches 2^{_LIMIT_BITS}: the C code "
-                              f"would overflow int64")
+                              f"{op.grid_shift}, leak shift {op.leak_shift}), which reaches "
+                              f"2^{_LIMIT_BITS}: the C code would overflow int64")
+        if any(ins.code == "rhe" for ins in program.instrs):
+            self.uses_rhe = True
         v_t, v_size = _ctype(v_lo, v_hi, signed=True)
         self.state_members.append((v_size, f"{v_t} v{i}[{n}];"))
         self.state_bytes += v_size * n
         out_t = out_t_fixed or "uint8_t"
-
-        def p2(e):
-            return _lit(1 << e)
-
-        lines = ["int64_t x = xin" + (f" * {p2(op.input_shift)};" if op.input_shift else ";"),
-                 f"int64_t v = (int64_t)s->v{i}[j];"]
-        if op.kind == "if":
-            lines.append(f"int64_t h = v * {p2(d)} + x;" if d else "int64_t h = v + x;")
-        else:
-            vd = f"(v - {_lit(vr)})" if vr else "v"
-            vd = f"{vd} * {p2(d)}" if d else vd
-            lines.append(f"int64_t leak = x - {vd};" if op.decay_input else f"int64_t leak = {vd};")
-            if m != 1:
-                lines.append(f"leak *= {_lit(m)};")
-            if r:
-                self.uses_rhe = True
-                lines.append(f"leak = {self.name}_rhe(leak, {r});")
-            vt = f"v * {p2(total)}" if total else "v"
-            if op.decay_input:
-                lines.append(f"int64_t h = {vt} + leak;")
-            else:
-                xt = f"x * {p2(k - r)}" if k - r else "x"
-                lines.append(f"int64_t h = {vt} - leak + {xt};")
-        if total:
-            self.uses_rhe = True
-            lines.append(f"int64_t q = {self.name}_rhe(h, {total});")
-        else:
-            lines.append("int64_t q = h;")
-        lines += [f"int spike;",
-                  f"if (q < {_lit(op.v_min)}) {{ q = {_lit(op.v_min)}; }}",
-                  f"if (q > {_lit(op.v_max)}) {{ q = {_lit(op.v_max)}; }}",
-                  f"spike = q >= {_lit(th)};"]
-        if op.reset_mode == "hard":
-            lines.append(f"s->v{i}[j] = ({v_t})(spike ? {_lit(op.v_reset)} : q);")
-        else:
-            lines.append(f"s->v{i}[j] = ({v_t})(spike ? q - {_lit(th)} : q);")
-        lines.append("return spike;")
+        lines = ["const int64_t v = (int64_t)s->v{i}[j];".format(i=i)]
+        lines += program.c_lines(self.name)
+        lines += [f"s->v{i}[j] = ({v_t})v_next;", "return spike;"]
         body = "\n".join("    " + ln for ln in lines)
+        th = op.threshold
         leak = op.leak_text()
         proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t xin)"
         self.protos.append(proto + ";")
@@ -561,17 +490,7 @@ void {n}_step({n}_state *s, const int32_t *input, int64_t *output);
         n, N = self.name, self.NAME
         rhe = ""
         if self.uses_rhe:
-            rhe = f"""/* round(d / 2^k), ties to even (k >= 1), as torch.round and IntegerSNN;
- * ~(~d >> k) is floor(d / 2^k) for d < 0 without shifting a negative number */
-static int64_t {n}_rhe(int64_t d, int k)
-{{
-    const int64_t f = d >= 0 ? d >> k : ~((~d) >> k);
-    const int64_t rest = d & ((((int64_t)1) << k) - 1);
-    const int64_t half = ((int64_t)1) << (k - 1);
-    return f + ((rest > half || (rest == half && (f & 1) != 0)) ? 1 : 0);
-}}
-
-"""
+            rhe = c_rhe_helper(n) + "\n"
         reset_body = "\n    ".join(self.reset_lines)
         step_body = "\n    ".join(self.calls)
         needs_j_reset = bool(self.reset_lines)
