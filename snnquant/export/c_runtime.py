@@ -21,15 +21,16 @@ not depend on implementation-defined behaviour either.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .._io import atomic_write_files
 from .description import ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
 from .program import SynapseRescale, c_literal, c_rhe_helper, neuron_program
 from .simulator import op_shapes
@@ -63,9 +64,12 @@ def _ctype(lo: int, hi: int, signed: bool = False) -> Tuple[str, int]:
 _lit = c_literal
 
 
-def _quote(text: str) -> str:
-    """A layer name quoted for a C comment (a name cannot close the comment)."""
-    return repr(str(text)).replace("*/", "*\\/").replace("??", "?\\?")
+def _quote(text) -> str:
+    """A layer name quoted for a C comment: ASCII only (``ascii()`` escapes the rest), and neither
+    ``/*`` nor ``*/`` nor a trigraph survives (every ``?`` is escaped), so no name can end the
+    comment or make the compiler warn."""
+    return (ascii(str(text)).replace("*/", "*\\/").replace("/*", "/\\*")
+            .replace("?", "\\?"))
 
 
 @dataclass
@@ -449,7 +453,7 @@ class _Gen:
         self.calls = calls
         return self
 
-    def header(self) -> str:
+    def header(self, pair_id: str = "") -> str:
         N, n, desc = self.NAME, self.name, self.desc
         guard = f"{N}_H_INCLUDED"
         out_desc = ("spikes 0/1" if desc.output_kind == "spikes" else
@@ -471,6 +475,8 @@ class _Gen:
 #define {N}_ROM_BYTES {self.rom}
 /* bytes of one {n}_state: membranes of one sample and the buffers between layers */
 #define {N}_RAM_BYTES {self.ram}
+/* this header's pair: {n}.c refuses to compile beside a header written by another to_c call */
+#define {N}_PAIR_ID 0x{pair_id}ULL
 
 /* The state of one sample: membranes of every neuron layer and buffers between layers. */
 typedef struct {{
@@ -486,7 +492,7 @@ void {n}_step({n}_state *s, const int32_t *input, int64_t *output);
 #endif /* {guard} */
 """
 
-    def source(self) -> str:
+    def source(self, pair_id: str = "") -> str:
         n, N = self.name, self.NAME
         rhe = ""
         if self.uses_rhe:
@@ -500,6 +506,10 @@ void {n}_step({n}_state *s, const int32_t *input, int64_t *output);
 #include <string.h>
 
 #include "{n}.h"
+
+#if !defined({N}_PAIR_ID) || {N}_PAIR_ID != 0x{pair_id}ULL
+#error "{n}.h was not written together with {n}.c (to_c writes both; copy both)"
+#endif
 
 /* sizeof({n}_state) must equal {N}_RAM_BYTES */
 typedef char {n}_ram_bytes_check[(sizeof({n}_state) == {N}_RAM_BYTES) ? 1 : -1];
@@ -560,16 +570,18 @@ def c_memory(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = None) 
                    input_size=_numel(g.input_shape), output_size=g.out_size)
 
 
-def _write_atomic(path: Path, text: str):
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="ascii", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _pair_texts(gen: "_Gen") -> Tuple[bytes, bytes]:
+    """The header and source as ASCII bytes, tied by a pair id: the first 64 bits of the SHA-256
+    of both texts (written without the id)."""
+    digest = hashlib.sha256((gen.header("0") + "\0" + gen.source("0")).encode("utf-8"))
+    pair_id = digest.hexdigest()[:16]
+    texts = []
+    for text in (gen.header(pair_id), gen.source(pair_id)):
+        try:
+            texts.append(text.encode("ascii"))
+        except UnicodeEncodeError as exc:  # a bug of this module: every name is escaped
+            raise ExportError(f"the generated C is not ASCII ({exc}); nothing was written") from None
+    return texts[0], texts[1]
 
 
 def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "snn", *,
@@ -600,11 +612,26 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
       ``output`` receives the spikes (0/1) or, for a network ending in a synaptic layer, the
       integer currents in units of :math:`2^{-F}` (``desc.output_frac_bits``).
 
+    Layer names. The source model's module names (any text: ``'capa_oculta_ñ'``, spaces,
+    quotes, ``'fc/*hidden*/'``) never become C identifiers: every generated symbol is
+    ``<name>_<kind><position>`` (``snn_w0``, ``snn_n1``), unique by construction, and a module name
+    appears only inside comments, escaped to ASCII with every ``/*``, ``*/`` and ``?`` defused.
+
+    Writing. Both texts are generated (and checked to be ASCII) before anything is written; then
+    both files are written to temporaries in ``out_dir``, ``fsync``-ed, and renamed over the old
+    pair (:func:`snnquant._io.atomic_write_files`), with the umask's permissions like every other
+    output. An error while writing (a full disk) leaves the earlier pair as it was and names the
+    path. Between the two renames a reader could see a new header beside an old source, so the
+    pair also carries its own check: ``<NAME>_PAIR_ID`` in the header (the first 64 bits of a
+    SHA-256 of both texts) must equal the value written into the source, which otherwise stops
+    compiling with an ``#error`` naming both files.
+
     Args:
         desc: the integer network (:func:`~snnquant.export.to_integer` or
             :func:`~snnquant.export.load_integer`).
-        out_dir: folder for the two files (created if missing); files are written atomically.
-        name: C identifier prefixing every public symbol and naming the files.
+        out_dir: folder for the two files (created if missing).
+        name: C identifier prefixing every public symbol and naming the files (checked before
+            anything is written).
         input_shape: per-sample input shape without time and batch. Needed when the network does
             not start with a linear layer (the description holds no image size); by default
             ``(in_features,)`` of the first linear layer.
@@ -615,15 +642,16 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
     Raises:
         TypeError: ``desc`` is not an :class:`~snnquant.export.IntegerNetwork`.
         ValueError: a bad ``name`` or ``input_shape``.
+        OSError: a file could not be written (the message names it; the earlier pair is kept).
         ExportError: a bound of an intermediate value reaches :math:`2^{62}` (the C code would
             overflow), or a layer form the C runtime does not implement.
     """
     gen = _prepare(desc, name, input_shape)
+    texts = _pair_texts(gen)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir={str(out_dir)!r} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     header, source = out / f"{gen.name}.h", out / f"{gen.name}.c"
-    _write_atomic(header, gen.header())
-    _write_atomic(source, gen.source())
+    atomic_write_files(zip((header, source), texts))
     return header, source
