@@ -24,7 +24,8 @@ import socket
 import struct
 from typing import Callable, Union
 
-__all__ = ["atomic_write", "atomic_write_files", "remove_stale_temporaries", "save_checkpoint", "load_checkpoint"]
+__all__ = ["atomic_write", "atomic_write_files",
+           "remove_stale_temporaries", "save_checkpoint", "load_checkpoint"]
 
 PathLike = Union[str, os.PathLike]
 

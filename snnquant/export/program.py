@@ -157,11 +157,13 @@ class NeuronProgram:
     v_min: int
     v_max: int
 
-    def run(self, v, xin, rhe: Optional[Callable] = None):
+    def run(self, v, xin, rhe: Optional[Callable] = None, trace: Optional[dict] = None):
         """One step on tensors (or ints): ``(v_next, spike)``; ``rhe`` defaults to
-        :func:`~snnquant.export.round_half_even_shift`."""
+        :func:`~snnquant.export.round_half_even_shift`; ``trace``, a dict, receives every
+        register."""
         rhe = rhe or integer_ops.round_half_even_shift
-        env = {"v": v, "xin": xin}
+        env = {"v": v, "xin": xin} if trace is None else trace
+        env.update(v=v, xin=xin)
         for ins in self.instrs:
             env[ins.dst] = OPCODES[ins.code].torch(
                 rhe, *[env[a] if isinstance(a, str) else a for a in ins.args])
