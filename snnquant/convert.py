@@ -14,16 +14,15 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
-from spikingjelly.activation_based import neuron
 
 from .functional.state import STATE_QUANT_MAX_BITS
-from .nn.layers import QuantConv1d, QuantConv2d, QuantLinear
 from .kernels.dispatch import DEFAULT_BACKEND
-from .nn.neurons import BACKENDS, QuantIFNode, QuantLIFNode, QuantParametricLIFNode
+from .nn.neurons import BACKENDS, QuantParametricLIFNode
 from .nn.quantizers import (BinaryQuantizer, LSQQuantizer, MinMaxQuantizer, QuantizedBits,
                             StateQuant, TernaryQuantizer, UniformQuantizer,
                             WeightGridBiasQuantizer)
 from .nn.neurons import uniform_membrane_step
+from .nn import registry
 from .summary import Summary, summary  # noqa: F401  (still importable from snnquant.convert)
 from .utils import copy_model
 
@@ -224,38 +223,24 @@ def _membrane_quantizer(cfg: QuantConfig, v_threshold: float):
     return LSQQuantizer(bits, signed=True)
 
 
-_LAYER_MAP = {
-    nn.Linear: QuantLinear,
-    nn.Conv1d: QuantConv1d,
-    nn.Conv2d: QuantConv2d,
-}
-_NEURON_MAP = {
-    neuron.IFNode: QuantIFNode,
-    neuron.LIFNode: QuantLIFNode,
-    neuron.ParametricLIFNode: QuantParametricLIFNode,
-}
-_QUANT_TYPES = (QuantLinear, QuantConv1d, QuantConv2d, QuantIFNode, QuantLIFNode,
-                QuantParametricLIFNode)
-
-
 _BATCH_NORMS = (nn.modules.batchnorm._BatchNorm,)
 _NO_QUANTIZED_VERSION = (nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
-def _layer_target(module):
-    if isinstance(module, _QUANT_TYPES):
+def _layer_target(module) -> Optional[registry.LayerKind]:
+    if isinstance(module, registry.quantized_classes()):
         return None
-    for base_cls, q_cls in _LAYER_MAP.items():
-        if type(module) is base_cls or (isinstance(module, base_cls) and type(module).__module__
-                                        .startswith("spikingjelly.activation_based.layer")):
-            return q_cls
+    for kind in registry.LAYER_KINDS:
+        if type(module) is kind.float_cls or (isinstance(module, kind.float_cls) and type(
+                module).__module__.startswith("spikingjelly.activation_based.layer")):
+            return kind
     return None
 
 
-def _neuron_target(module):
-    if isinstance(module, _QUANT_TYPES):
+def _neuron_target(module) -> Optional[registry.NeuronKind]:
+    if isinstance(module, registry.quantized_classes()):
         return None
-    return _NEURON_MAP.get(type(module))
+    return next((k for k in registry.NEURON_KINDS if type(module) is k.float_cls), None)
 
 
 def _is_neuron(module) -> bool:
@@ -280,14 +265,15 @@ def _why_not_quantized(module) -> Optional[str]:
         return None
     if _is_neuron(module):
         return (f"unsupported neuron type {kind}; supported: "
-                f"{[c.__name__ for c in _NEURON_MAP]} (exactly these classes: a subclass may "
+                f"{[k.float_cls.__name__ for k in registry.NEURON_KINDS]} (exactly these "
+                f"classes: a subclass may "
                 f"change the dynamics); its membrane stays float")
     if not _carries_weights_or_state(module):
         return None
     if isinstance(module, _NO_QUANTIZED_VERSION):
         return (f"no quantized version of {kind}: its weights stay float (quantize_model replaces "
                 f"Linear, Conv1d and Conv2d)")
-    for base_cls in _LAYER_MAP:
+    for base_cls in (k.float_cls for k in registry.LAYER_KINDS):
         if isinstance(module, base_cls):
             return (f"{kind} is a subclass of nn.{base_cls.__name__} that snnquant does not "
                     f"recognise (its forward may differ), so its weights stay float; use "
@@ -316,17 +302,9 @@ def _plif_note(name: str, module) -> Optional[str]:
             f"w.requires_grad_(False))")
 
 
-def _convert_layer(module, q_cls, cfg: QuantConfig):
+def _convert_layer(module, kind: registry.LayerKind, cfg: QuantConfig):
     w = module.weight
-    step_mode = getattr(module, "step_mode", "s")
-    if q_cls is QuantLinear:
-        new = QuantLinear(module.in_features, module.out_features, bias=module.bias is not None,
-                          step_mode=step_mode, weight_quant=None)
-    else:
-        new = q_cls(module.in_channels, module.out_channels, module.kernel_size,
-                    stride=module.stride, padding=module.padding, dilation=module.dilation,
-                    groups=module.groups, bias=module.bias is not None,
-                    padding_mode=module.padding_mode, step_mode=step_mode, weight_quant=None)
+    new = kind.from_float(module)
     new.weight = module.weight
     new.bias = module.bias
     new.weight_quant = _weight_quantizer(cfg, cfg.weight_bits, w.shape[0])
@@ -339,18 +317,12 @@ def _convert_layer(module, q_cls, cfg: QuantConfig):
     return new
 
 
-def _convert_neuron(module, q_cls, cfg: QuantConfig, device=None, dtype=None):
+def _convert_neuron(module, kind: registry.NeuronKind, cfg: QuantConfig, device=None, dtype=None):
     kw = dict(v_threshold=module.v_threshold, v_reset=module.v_reset,
               surrogate_function=module.surrogate_function, detach_reset=module.detach_reset,
               step_mode=module.step_mode, store_v_seq=module.store_v_seq,
               v_quant=_membrane_quantizer(cfg, module.v_threshold), backend=cfg.backend)
-    if q_cls is QuantLIFNode:
-        new = QuantLIFNode(tau=module.tau, decay_input=module.decay_input, **kw)
-    elif q_cls is QuantParametricLIFNode:
-        new = QuantParametricLIFNode(decay_input=module.decay_input, **kw)
-        new.w = module.w
-    else:
-        new = QuantIFNode(**kw)
+    new = kind.from_float(module, **kw)
     new._neuron_precision = getattr(module, "_neuron_precision", None)
     params = list(module.parameters())
     if params:  # PLIF: its own parameter says where it lives

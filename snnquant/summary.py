@@ -77,7 +77,7 @@ class Summary:
 
 
 def _bits_of(q) -> Optional[int]:
-    return None if q is None else getattr(q, "num_bits", None)
+    return None if q is None else q.num_bits
 
 
 def _synaptic_ops(module: nn.Module, x: torch.Tensor) -> float:

@@ -193,8 +193,7 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
         if wq is not None and reinit_weight_step:
             # a scale-only quantizer (binary/ternary alpha) follows the BN scale exactly; the
             # others re-initialise their step from the folded weight
-            rescale = getattr(wq, "rescale_channels", None)
-            if rescale is None or not rescale(scale.to(layer.weight.dtype)):
+            if not wq.rescale_channels(scale.to(layer.weight.dtype)):
                 _reinit_weight_quantizer(layer)
         if hasattr(layer, "weight_quant"):
             _grid_bias_quantizer(layer, leaves, i, bias_bits)
