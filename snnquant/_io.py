@@ -24,7 +24,7 @@ import socket
 import struct
 from typing import Callable, Union
 
-__all__ = ["atomic_write", "atomic_write_files",
+__all__ = ["atomic_write", "atomic_write_files", "host_name", "pid_alive",
            "remove_stale_temporaries", "save_checkpoint", "load_checkpoint"]
 
 PathLike = Union[str, os.PathLike]
@@ -36,15 +36,18 @@ _DIR_SYNC_UNSUPPORTED = {errno.EINVAL, errno.EBADF, errno.EISDIR, errno.EACCES, 
                          getattr(errno, "EOPNOTSUPP", errno.EINVAL)}
 
 
-def _host() -> str:
+def host_name() -> str:
+    """This machine's host name with every character other than letters, digits and ``.``
+    replaced by ``_`` (the form temporary file names carry)."""
     return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
 
 
 def _temporary_path(path: str) -> str:
-    return f"{path}.tmp-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+    return f"{path}.tmp-{host_name()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with id ``pid`` exists on this machine (this process counts)."""
     if pid == os.getpid():
         return True
     try:
@@ -77,8 +80,8 @@ def remove_stale_temporaries(path: PathLike) -> list:
     removed = []
     for name in names:
         m = pattern.fullmatch(name)
-        if m is None or m.group("host") not in (None, _host()) or \
-                _pid_alive(int(m.group("pid") or m.group("old_pid"))):
+        if m is None or m.group("host") not in (None, host_name()) or \
+                pid_alive(int(m.group("pid") or m.group("old_pid"))):
             continue
         try:
             os.unlink(os.path.join(folder, name))

@@ -58,6 +58,7 @@ import torch
 import torch.nn as nn
 
 from .nn.quantizers.base import QuantizerBase
+from .utils import batch_input, run_batches
 
 __all__ = ["calibrate", "CalibrationReport", "CalibratedQuantizer", "SkippedQuantizer", "run_batches",
            "batch_input", "FiringRate", "FiringRateWarning", "firing_rates",
@@ -282,48 +283,6 @@ def _quantized_modules(model: nn.Module):
         if vq is not None and hasattr(m, "v_threshold"):
             out.append((name, m, "membrane", vq))
     return out
-
-
-def batch_input(batch, index: int) -> torch.Tensor:
-    """The input tensor ``[T, N, ...]`` of a batch (a tensor, or an ``(input, target)`` pair);
-    ``index`` names the batch in the error for anything else."""
-    x = batch[0] if isinstance(batch, (tuple, list)) else batch
-    if not isinstance(x, torch.Tensor) or x.dim() < 3:
-        raise ValueError(f"batches[{index}] must be an input tensor [T, N, ...] or an (input, "
-                         f"target) pair, got {type(batch).__name__} with input "
-                         f"{getattr(x, 'shape', type(x))}")
-    return x
-
-
-def run_batches(model: nn.Module, batches: Iterable, num_batches: Optional[int] = None,
-                on_output=None) -> int:
-    """Run ``model`` (as it is) over ``batches`` without gradients; return the number of batches.
-
-    Each batch is an input tensor ``[T, N, ...]`` or an ``(input, target)`` pair; a multi-step
-    model gets the whole sequence, a single-step model one step at a time. Neuron states are reset
-    before each batch and at the end. ``on_output(output [T, N, ...], batch)`` is called per batch.
-    """
-    from spikingjelly.activation_based import functional as sjf
-
-    from .utils import is_multi_step
-    multi = is_multi_step(model)
-    ref = next((t for t in list(model.parameters()) + list(model.buffers())
-                if t.is_floating_point()), None)
-    count = 0
-    with torch.no_grad():
-        for i, batch in enumerate(batches):
-            if num_batches is not None and i >= num_batches:
-                break
-            x = batch_input(batch, i)
-            if ref is not None:
-                x = x.to(device=ref.device, dtype=ref.dtype if x.is_floating_point() else None)
-            sjf.reset_net(model)
-            out = model(x) if multi else torch.stack([model(x[t]) for t in range(x.shape[0])])
-            if on_output is not None:
-                on_output(out, batch)
-            count += 1
-    sjf.reset_net(model)
-    return count
 
 
 def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",

@@ -1,7 +1,4 @@
-r"""One call to quantize a SpikingJelly network: :func:`quantize_model`, :class:`QuantConfig`.
-
-(:func:`~snnquant.summary.summary` lives in :mod:`snnquant.summary`; it stays importable from here.)
-"""
+r"""One call to quantize a SpikingJelly network: :func:`quantize_model`, :class:`QuantConfig`."""
 
 from __future__ import annotations
 
@@ -15,26 +12,35 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 
+from .functional import check_bit_width, pow2_exponent
 from .functional.state import STATE_QUANT_MAX_BITS
 from .kernels.dispatch import DEFAULT_BACKEND
 from .nn.neurons import BACKENDS, QuantParametricLIFNode
-from .nn.quantizers import (BinaryQuantizer, LSQQuantizer, MinMaxQuantizer, QuantizedBits,
-                            StateQuant, TernaryQuantizer, UniformQuantizer,
-                            WeightGridBiasQuantizer)
-from .nn.neurons import uniform_membrane_step
+from .nn.quantizers import (MEMBRANE_QUANTIZERS, BinaryQuantizer, LSQQuantizer, MinMaxQuantizer,
+                            QuantizedBits, TernaryQuantizer, WeightGridBiasQuantizer,
+                            make_membrane_quantizer)
 from .nn import registry
-from .summary import Summary, summary  # noqa: F401  (still importable from snnquant.convert)
 from .utils import copy_model
 
 __all__ = ["QuantConfig", "QuantConfigTypeError", "QuantReport", "ReplacedModule", "SkippedModule", "quantize_model",
            "WEIGHT_QUANTIZERS", "MEMBRANE_QUANTIZERS"]
 
 WEIGHT_QUANTIZERS = ("lsq", "lsq_pow2", "minmax", "quantized_bits", "ternary")
-MEMBRANE_QUANTIZERS = ("uniform", "threshold_centered", "lsq")
 
 
 class QuantConfigTypeError(TypeError, ValueError):
     """A :class:`QuantConfig` field of the wrong type (both a ``TypeError`` and a ``ValueError``)."""
+
+
+def __getattr__(name):
+    # Deprecated: summary moved to snnquant.summary, a floor above convert. Reached only by the
+    # old spelling `from snnquant.convert import summary`; convert itself never imports it.
+    if name in ("summary", "Summary"):
+        import importlib
+        warnings.warn(f"snnquant.convert.{name} is deprecated: import it from snnquant "
+                      f"(from snnquant import {name})", DeprecationWarning, stacklevel=2)
+        return getattr(importlib.import_module("snnquant.summary"), name)
+    raise AttributeError(f"module 'snnquant.convert' has no attribute {name!r}")
 
 
 @dataclass
@@ -93,13 +99,14 @@ class QuantConfig:
         """
         for name in ("weight_bits", "bias_bits", "v_bits"):
             value = getattr(self, name)
-            low = 1 if name == "weight_bits" else 2
             if value is not None:
-                if isinstance(value, bool) or not isinstance(value, int):
-                    raise QuantConfigTypeError(f"{name} must be None or an int in [{low}, 32], got "
-                                               f"{value!r} ({type(value).__name__})")
-                if not low <= value <= 32:
-                    raise ValueError(f"{name} must be None or an int in [{low}, 32], got {value!r}")
+                try:  # stored as an int (a NumPy integer is accepted)
+                    setattr(self, name, check_bit_width(value, name, 1 if name == "weight_bits"
+                                                        else 2, 32))
+                except TypeError as exc:
+                    raise QuantConfigTypeError(f"{exc}, or None") from None
+                except ValueError as exc:
+                    raise ValueError(f"{exc}, or None") from None
         if not isinstance(self.per_channel, bool):
             raise QuantConfigTypeError(f"per_channel must be True or False, got "
                                        f"{self.per_channel!r} ({type(self.per_channel).__name__})")
@@ -214,15 +221,6 @@ def _weight_quantizer(cfg: QuantConfig, bits: int, num_channels: int):
     return QuantizedBits(bits, integer=0, symmetric=True, keep_negative=True)
 
 
-def _membrane_quantizer(cfg: QuantConfig, v_threshold: float):
-    bits = cfg.v_bits
-    if cfg.membrane_quantizer == "uniform":
-        return UniformQuantizer(bits, step=uniform_membrane_step(v_threshold, bits))
-    if cfg.membrane_quantizer == "threshold_centered":
-        return StateQuant(num_bits=bits, uniform=False, thr_centered=True, threshold=v_threshold)
-    return LSQQuantizer(bits, signed=True)
-
-
 _BATCH_NORMS = (nn.modules.batchnorm._BatchNorm,)
 _NO_QUANTIZED_VERSION = (nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
@@ -285,14 +283,9 @@ def _why_not_quantized(module) -> Optional[str]:
             f"float")
 
 
-def _pow2(value: float) -> bool:
-    import math
-    return value > 0 and math.isfinite(value) and math.frexp(value)[0] == 0.5
-
-
 def _plif_note(name: str, module) -> Optional[str]:
     tau = float(1.0 / torch.sigmoid(module.w.detach().double()))
-    if not module.w.requires_grad and _pow2(tau):
+    if not module.w.requires_grad and pow2_exponent(tau) is not None:
         return None
     what = "learns its tau" if module.w.requires_grad else "has a fixed tau"
     return (f"{name}: ParametricLIFNode {what} (now {tau:.6g}); a learned tau is rarely a power "
@@ -321,7 +314,9 @@ def _convert_neuron(module, kind: registry.NeuronKind, cfg: QuantConfig, device=
     kw = dict(v_threshold=module.v_threshold, v_reset=module.v_reset,
               surrogate_function=module.surrogate_function, detach_reset=module.detach_reset,
               step_mode=module.step_mode, store_v_seq=module.store_v_seq,
-              v_quant=_membrane_quantizer(cfg, module.v_threshold), backend=cfg.backend)
+              v_quant=make_membrane_quantizer(cfg.v_bits, module.v_threshold,
+                                              cfg.membrane_quantizer),
+              backend=cfg.backend)
     new = kind.from_float(module, **kw)
     new._neuron_precision = getattr(module, "_neuron_precision", None)
     params = list(module.parameters())

@@ -183,7 +183,7 @@ def _default_loss(output: torch.Tensor, target: Optional[torch.Tensor],
 
 
 def _evaluate(model, batches, references, loss_fn):
-    from .calibrate import run_batches
+    from .utils import run_batches
     total, correct, count, labelled = 0.0, 0, 0, True
     outputs = []
     run_batches(model, batches, None, on_output=lambda out, _batch: outputs.append(out))
@@ -246,10 +246,10 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
     Returns:
         A :class:`SensitivityResult` (``str()`` is the table, ``.plot()`` a heat map).
     """
-    from .calibrate import CALIBRATION_METHODS, batch_input, calibrate, run_batches
+    from .calibrate import CALIBRATION_METHODS, calibrate
     from .convert import QuantConfig, quantize_model
-    from .summary import summary
-    from .utils import copy_model
+    from .measure import layer_rows
+    from .utils import batch_input, copy_model, run_batches
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -288,7 +288,7 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
         v_bits=8 if membranes else config.v_bits, overrides={}))
     replaced = {r.name for r in report.replaced}
     first = batch_input(batch_list[0], 0)[:, :1]
-    rows = {r["name"]: r for r in summary(probe, first).rows}
+    rows = {r["name"]: r for r in layer_rows(probe, first)}
     layers, costs = [], []
     fixed = 0.0
     for name, row in rows.items():

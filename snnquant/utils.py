@@ -1,13 +1,15 @@
-"""Helpers that :mod:`snnquant.convert`, :mod:`snnquant.summary` and :mod:`snnquant.export` share."""
+"""Helpers that :mod:`snnquant.convert`, :mod:`snnquant.export`, :mod:`snnquant.summary`,
+:mod:`snnquant.calibrate` and :mod:`snnquant.sensitivity` share."""
 
 from __future__ import annotations
 
 import copy
+from typing import Iterable, Optional
 
 import torch
 import torch.nn as nn
 
-__all__ = ["copy_model", "is_multi_step"]
+__all__ = ["copy_model", "is_multi_step", "batch_input", "run_batches"]
 
 
 def copy_model(model: nn.Module) -> nn.Module:
@@ -51,3 +53,44 @@ def is_multi_step(model: nn.Module) -> bool:
                 not isinstance(m, QuantizerBase):
             return True
     return False
+
+
+def batch_input(batch, index: int) -> torch.Tensor:
+    """The input tensor ``[T, N, ...]`` of a batch (a tensor, or an ``(input, target)`` pair);
+    ``index`` names the batch in the error for anything else."""
+    x = batch[0] if isinstance(batch, (tuple, list)) else batch
+    if not isinstance(x, torch.Tensor) or x.dim() < 3:
+        raise ValueError(f"batches[{index}] must be an input tensor [T, N, ...] or an (input, "
+                         f"target) pair, got {type(batch).__name__} with input "
+                         f"{getattr(x, 'shape', type(x))}")
+    return x
+
+
+def run_batches(model: nn.Module, batches: Iterable, num_batches: Optional[int] = None,
+                on_output=None) -> int:
+    """Run ``model`` (as it is) over ``batches`` without gradients; return the number of batches.
+
+    Each batch is an input tensor ``[T, N, ...]`` or an ``(input, target)`` pair; a multi-step
+    model gets the whole sequence, a single-step model one step at a time. Neuron states are reset
+    before each batch and at the end. ``on_output(output [T, N, ...], batch)`` is called per batch.
+    """
+    from spikingjelly.activation_based import functional as sjf
+
+    multi = is_multi_step(model)
+    ref = next((t for t in list(model.parameters()) + list(model.buffers())
+                if t.is_floating_point()), None)
+    count = 0
+    with torch.no_grad():
+        for i, batch in enumerate(batches):
+            if num_batches is not None and i >= num_batches:
+                break
+            x = batch_input(batch, i)
+            if ref is not None:
+                x = x.to(device=ref.device, dtype=ref.dtype if x.is_floating_point() else None)
+            sjf.reset_net(model)
+            out = model(x) if multi else torch.stack([model(x[t]) for t in range(x.shape[0])])
+            if on_output is not None:
+                on_output(out, batch)
+            count += 1
+    sjf.reset_net(model)
+    return count

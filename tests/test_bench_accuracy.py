@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -88,16 +89,8 @@ def test_mixed_precision_combines_seeds_run_apart(tmp_path):
 
 
 def _benchmark_module(name):
-    """A module of benchmarks/ (scripts there import their siblings by bare name)."""
-    import importlib.util
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        spec = importlib.util.spec_from_file_location(f"bench_{name}", ROOT / "benchmarks" / f"{name}.py")
-        mod = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(mod)
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
-    return mod
+    """A module of benchmarks/."""
+    return load_script(f"benchmarks/{name}.py", f"bench_{name}")
 
 
 @pytest.mark.parametrize("script", ["_nmnist_common.py", "accuracy_nmnist_real.py"])

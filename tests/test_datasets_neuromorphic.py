@@ -1,17 +1,15 @@
 """DVS128 Gesture, CIFAR10-DVS and SHD: fixtures in the original file formats, read end to end by
 SpikingJelly's own classes; checked roots; the training example on each fixture."""
-import importlib.util
 import pathlib
 import shutil
 
 import numpy as np
 import pytest
+from conftest import load_script
 
 import snnquant.datasets as D
 from snnquant.datasets import fixtures as FX
 from snnquant.datasets.neuromorphic import read_aedat31_polarity
-
-REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -182,10 +180,7 @@ def test_a_corrupt_frames_file_is_named_from_inside_the_dataloader(roots, tmp_pa
 
 
 def _example():
-    spec = importlib.util.spec_from_file_location("train_nmnist_fixture", REPO / "examples" / "train_nmnist.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("examples/train_nmnist.py", "train_nmnist_fixture")
 
 
 @pytest.mark.slow

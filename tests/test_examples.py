@@ -1,5 +1,4 @@
 """Every example runs in a reduced form, so that none can silently rot."""
-import importlib.util
 import json
 import os
 import pathlib
@@ -9,16 +8,14 @@ import sys
 
 import pytest
 import torch
+from conftest import load_script
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
 def _load(name):
-    spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(f"examples/{name}.py")
 
 
 def test_every_example_is_tested():

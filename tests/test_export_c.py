@@ -2,7 +2,6 @@
 outputs compared with ``IntegerSNN`` step by step, on random and on trained networks."""
 import errno
 import functools
-import importlib.util
 import os
 import pathlib
 import re
@@ -14,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
+from conftest import load_script
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from spikingjelly.activation_based import functional as sjf
@@ -270,10 +270,7 @@ def test_random_networks_match_integer_snn(cfg, tmp_path_factory):
 # the example's network, trained
 
 def _example_module():
-    spec = importlib.util.spec_from_file_location("train_nmnist", ROOT / "examples" / "train_nmnist.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("examples/train_nmnist.py")
 
 
 def test_trained_example_network_matches_integer_snn(tmp_path):

@@ -1,22 +1,18 @@
 """The CPU-side logic of benchmarks/bench_neuron_gpu.py (arguments, bandwidth model, targets,
 table and files); the measurements themselves need a GPU and are never run by the tests."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_neuron_gpu.py"
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("bench_neuron_gpu", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/bench_neuron_gpu.py")
 
 
 def test_arguments(bench):

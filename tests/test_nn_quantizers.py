@@ -144,7 +144,8 @@ def test_buffers_and_params_move_and_save():
     assert q64.step.dtype == torch.float64 and q64.bit_width.dtype == torch.int32
     m = qnn.MinMaxQuantizer(4)
     m(torch.randn(10))
-    assert {"min_val", "max_val", "initialized", "bit_width"} <= set(m.state_dict())
+    assert {"observer.min_val", "observer.max_val", "observer.initialized",
+            "observer.bit_width"} <= set(m.state_dict())
 
 
 def test_affine_kbit_learns_w_and_b():
@@ -249,3 +250,46 @@ def test_layer_quantizers_follow_layer_dtype():
 def test_layers_name_the_expected_sequence_shape(layer_fn, bad):
     with pytest.raises(ValueError, match=r"\[T, N, \.\.\.\]"):
         layer_fn()(bad)
+
+
+def test_minmax_quantizer_holds_its_observer():
+    # as in torch.ao.quantization: the fake-quantizer has an observer, it is not one
+    q = qnn.MinMaxQuantizer(4, momentum=0.5, include_values=(1.5,))
+    assert isinstance(q.observer, qnn.MinMaxObserver) and not isinstance(q, qnn.MinMaxObserver)
+    q(torch.tensor([-1.0, 1.0]))
+    assert q.min_val is q.observer.min_val and float(q.max_val) == 1.0
+    assert float(q.grid().step) == pytest.approx(2.5 / 15)  # the range holds include_values
+    assert q.observing and q.sequence_grid() is None  # training: the grid moves with each call
+    q.eval()
+    assert not q.observing and q.sequence_grid() == q.grid()
+    q.include_values = None
+    assert q.observer.include_values is None
+
+
+def test_minmax_loads_a_state_dict_saved_before_the_observer_was_a_child():
+    # the keys main wrote at 69830f8 (MinMaxQuantizer was then a subclass of MinMaxObserver)
+    old = {"0.weight": torch.zeros(2, 3), "0.bias": torch.zeros(2),
+           "0.weight_quant.min_val": torch.tensor(-1.0),
+           "0.weight_quant.max_val": torch.tensor(2.0),
+           "0.weight_quant.initialized": torch.tensor(True),
+           "0.weight_quant.bit_width": torch.tensor(4, dtype=torch.int32),
+           "0.weight_quant.quant_config": torch.tensor([3331189203, 4, 1, 0, -1, 0]),
+           "0.bias_quant.bit_width": torch.tensor(16, dtype=torch.int32),
+           "0.bias_quant.quant_config": torch.tensor([4115247811, 16, 1, 0, -1, 1])}
+    net = torch.nn.Sequential(qnn.QuantLinear(3, 2, weight_quant=qnn.MinMaxQuantizer(
+        4, symmetric=True)))
+    net.load_state_dict(old)  # strict
+    q = net[0].weight_quant
+    assert q.is_initialized and (float(q.min_val), float(q.max_val)) == (-1.0, 2.0)
+    assert float(q.grid().step) == pytest.approx(2.0 / 7)
+    # and the bit-width check still applies to the old keys
+    net8 = torch.nn.Sequential(qnn.QuantLinear(3, 2, weight_quant=qnn.MinMaxQuantizer(
+        8, symmetric=True)))
+    old_bits = {k: v for k, v in old.items() if not k.endswith("weight_quant.quant_config")}
+    with pytest.raises(ValueError, match=r"4-bit.*8 bits"):
+        net8.load_state_dict(old_bits)
+    # the new keys round-trip
+    fresh = torch.nn.Sequential(qnn.QuantLinear(3, 2, weight_quant=qnn.MinMaxQuantizer(
+        4, symmetric=True)))
+    fresh.load_state_dict(net.state_dict())
+    assert float(fresh[0].weight_quant.max_val) == 2.0

@@ -13,13 +13,14 @@ import os
 import secrets
 import shutil
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Dict, Optional, Tuple, Union
 
 import numpy as np
 
-from .._paths import user_cache_home
-from .nmnist import DatasetRootError, NMNIST_CLASSES, build_lock, check_nmnist_root, convert_extracted
-from .nmnist_format import _atomic_write_bytes, write_nmnist_bin
+from .nmnist import (DatasetRootError, NMNIST_CLASSES, build_lock, check_nmnist_root, convert_extracted,
+                     default_data_dir)
+from .._io import atomic_write
+from .nmnist_format import write_nmnist_bin
 from .saccades import _check_int, saccade_events
 
 __all__ = [
@@ -58,13 +59,6 @@ DIGITS_TEST_FRACTION = 0.2
 MARKER_NAME = "snnquant_dataset.json"
 _BLOCK = 512
 _DATASET_NAME = "digits-nmnist"
-
-
-def default_data_dir() -> Path:
-    """The cache folder: ``$SNNQUANT_DATA`` when set and not empty, else
-    ``$XDG_CACHE_HOME/snnquant`` (``~/.cache/snnquant`` without it), as the kernel cache."""
-    value = os.environ.get("SNNQUANT_DATA", "")
-    return Path(value).expanduser() if value else user_cache_home() / "snnquant"
 
 
 def digits_nmnist_split(seed: int = 0, samples_per_class: Optional[int] = None) -> Dict[str, np.ndarray]:
@@ -264,4 +258,4 @@ def _build(tmp: Path, split: Dict[str, np.ndarray], seed: int, identity: dict) -
             "test_indices": split["test"].tolist(),
         }
     )
-    _atomic_write_bytes(tmp / MARKER_NAME, (json.dumps(marker, indent=1) + "\n").encode())
+    atomic_write(tmp / MARKER_NAME, json.dumps(marker, indent=1) + "\n")

@@ -37,12 +37,13 @@ test can compare SpikingJelly's reading with them.
 
 from __future__ import annotations
 
-import os
 import struct
 from pathlib import Path
 from typing import Dict, List, Tuple
 
 import numpy as np
+
+from .._io import atomic_write
 
 __all__ = [
     "write_aedat31",
@@ -239,19 +240,21 @@ def write_shd_fixture(
                 samples.append((c, {"t": t[order].astype(np.float32), "x": u[order].astype(np.uint16)}))
         path = Path(root) / "extract" / f"shd_{split}.h5"
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-        with h5py.File(tmp, "w") as f:
-            spikes = f.create_group("spikes")
-            times = spikes.create_dataset("times", (len(samples),), dtype=h5py.vlen_dtype(np.float32))
-            units = spikes.create_dataset("units", (len(samples),), dtype=h5py.vlen_dtype(np.uint16))
-            for k, (_, ev) in enumerate(samples):
-                times[k] = ev["t"]
-                units[k] = ev["x"]
-            f.create_dataset("labels", data=np.array([c for c, _ in samples], dtype=np.uint16))
-            extra = f.create_group("extra")
-            extra.create_dataset("speaker", data=np.zeros(len(samples), dtype=np.uint16))
-            extra.create_dataset("keys", data=np.array([f"digit-{c}".encode() for c in range(20)]))
-        os.replace(tmp, path)
+
+        def write_h5(tmp, samples=samples):
+            with h5py.File(tmp, "w") as f:
+                spikes = f.create_group("spikes")
+                times = spikes.create_dataset("times", (len(samples),), dtype=h5py.vlen_dtype(np.float32))
+                units = spikes.create_dataset("units", (len(samples),), dtype=h5py.vlen_dtype(np.uint16))
+                for k, (_, ev) in enumerate(samples):
+                    times[k] = ev["t"]
+                    units[k] = ev["x"]
+                f.create_dataset("labels", data=np.array([c for c, _ in samples], dtype=np.uint16))
+                extra = f.create_group("extra")
+                extra.create_dataset("speaker", data=np.zeros(len(samples), dtype=np.uint16))
+                extra.create_dataset("keys", data=np.array([f"digit-{c}".encode() for c in range(20)]))
+
+        atomic_write(path, write_h5)
         written[split] = samples
     return written
 
@@ -259,7 +262,4 @@ def write_shd_fixture(
 def _write(path, data: bytes) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(data)
-    os.replace(tmp, path)
+    atomic_write(path, data)

@@ -15,10 +15,11 @@ import secrets
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 from .checked import (LOAD_ERRORS, CorruptDatasetFileError, find_unreadable_npz,
                       spikingjelly_preprocessing, wrap_dataset_loader)
+from .._paths import user_cache_home
 from .nmnist_format import EVENT_BYTES
 
 __all__ = [
@@ -454,6 +455,13 @@ def unfinished_marker_message(marker: Path, what: str, delete: Sequence[Path]) -
             f"{paths} (those that exist) and the marker, then load again. Nothing was deleted.")
 
 
+def default_data_dir() -> Path:
+    """The cache folder: ``$SNNQUANT_DATA`` when set and not empty, else
+    ``$XDG_CACHE_HOME/snnquant`` (``~/.cache/snnquant`` without it), as the kernel cache."""
+    value = os.environ.get("SNNQUANT_DATA", "")
+    return Path(value).expanduser() if value else user_cache_home() / "snnquant"
+
+
 @contextlib.contextmanager
 def build_lock(root: PathLike):
     """Let one process at a time prepare and load ``root``; the others wait for it.
@@ -473,7 +481,6 @@ def build_lock(root: PathLike):
         root: the dataset root.
     """
     from .._filelock import file_lock
-    from .digits import default_data_dir
 
     resolved = str(Path(root).expanduser().resolve())
     locks = default_data_dir() / "locks"

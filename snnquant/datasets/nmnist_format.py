@@ -16,11 +16,12 @@ There is no header: an empty file holds zero events.
 from __future__ import annotations
 
 import os
-import secrets
 from pathlib import Path
 from typing import Mapping, Optional, Tuple, Union
 
 import numpy as np
+
+from .._io import atomic_write
 
 __all__ = [
     "EVENT_BYTES",
@@ -151,7 +152,8 @@ def read_nmnist_bin(
 
 
 def write_nmnist_bin(path: PathLike, events: Mapping) -> None:
-    r"""Write events to one N-MNIST ``.bin`` file, atomically (temporary file + ``os.replace``).
+    r"""Write events to one N-MNIST ``.bin`` file, atomically (a temporary file, synced and renamed
+    over ``path``).
 
     Event :math:`i` becomes the five bytes
 
@@ -183,7 +185,7 @@ def write_nmnist_bin(path: PathLike, events: Mapping) -> None:
     packed[:, 2] = (arrays["p"] << 7) | (t >> 16)
     packed[:, 3] = (t >> 8) & 255
     packed[:, 4] = t & 255
-    _atomic_write_bytes(Path(path), packed.tobytes())
+    atomic_write(path, packed.tobytes())
 
 
 def _validated_fields(events: Mapping) -> dict:
@@ -238,18 +240,3 @@ def _check_sensor_size(sensor_size) -> Tuple[int, int]:
         if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 1 <= value <= 256:
             raise ValueError(f"sensor_size {name} must be an integer in 1..256, got {value!r}")
     return int(width), int(height)
-
-
-def _atomic_write_bytes(path: Path, data: bytes) -> None:
-    # open(..., "xb") rather than mkstemp: the file gets the usual permissions (umask), not 0600.
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-    try:
-        with open(tmp, "xb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise

@@ -185,7 +185,8 @@ def _weight_integers(name, layer, dtype):
         _fail(name, layer, f"weight step must be finite and > 0, got {steps[:4]}")
     parts = [_mantissa_exponent(v) for v in steps]
     max_m = max(m for m, _ in parts)
-    bits = grid.bits or max(1, (max(abs(q_lo), abs(q_hi))).bit_length() + 1)
+    # the fewest bits of a two's-complement range holding [q_lo, q_hi] (5 for [-16, 15])
+    bits = grid.bits or max((-q_lo - 1).bit_length(), q_hi.bit_length()) + 1
     if max_m.bit_length() + max(abs(q_lo), abs(q_hi)).bit_length() > 52:
         _fail(name, layer, f"weight step {steps[0]!r} has {max_m.bit_length()} significant bits, so "
                            f"integer * step is rounded even in float64 (a min/max range step "

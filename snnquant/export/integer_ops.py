@@ -8,10 +8,9 @@ ties the same way.
 
 from __future__ import annotations
 
-import math
-from typing import Optional
-
 import torch
+
+from ..functional import pow2_exponent  # noqa: F401  (the one power-of-two test)
 
 __all__ = ["round_half_even_shift", "pack_int", "unpack_int", "fits_packed", "pow2_exponent",
            "PACKABLE_BITS"]
@@ -155,12 +154,3 @@ def unpack_int(packed: torch.Tensor, bits: int, shape) -> torch.Tensor:
     else:
         v = u - ((u >= (1 << (bits - 1))).to(torch.int64) << bits)
     return v.reshape(-1)[:n].reshape(shape).to(torch.int8)
-
-
-def pow2_exponent(x: float) -> Optional[int]:
-    """``e`` when the float ``x`` is exactly :math:`2^e`, else ``None`` (also for non-finite or
-    non-positive ``x``, and for anything that is not a Python float)."""
-    if not (isinstance(x, float) and math.isfinite(x) and x > 0):
-        return None
-    mantissa, exponent = math.frexp(x)
-    return exponent - 1 if mantissa == 0.5 else None

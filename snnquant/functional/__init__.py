@@ -18,7 +18,7 @@ from .clamping import (
     clamp_by_linear,
     multi_level_spike_count,
 )
-from ._validation import check_bit_width, compute_dtype
+from ._validation import BitWidthTypeError, check_bit_width, compute_dtype, pow2_exponent
 from .binary import binary_quantize, ternary_quantize
 from .lsq import lsq_quantize, lsq_quantize_unchecked
 from .rounding import (
@@ -122,7 +122,9 @@ __all__ = [
     "lsq_quantize",
     "lsq_quantize_unchecked",
     "check_bit_width",
+    "BitWidthTypeError",
     "compute_dtype",
+    "pow2_exponent",
     "binary_quantize",
     "ternary_quantize",
     "state_quant",

@@ -38,24 +38,41 @@ def is_real_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
+class BitWidthTypeError(TypeError, ValueError):
+    """A bit width of the wrong type (a float, a bool, a string): both a ``TypeError`` and a
+    ``ValueError``, so code that catches either sees it."""
+
+
 def check_bit_width(value, name: str = "bits", low: int = 1, high: int = MAX_BITS,
                     fn: Optional[str] = None) -> int:
     """Return ``value`` as an ``int`` if it is an integer in ``[low, high]``, else raise
     ``ValueError`` naming ``name`` (and the function ``fn``, when given) and the value.
 
     The one bit-width check of snnquant: the functional quantizers, the quantizer modules
-    (:func:`snnquant.nn.quantizers.check_bits`) and :class:`~snnquant.QuantConfig` use it.
+    (:func:`snnquant.nn.quantizers.check_bits` is this function) and
+    :class:`~snnquant.QuantConfig` use it. A value that is not an integer at all (``4.0``,
+    ``True``, ``"8"``) raises :class:`BitWidthTypeError`, which is also a ``TypeError``.
     """
     prefix = f"{fn}: " if fn else ""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
-            not low <= int(value) <= high:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise BitWidthTypeError(f"{prefix}{name} must be an int in [{low}, {high}], got {value!r} "
+                                f"({type(value).__name__})")
+    if not low <= int(value) <= high:
         raise ValueError(f"{prefix}{name} must be an int in [{low}, {high}], got {value!r}")
     return int(value)
 
 
-def check_bits(fn: str, name: str, value) -> int:
-    """:func:`check_bit_width` of ``value`` in ``[1, 32]`` for the function ``fn``."""
-    return check_bit_width(value, name, 1, MAX_BITS, fn)
+def pow2_exponent(x: float) -> Optional[int]:
+    """``e`` when the float ``x`` is exactly :math:`2^e`, else ``None`` (also for non-finite or
+    non-positive ``x``, and for anything that is not a Python float).
+
+    The one power-of-two test of snnquant (quantizer grids, ``quantize_model``'s notes, the
+    integer export).
+    """
+    if not (isinstance(x, float) and math.isfinite(x) and x > 0):
+        return None
+    mantissa, exponent = math.frexp(x)
+    return exponent - 1 if mantissa == 0.5 else None
 
 
 def check_int(fn: str, name: str, value, low=None, high=None) -> int:
@@ -197,7 +214,7 @@ def float_from_integer(fn: str, x, *others) -> torch.Tensor:
 
 def bits_argument(value):
     """A one-element integer tensor given as a bit width (SpikingJelly accepts ``torch.tensor(2)``)
-    becomes a Python int; anything else is returned unchanged for :func:`check_bits`."""
+    becomes a Python int; anything else is returned unchanged for :func:`check_bit_width`."""
     if (isinstance(value, torch.Tensor) and value.numel() == 1 and _is_integer(value)):
         return int(value.item())
     return value

@@ -8,7 +8,7 @@ import torch
 
 from ._validation import (
     as_tensor_input,
-    check_bits,
+    check_bit_width,
     check_finite_real,
     check_flag,
     check_float_tensor,
@@ -182,7 +182,7 @@ class StateQuantizer:
     def __init__(self, num_bits=8, uniform=True, thr_centered=True, threshold=1.0, lower_limit=0.0,
                  upper_limit=0.2, multiplier=None):
         fn = "state_quant"
-        self.num_bits = check_bits(fn, "num_bits", num_bits)
+        self.num_bits = check_bit_width(num_bits, "num_bits", fn=fn)
         if self.num_bits > STATE_QUANT_MAX_BITS:
             raise ValueError(
                 f"{fn}: num_bits={self.num_bits} is above the limit of {STATE_QUANT_MAX_BITS} bits "

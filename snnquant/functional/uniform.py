@@ -10,7 +10,7 @@ import torch
 from ._validation import (
     as_tensor_input,
     bits_argument,
-    check_bits,
+    check_bit_width,
     check_flag,
     check_float_tensor,
     check_int,
@@ -108,7 +108,7 @@ def k_bit_quantize(x: torch.Tensor, k: int) -> torch.Tensor:
         ValueError: ``k`` is not an int in ``[1, 32]``.
     """
     x = float_from_integer("k_bit_quantize", as_tensor_input(x))
-    k = check_bits("k_bit_quantize", "k", bits_argument(k))
+    k = check_bit_width(bits_argument(k), "k", fn="k_bit_quantize")
     return KBitQuantizeSTE.apply(x, k)
 
 
@@ -142,7 +142,7 @@ def affine_k_bit_quantize(x: torch.Tensor, k: int, w, b) -> torch.Tensor:
         ValueError: ``k`` is not an int in ``[1, 32]``.
     """
     x = float_from_integer("affine_k_bit_quantize", as_tensor_input(x))
-    k = check_bits("affine_k_bit_quantize", "k", bits_argument(k))
+    k = check_bit_width(bits_argument(k), "k", fn="affine_k_bit_quantize")
     return w * KBitQuantizeSTE.apply(x, k) + b
 
 
@@ -256,7 +256,7 @@ def quantized_bits(
     fn = "quantized_bits"
     x = as_tensor_input(x)
     check_float_tensor(fn, x)
-    bits = check_bits(fn, "bits", bits)
+    bits = check_bit_width(bits, "bits", fn=fn)
     if isinstance(integer, bool) or not isinstance(integer, numbers.Integral):
         raise ValueError(f"{fn}: integer must be an int in [-126, 127], got {integer!r}")
     integer = check_int(fn, "integer", integer, low=-126, high=127)

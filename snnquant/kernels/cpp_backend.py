@@ -50,7 +50,7 @@ from typing import Optional
 import torch
 
 from .._filelock import file_lock
-from .._io import _pid_alive, atomic_write, remove_stale_temporaries
+from .._io import atomic_write, host_name, pid_alive, remove_stale_temporaries
 from .._paths import user_cache_home
 from ..functional.neuron import NeuronParams
 from ._fused import (KernelCache, KernelConfig, KernelScalars, check_devices, pointer,
@@ -369,8 +369,6 @@ def remove_stale_builds(directory: Path) -> list:
     Args:
         directory: the cache folder.
     """
-    from .._io import _host
-
     removed = []
     try:
         entries = list(os.scandir(directory))
@@ -388,8 +386,8 @@ def remove_stale_builds(directory: Path) -> list:
             age = now - entry.stat(follow_symlinks=False).st_mtime
         except OSError:
             continue
-        dead = (match.group("pid") is not None and match.group("host") == _host()
-                and not _pid_alive(int(match.group("pid"))))
+        dead = (match.group("pid") is not None and match.group("host") == host_name()
+                and not pid_alive(int(match.group("pid"))))
         if dead or age > STALE_SECONDS:
             shutil.rmtree(entry.path, ignore_errors=True)
             removed.append(entry.path)

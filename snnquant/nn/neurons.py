@@ -34,7 +34,6 @@ CUDA tensors when CuPy imports, when the configuration is supported; ``'torch'``
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Union
 
 import torch
@@ -45,52 +44,13 @@ from ..functional.neuron import (NeuronParams, membrane_reset_values, neuron_cha
                                  neuron_reset, quantized_threshold)
 from ..kernels.dispatch import BACKENDS, DEFAULT_BACKEND, check_backend_name, select_backend
 from .custom import refuse_ignored_overrides
-from .quantizers import QuantizerBase, UniformQuantizer, check_bits
+from .quantizers import QuantizerBase
+from .quantizers.membrane import make_membrane_quantizer, uniform_membrane_step
 
 __all__ = ["QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "make_membrane_quantizer",
            "uniform_membrane_step", "BACKENDS"]
 
 VQuantArg = Union[QuantizerBase, int, None]
-
-
-def uniform_membrane_step(v_threshold: float, bits: int) -> float:
-    r"""The step of the uniform ``bits``-bit membrane grid of a neuron with threshold ``v_threshold``.
-
-    The grid must hold :math:`[-R, R)` with :math:`R = 2|V_{th}|` (:math:`R = 2` for
-    :math:`V_{th} = 0`); its step is the smallest power of two whose :math:`2^b` levels cover it:
-
-    .. math::
-
-        s = 2^{\lceil \log_2 (R / 2^{b-1}) \rceil}
-
-    For a threshold that is a power of two this is :math:`|V_{th}|\,2^{2-b}` (range exactly
-    :math:`[-2V_{th}, 2V_{th})`); for any other threshold the range is wider, up to
-    :math:`[-4V_{th}, 4V_{th})`. The step is always a power of two, so the network exports to
-    integers exactly whatever the threshold; the threshold itself acts on the grid as
-    :math:`\theta_q = s \lceil V_{th} / s \rceil`, rounded up to the grid like the reset values.
-    This is the one membrane-step formula of snnquant (``v_quant=b`` and
-    ``QuantConfig(membrane_quantizer='uniform')`` both use it).
-    """
-    bits = check_bits(bits, "bits", 2, 32)
-    span = 2.0 * (abs(float(v_threshold)) or 1.0)
-    if not math.isfinite(span):
-        raise ValueError(f"v_threshold must be finite, got {v_threshold!r}")
-    mantissa, exponent = math.frexp(span)  # span = mantissa * 2^exponent, mantissa in [0.5, 1)
-    cover = exponent - 1 if mantissa == 0.5 else exponent  # smallest e with 2^e >= span
-    return math.ldexp(1.0, cover - (bits - 1))
-
-
-def make_membrane_quantizer(spec: VQuantArg, v_threshold: float) -> Optional[QuantizerBase]:
-    r"""Turn a ``v_quant`` argument into a membrane quantizer.
-
-    An int ``b`` means ``UniformQuantizer(b, step=uniform_membrane_step(v_threshold, b))``:
-    :math:`2^b` levels with a power-of-two step covering :math:`[-2|V_{th}|, 2|V_{th}|)`
-    (see :func:`uniform_membrane_step`); a quantizer module is used as is; ``None`` means none.
-    """
-    if spec is None or isinstance(spec, QuantizerBase):
-        return spec
-    bits = check_bits(spec, "v_quant", 2, 32)
-    return UniformQuantizer(bits, step=uniform_membrane_step(v_threshold, bits))
 
 
 def _has_trainable(module: torch.nn.Module) -> bool:
@@ -150,9 +110,7 @@ class _QuantNeuronMixin:
     def _membrane_grid(self, x_seq):
         """``(step, qmin, qmax, grad_scale)`` for the one-node path, or None for the per-step path."""
         q = self.v_quant
-        if q.observing:
-            return None  # its grid moves with every step: per-step path
-        grid = q.grid()
+        grid = q.sequence_grid()  # None while the grid moves with every step: per-step path
         if grid is None or not grid.per_tensor:
             return None
         return grid.step, grid.qmin, grid.qmax, q.step_grad_scale(x_seq[0])
@@ -222,7 +180,7 @@ class _QuantNeuronMixin:
                 vr_q = torch.zeros((), dtype=like.dtype, device=like.device) \
                     if self.v_reset is None else self._on_grid(self.v_reset, like)
                 return vr_q, quantized_threshold(step, self.v_threshold)
-        grid = None if q.observing else q.grid()
+        grid = q.sequence_grid()
         if grid is not None and grid.per_tensor:
             return membrane_reset_values(grid.step.to(device=like.device, dtype=like.dtype),
                                          grid.qmin, grid.qmax, self.v_threshold, self.v_reset)

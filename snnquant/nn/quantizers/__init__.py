@@ -9,7 +9,9 @@ r"""Step-compatible quantizer modules, one concept per file.
   :class:`QuantizedBits`, :class:`StateQuant`);
 * :mod:`~snnquant.nn.quantizers.bias`: :class:`WeightGridBiasQuantizer`;
 * :mod:`~snnquant.nn.quantizers.binary`: binary and ternary weights (:class:`BinaryQuantizer`,
-  :class:`TernaryQuantizer`).
+  :class:`TernaryQuantizer`);
+* :mod:`~snnquant.nn.quantizers.membrane`: the one factory of a neuron's membrane quantizer
+  (:func:`make_membrane_quantizer`, :func:`uniform_membrane_step`).
 """
 
 from .base import Grid, QuantizerBase, check_bits, signed_range
@@ -20,6 +22,7 @@ from .lsq import LSQQuantizer
 from .observers import MinMaxObserver, MinMaxQuantizer
 from .bias import WeightGridBiasQuantizer
 from .binary import BinaryQuantizer, TernaryQuantizer
+from .membrane import MEMBRANE_QUANTIZERS, make_membrane_quantizer, uniform_membrane_step
 
 __all__ = [
     "Grid",
@@ -43,4 +46,7 @@ __all__ = [
     "TernaryQuantizer",
     "check_bits",
     "signed_range",
+    "MEMBRANE_QUANTIZERS",
+    "make_membrane_quantizer",
+    "uniform_membrane_step",
 ]

@@ -32,13 +32,9 @@ from ...functional import check_bit_width
 __all__ = ["Grid", "QuantizerBase", "check_bits", "signed_range"]
 
 
-def check_bits(bits, name: str = "bits", low: int = 1, high: int = 32) -> int:
-    """Return ``bits`` if it is an int in ``[low, high]``, else raise ``ValueError`` naming it.
-
-    The module-side spelling of :func:`snnquant.functional.check_bit_width`, the one bit-width
-    check of snnquant.
-    """
-    return check_bit_width(bits, name, low, high)
+#: The one bit-width check of snnquant, :func:`snnquant.functional.check_bit_width`, under the
+#: name the quantizer modules import: ``check_bits(bits, name="bits", low=1, high=32)``.
+check_bits = check_bit_width
 
 
 def signed_range(bits: int, signed: bool):
@@ -144,6 +140,12 @@ class QuantizerBase(nn.Module, base.StepModule):
     def observing(self) -> bool:
         """True while every call updates the statistics (the grid moves with each input)."""
         return False
+
+    def sequence_grid(self) -> Optional[Grid]:
+        """The :class:`Grid` when it holds for a whole sequence of calls: :meth:`grid`, or
+        ``None`` while :attr:`observing` (then each call moves the grid, and a neuron reads it
+        step by step)."""
+        return None if self.observing else self.grid()
 
     def step_grad_scale(self, x: torch.Tensor) -> float:
         """Factor applied to the gradient of a learned step when quantizing ``x`` (1 by default)."""

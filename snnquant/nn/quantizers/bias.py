@@ -2,7 +2,6 @@ r"""Bias quantization on the grid of the layer weight step."""
 
 from __future__ import annotations
 
-import math
 import torch
 import torch.nn as nn
 

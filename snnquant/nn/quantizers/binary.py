@@ -22,7 +22,7 @@ through), which exact integer export in float32 needs.
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
+from typing import Optional
 
 import torch
 import torch.nn as nn

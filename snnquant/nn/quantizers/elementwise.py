@@ -2,7 +2,6 @@ r"""SpikingJelly-style element-wise quantizer modules (wrappers of :mod:`snnquan
 
 from __future__ import annotations
 
-import math
 from typing import Callable, Optional
 
 import torch

@@ -6,16 +6,11 @@ import math
 from typing import Optional
 
 import torch
-import torch.nn as nn
 
 from ... import functional as QF
 from .base import ConfigCheckMixin, Grid, QuantizerBase, check_bits, signed_range
 
 __all__ = ['UniformQuantizer', 'QuantizedBits', 'StateQuant']
-
-
-def _is_pow2(value: float) -> bool:
-    return value > 0 and math.isfinite(value) and math.frexp(value)[0] == 0.5
 
 
 class UniformQuantizer(ConfigCheckMixin, QuantizerBase):
@@ -47,7 +42,7 @@ class UniformQuantizer(ConfigCheckMixin, QuantizerBase):
         self.signed = signed
         self.qmin, self.qmax = signed_range(bits, signed)
         self.register_buffer("step", torch.tensor(float(step)))
-        self._step_is_pow2 = _is_pow2(float(step))
+        self._step_is_pow2 = QF.pow2_exponent(float(step)) is not None
         self._register_bits(bits)
 
     def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
@@ -59,7 +54,7 @@ class UniformQuantizer(ConfigCheckMixin, QuantizerBase):
                 raise ValueError(f"state_dict for {layer!r}: step must be a positive finite "
                                  f"scalar, got {value.tolist()!r}")
         super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
-        self._step_is_pow2 = _is_pow2(float(self.step))
+        self._step_is_pow2 = QF.pow2_exponent(float(self.step)) is not None
 
     def quantize(self, x):
         return QF.lsq_quantize_unchecked(x, self.step.to(x.dtype), self.qmin, self.qmax)

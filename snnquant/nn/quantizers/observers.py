@@ -1,7 +1,7 @@
 r"""Range observers and the min/max fake-quantizer built on them.
 
 As in ``torch.ao.quantization``, an observer computes a range (:class:`MinMaxObserver`) and a
-fake-quantizer applies the grid of that range (:class:`MinMaxQuantizer`).
+fake-quantizer holds an observer and applies the grid of its range (:class:`MinMaxQuantizer`).
 """
 
 from __future__ import annotations
@@ -164,8 +164,9 @@ class MinMaxObserver(InitFlagMixin, ConfigCheckMixin, nn.Module):
                 f"per_channel={self.per_channel}")
 
 
-class MinMaxQuantizer(MinMaxObserver, QuantizerBase):
-    r"""Affine quantizer over an observed min/max range with EMA, frozen in eval mode.
+class MinMaxQuantizer(ConfigCheckMixin, QuantizerBase):
+    r"""Affine fake-quantizer over the min/max range of the :class:`MinMaxObserver` it holds,
+    frozen in eval mode.
 
     In training each call updates the range with the batch's min and max
     (:math:`r \leftarrow (1 - m) r + m\, r_{batch}`, the first batch sets it), then quantizes:
@@ -176,14 +177,19 @@ class MinMaxQuantizer(MinMaxObserver, QuantizerBase):
         y = s\,(\mathrm{clamp}(\mathrm{round}(x/s) + z, 0, 2^b - 1) - z)
 
     with the masked straight-through gradient of :func:`snnquant.functional.lsq_quantize` for
-    :math:`x` (the range receives no gradient). The range is kept by a :class:`MinMaxObserver`
-    (the statistics); this class only applies the grid the observer computes. The range always contains 0 so that 0 is exact.
+    :math:`x` (the range receives no gradient). As in ``torch.ao.quantization``, the
+    fake-quantizer *has* an observer: ``observer`` (a :class:`MinMaxObserver`) keeps the range,
+    this class only decides when to observe and applies the grid the observer computes. The range
+    always contains 0 so that 0 is exact.
     In eval mode the range is frozen; a quantizer that has never seen data takes its range from
     its first input even in eval mode (so a weight quantizer works on a fresh model). NaN and
     infinite values are ignored by the statistics (and NaN stays NaN in the output).
     ``symmetric=True`` uses :math:`r = \max|x|` and the signed range :math:`[-2^{b-1}+1, 2^{b-1}-1]`.
-    In 'm' mode the range is updated once per time step, in order. Ranges are buffers: they are in
-    ``state_dict``, move with ``.to()`` and are broadcast from rank 0 by DDP.
+    In 'm' mode the range is updated once per time step, in order. Ranges are buffers of the
+    observer: they are in ``state_dict`` (``observer.min_val``, ``observer.max_val``), move with
+    ``.to()`` and are broadcast from rank 0 by DDP. A state dict saved before the observer was a
+    child (``min_val``, ``max_val``, ``initialized``, ``bit_width`` at the quantizer's own prefix)
+    still loads.
 
     Args:
         bits: bit width.
@@ -197,17 +203,90 @@ class MinMaxQuantizer(MinMaxObserver, QuantizerBase):
 
     data_dependent = True
 
+    #: Set by :meth:`freeze` (post-training calibration): the range no longer follows data.
+    frozen = False
+
     def __init__(self, bits: int = 8, momentum: float = 0.1, symmetric: bool = False,
                  per_channel: bool = False, channel_dim: int = 0,
                  include_values: Optional[tuple] = None, step_mode: str = "s"):
-        super().__init__(bits=bits, momentum=momentum, symmetric=symmetric,
-                         per_channel=per_channel, channel_dim=channel_dim,
-                         include_values=include_values, step_mode=step_mode)
+        super().__init__(step_mode=step_mode)
+        self.observer = MinMaxObserver(bits=bits, momentum=momentum, symmetric=symmetric,
+                                       per_channel=per_channel, channel_dim=channel_dim,
+                                       include_values=include_values)
 
-    forward = QuantizerBase.forward
+    # ---- what the observer holds, read through the quantizer ------------------------------------
+    @property
+    def bits(self) -> int:
+        """Bit width of the grid."""
+        return self.observer.bits
 
-    #: Set by :meth:`freeze` (post-training calibration): the range no longer follows data.
-    frozen = False
+    @property
+    def symmetric(self) -> bool:
+        """Whether the range is symmetric (signed grid)."""
+        return self.observer.symmetric
+
+    @property
+    def per_channel(self) -> bool:
+        """Whether there is one range per channel."""
+        return self.observer.per_channel
+
+    @property
+    def channel_dim(self) -> int:
+        """The channel dimension of a per-channel range."""
+        return self.observer.channel_dim
+
+    @property
+    def momentum(self) -> float:
+        """EMA momentum of the observer."""
+        return self.observer.momentum
+
+    @property
+    def include_values(self) -> Optional[tuple]:
+        """Values the range always contains (``None``: only 0)."""
+        return self.observer.include_values
+
+    @include_values.setter
+    def include_values(self, values: Optional[tuple]) -> None:
+        self.observer.include_values = None if values is None else tuple(float(v) for v in values)
+
+    @property
+    def min_val(self) -> torch.Tensor:
+        """The observed lower end of the range (the observer's buffer)."""
+        return self.observer.min_val
+
+    @property
+    def max_val(self) -> torch.Tensor:
+        """The observed upper end of the range (the observer's buffer)."""
+        return self.observer.max_val
+
+    def config(self):
+        return dict(self.observer.config(), kind=type(self).__name__)
+
+    # ---- the quantizer interface ----------------------------------------------------------------
+    @property
+    def is_initialized(self) -> bool:
+        """Whether the observer has a range."""
+        return self.observer.is_initialized
+
+    def ensure_initialized(self, x: torch.Tensor) -> None:
+        """Observe ``x`` unless a range was already observed."""
+        self.observer.ensure_initialized(x)
+
+    def mark_uninitialized(self) -> None:
+        """Forget the range: the next call observes again."""
+        self.observer.mark_uninitialized()
+
+    def calculate_qparams(self):
+        """``(step, qmin, qmax)`` of the observer's range (see :meth:`MinMaxObserver.calculate_qparams`)."""
+        return self.observer.calculate_qparams()
+
+    def grid(self) -> Optional[Grid]:
+        """The :class:`Grid` of the observed range (see :meth:`MinMaxObserver.grid`)."""
+        return self.observer.grid()
+
+    def current_step(self) -> Optional[torch.Tensor]:
+        """The step of the observed range (tensor arithmetic only), ``None`` per channel."""
+        return self.observer.current_step()
 
     @property
     def observing(self) -> bool:
@@ -223,30 +302,32 @@ class MinMaxQuantizer(MinMaxObserver, QuantizerBase):
     def set_step(self, step: torch.Tensor) -> None:
         r"""Set the range to ``[qmin * step, qmax * step]`` of the current integer range
         (symmetric: :math:`\pm (2^{b-1} - 1)\,s`), per channel with ``per_channel``."""
-        step = torch.as_tensor(step).to(device=self.min_val.device, dtype=self.min_val.dtype)
-        if self.symmetric or not self.is_initialized:
-            n = 2 ** (self.bits - 1) - 1 if self.symmetric else 2 ** self.bits - 1
-            lo, hi = (-n * step, n * step) if self.symmetric else (0 * step, n * step)
+        obs = self.observer
+        step = torch.as_tensor(step).to(device=obs.min_val.device, dtype=obs.min_val.dtype)
+        if obs.symmetric or not obs.is_initialized:
+            n = 2 ** (obs.bits - 1) - 1 if obs.symmetric else 2 ** obs.bits - 1
+            lo, hi = (-n * step, n * step) if obs.symmetric else (0 * step, n * step)
         else:
-            _, qmin, qmax = self.calculate_qparams()
+            _, qmin, qmax = obs.calculate_qparams()
             lo, hi = qmin * step, qmax * step
-        if not self.per_channel:
+        if not obs.per_channel:
             lo, hi = lo.reshape(()), hi.reshape(())
-        self.min_val.data, self.max_val.data = lo.clone(), hi.clone()
-        self._set_initialized(True)
+        obs.min_val.data, obs.max_val.data = lo.clone(), hi.clone()
+        obs._set_initialized(True)
 
     def freeze(self) -> None:
         """Stop following data in training (a Python flag, not saved in ``state_dict``)."""
         self.frozen = True
 
     def quantize(self, x):
-        if self.observing or not self.is_initialized:
-            self.observe(x)  # in eval mode only the very first batch sets the range (calibration)
-        step, qmin, qmax = self.calculate_qparams()
+        obs = self.observer
+        if self.observing or not obs.is_initialized:
+            obs.observe(x)  # in eval mode only the very first batch sets the range (calibration)
+        step, qmin, qmax = obs.calculate_qparams()
         step = step.to(x.dtype)
-        if self.per_channel:
+        if obs.per_channel:
             shape = [1] * x.dim()
-            shape[self.channel_dim % x.dim()] = -1
+            shape[obs.channel_dim % x.dim()] = -1
             step = step.reshape(shape)
             if isinstance(qmin, torch.Tensor):
                 qmin, qmax = qmin.reshape(shape), qmax.reshape(shape)
@@ -258,5 +339,15 @@ class MinMaxQuantizer(MinMaxObserver, QuantizerBase):
         inside = ((xs >= lo) & (xs <= hi)).to(x.dtype)
         return (q * step).detach() + (x - x.detach()) * inside
 
+    # keys a MinMaxQuantizer saved when it was a subclass of its observer
+    _OBSERVER_KEYS = ("min_val", "max_val", "initialized", "bit_width")
+
+    def _load_from_state_dict(self, state_dict, prefix, *args, **kwargs):
+        if prefix + "observer.min_val" not in state_dict:
+            for name in self._OBSERVER_KEYS:
+                if prefix + name in state_dict:
+                    state_dict[prefix + "observer." + name] = state_dict.pop(prefix + name)
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
+
     def extra_repr(self):
-        return f"{MinMaxObserver.extra_repr(self)}, step_mode={self.step_mode}"
+        return f"{self.observer.extra_repr()}, step_mode={self.step_mode}"

@@ -1,0 +1,23 @@
+"""Helpers shared by the test files (import them with ``from conftest import ...``)."""
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def load_script(path, name=None):
+    """Load a script of the repository (``examples/``, ``benchmarks/``) as a module without running
+    its ``__main__`` block; ``path`` is relative to the repository root, ``name`` defaults to the
+    file's stem. The script's folder is on ``sys.path`` while it loads, because scripts import
+    their siblings by bare name."""
+    path = ROOT / path
+    folder = str(path.parent)
+    sys.path.insert(0, folder)
+    try:
+        spec = importlib.util.spec_from_file_location(name or path.stem, path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(folder)
+    return module
