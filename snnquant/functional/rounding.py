@@ -236,7 +236,8 @@ def step_quantize(x: torch.Tensor, step=1.0) -> torch.Tensor:
     ``step`` must fit the dtype the computation runs in (``x``'s dtype, or the promoted dtype for a
     tensor ``step``): a normal number of that dtype (``1e300`` for float32 x would become
     infinity, ``1e-45`` a subnormal), and, for a step below 1, small enough that :math:`x / s` does
-    not overflow for any finite element of ``x`` (checked with one pass over ``x``).
+    not overflow for any finite element of ``x`` (checked on the quotient the function computes
+    anyway, with one read-only reduction).
 
     Args:
         x: Input tensor, floating point or integer. Integer tensors give a floating-point result
@@ -259,8 +260,26 @@ def step_quantize(x: torch.Tensor, step=1.0) -> torch.Tensor:
     x = float_from_integer(fn, x, step)
     dtype = torch.result_type(x, step)
     check_step_fits_dtype(fn, "step", step, dtype)
-    check_quotient_finite(fn, "step", x, step, dtype)
-    return StepQuantizeSTE.apply(x, step)
+    return _CheckedStepQuantizeSTE.apply(x, step)
+
+
+class _CheckedStepQuantizeSTE(torch.autograd.Function):
+    """:class:`StepQuantizeSTE` that checks its own quotient for overflow (see
+    :func:`check_quotient_finite`) and rounds and scales it in place: the check reads the
+    quotient once, and the two tensors the in-place steps do not allocate pay for it."""
+
+    @staticmethod
+    def forward(ctx, x, step):
+        quotient = x / step
+        # Only a step below 1 can make a finite x overflow; a tensor step is not looked at here.
+        if isinstance(step, torch.Tensor) or step < 1.0:
+            check_quotient_finite("step_quantize", "step", x, quotient, step, quotient.dtype)
+        torch.round(quotient, out=quotient)
+        return quotient.mul_(step)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output, None
 
 
 def pass_round(x: torch.Tensor) -> torch.Tensor:
