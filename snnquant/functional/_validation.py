@@ -203,6 +203,26 @@ def bits_argument(value):
     return value
 
 
+def check_step_shape(fn: str, name: str, step, x: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless a tensor ``step`` broadcasts against ``x`` and, for a non-empty
+    ``x``, holds at least one value (an empty step would turn ``x`` into an empty result). Looks at
+    shapes only."""
+    if not isinstance(step, torch.Tensor):
+        return
+    try:
+        shape = torch.broadcast_shapes(x.shape, step.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"{fn}: {name} of shape {tuple(step.shape)} does not broadcast against x of shape "
+            f"{tuple(x.shape)}"
+        ) from None
+    if step.numel() == 0 and x.numel() != 0:
+        raise ValueError(
+            f"{fn}: {name} is an empty tensor (shape {tuple(step.shape)}); it needs one value, or "
+            f"one per channel (x has shape {tuple(x.shape)}, the result would have {tuple(shape)})"
+        )
+
+
 def check_step_fits_dtype(fn: str, name: str, step, dtype: torch.dtype, largest_level=None) -> None:
     """Raise ``ValueError`` unless every ``step`` is a normal number of ``dtype`` (not rounded to
     0, a subnormal or infinity when the computation casts it) and, when given,

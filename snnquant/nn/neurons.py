@@ -44,6 +44,7 @@ from spikingjelly.activation_based import neuron, surrogate
 from ..functional.neuron import (membrane_reset_values, neuron_charge, neuron_reset,
                                  quant_neuron_multi_step)
 from ..kernels.dispatch import BACKENDS, DEFAULT_BACKEND, check_backend_name, resolve_backend
+from ._neuron_config import NeuronConfigCheckMixin
 from .custom import refuse_ignored_overrides
 from .quantizers import QuantizerBase, UniformQuantizer, check_bits
 
@@ -97,7 +98,7 @@ def _has_trainable(module: torch.nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters())
 
 
-class _QuantNeuronMixin:
+class _QuantNeuronMixin(NeuronConfigCheckMixin):
     _kind = ""
 
     def __init_subclass__(cls, **kwargs):
