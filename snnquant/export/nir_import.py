@@ -251,9 +251,9 @@ def from_nir(graph_or_path) -> IntegerNetwork:
             ``v_bits``), shifts (``0 <= shift <= 62``, the charge fits int64), bounds
             (``v_min < v_max``, reset and initial value inside), the fractional bits along the
             edges, ``dt > 0``, and every shape against the shapes the graph's edges carry, with
-            at most ``nir_import.MAX_ELEMENTS`` (2**26) elements per array (in a file, checked on the declared
-            shapes before ``nir.read`` reads anything). The message names the node, the field
-            and the value.
+            at most ``nir_import.MAX_ELEMENTS`` (2**26) elements per array (in a file, checked
+            on the declared shapes before ``nir.read`` reads anything). The message names the
+            node, the field and the value.
         ImportError: ``nir`` is missing or older than 1.0.6.
     """
     nir = import_nir("from_nir")
