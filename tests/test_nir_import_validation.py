@@ -135,6 +135,12 @@ def test_shapes_checked_against_edges():
     _refused(graph, "node '2'", "kernel_size")
 
 
+def test_conv_input_shape_checked_against_edge():
+    graph, _, _ = _graph("conv")
+    graph.nodes["0"].input_shape = np.array([60000, 60000])
+    _refused(graph, "node '0'", "input_shape=[60000, 60000]", "(6, 6)")
+
+
 def test_huge_declared_shape_refused_before_reading(tmp_path):
     graph, _, _ = _graph()
     path = tmp_path / "huge.nir"

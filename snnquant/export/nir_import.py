@@ -538,6 +538,11 @@ def _check_synapse(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
             raise _bad(name, "weight", weight_nir, f"of shape {tuple(w.shape)} with groups={groups} "
                                                    f"does not take the input of shape {shape} on "
                                                    f"its edge")
+        if getattr(node, "input_shape", None) is not None:
+            declared = _array(name, "input_shape", node.input_shape, integer=True)
+            if tuple(declared.reshape(-1)) != tuple(shape[1:]):
+                raise _bad(name, "input_shape", node.input_shape, f"differs from the spatial "
+                                                                  f"size {shape[1:]} on its edge")
         stride = _per_dim(name, "stride", node.stride, n, 1)
         dilation = _per_dim(name, "dilation", node.dilation, n, 1)
         padding = node.padding.decode() if isinstance(node.padding, bytes) else node.padding
