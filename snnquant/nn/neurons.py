@@ -43,6 +43,7 @@ from spikingjelly.activation_based import neuron, surrogate
 from ..functional.neuron import (NeuronParams, membrane_reset_values, neuron_charge,
                                  neuron_reset, quantized_threshold)
 from ..kernels.dispatch import BACKENDS, DEFAULT_BACKEND, check_backend_name, select_backend
+from ._neuron_config import NeuronConfigCheckMixin
 from .custom import refuse_ignored_overrides
 from .quantizers import QuantizerBase
 from .quantizers.membrane import make_membrane_quantizer, uniform_membrane_step
@@ -57,7 +58,7 @@ def _has_trainable(module: torch.nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters())
 
 
-class _QuantNeuronMixin:
+class _QuantNeuronMixin(NeuronConfigCheckMixin):
     _kind = ""
 
     def __init_subclass__(cls, **kwargs):
