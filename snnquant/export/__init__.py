@@ -16,7 +16,7 @@ from .integer_ops import pack_int, round_half_even_shift, unpack_int
 from .exporter import to_integer
 from .simulator import IntegerSNN
 from .agreement import IntegerAgreement, compare_integer, integer_agreement
-from .fold import fold_batchnorm
+from .fold import FoldWarning, fold_batchnorm
 from .files import load_integer, save_integer
 from .nir_graph import to_nir
 from .nir_import import NIRImportError, from_nir, simulate_nir
@@ -25,7 +25,7 @@ from .c_runtime import CMemory, c_memory, to_c
 __all__ = [
     "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",
     "FlattenOp", "round_half_even_shift", "pack_int", "unpack_int", "to_integer", "IntegerSNN",
-    "IntegerAgreement", "compare_integer", "integer_agreement", "fold_batchnorm", "save_integer",
+    "IntegerAgreement", "compare_integer", "integer_agreement", "fold_batchnorm", "FoldWarning", "save_integer",
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
     "c_memory", "CMemory",
 ]
