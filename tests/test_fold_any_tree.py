@@ -1,4 +1,4 @@
-"""fold_batchnorm on any module tree: nested containers, residual blocks, SpikingJelly's model zoo."""
+"""fold_batchnorm on any module tree: nested containers, residual blocks, SpikingJelly's zoo."""
 import pytest
 import torch
 import torch.nn as nn
@@ -112,7 +112,7 @@ def test_zoo_quantized_fold(name):
 
 
 def test_residual_bias_grid_follows_the_add_to_the_neuron():
-    """conv2 -> bn2 -> (+ identity) -> sn2: the bias step is min(weight step, sn2's membrane step)."""
+    """conv2 -> bn2 -> (+ identity) -> sn2: bias step = min(weight step, sn2's membrane step)."""
     net, shape = _zoo_net("spiking_resnet18")
     q, _ = quantize_model(net, QuantConfig(weight_bits=4, weight_quantizer="lsq_pow2", v_bits=8))
     sjf.reset_net(q)
@@ -144,7 +144,8 @@ class _Block(nn.Module):
 
 def _block_net(**kw):
     torch.manual_seed(1)
-    net = nn.Sequential(layer.SeqToANNContainer(nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)), _Block(**kw))
+    net = nn.Sequential(layer.SeqToANNContainer(nn.Conv2d(2, 2, 1), nn.BatchNorm2d(2)),
+                        _Block(**kw))
     sjf.set_step_mode(net, "m")
     _randomise_batchnorms(net)
     return net.eval()
@@ -163,7 +164,8 @@ def test_nested_containers_and_custom_blocks_fold():
 @pytest.mark.parametrize("kw, reason", [
     (dict(shared_conv_output=True),
      r"the output of layer '1\.conv' \(Conv2d\) also feeds the operation add of '1'"),
-    (dict(bn_after_pool=True), r"its input comes from layer '1\.pool' \(MaxPool2d\).*directly follows"),
+    (dict(bn_after_pool=True),
+     r"its input comes from layer '1\.pool' \(MaxPool2d\).*directly follows"),
 ])
 def test_unfoldable_batchnorm_is_named_with_its_reason(kw, reason):
     net = _block_net(**kw)

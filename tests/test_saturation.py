@@ -17,7 +17,8 @@ def _inhibited(step_mode):
     """One IF neuron on a 4-bit grid of step 1/4 ([-2, 1.75]) driven down by 1/2 per input event."""
     fc = layer.Linear(1, 1, bias=False, step_mode=step_mode)
     fc.weight.data.fill_(-0.5)
-    return nn.Sequential(fc, QuantIFNode(v_quant=UniformQuantizer(4, step=0.25), step_mode=step_mode))
+    return nn.Sequential(fc, QuantIFNode(v_quant=UniformQuantizer(4, step=0.25),
+                                         step_mode=step_mode))
 
 
 @pytest.mark.parametrize("step_mode", ["m", "s"])
@@ -95,3 +96,29 @@ def test_widened_membranes_do_not_saturate_and_keep_in_bounds_spikes():
     # in bounds, NIR's own equations reproduce the integer IF network on every sample
     out = simulate_nir(to_nir(wide, (16,)), x)
     assert torch.equal(out.to(torch.int8), IntegerSNN(to_integer(wide))(x).to(torch.int8))
+
+
+@pytest.mark.parametrize("arch", ["dense", "mlp", "conv", "conv_pool"])
+def test_headroom_configuration_makes_importers_reproduce_mixed_sign_if_networks(arch):
+    """The guide's configuration (v_bits=14, widen_membrane_range by 6) on PyTorch's default init:
+    every sample in bounds, and NIR's equations and SpikingJelly's and Norse's importers (with
+    the documented workarounds) reproduce IntegerSNN's spikes on every sample."""
+    pytest.importorskip("nir")
+    from _nir_consumers import RUNNERS, build_network, events, saturation_free, samples_identical
+    from snnquant.export import simulate_nir, to_nir
+    narrow, shape = build_network(arch, "if", 4, 0, v_bits=14, init="default")
+    desc, _ = build_network(arch, "if", 4, 0, v_bits=14, init="default", headroom_bits=6)
+    x = events(shape, T=16, N=32, seed=1000)
+    assert not saturation_free(to_nir(narrow, shape), x)[0]  # the default grid saturates
+    ref = IntegerSNN(desc)(x)
+    assert bool((ref != 0).any())
+    graph = to_nir(desc, shape, dt=1e-4, max_pool="conv_if")
+    assert saturation_free(graph, x)[0]
+    assert samples_identical(simulate_nir(graph, x), ref) == 1.0
+    for consumer in ("spikingjelly", "norse"):
+        pytest.importorskip({"spikingjelly": "spikingjelly.activation_based.nir_exchange",
+                             "norse": "norse"}[consumer])
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = RUNNERS[consumer](graph, x, 1e-4, shift_flatten=True)
+        assert samples_identical(out, ref) == 1.0, consumer

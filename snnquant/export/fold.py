@@ -1,4 +1,6 @@
-r"""Fold BatchNorm into the preceding synaptic layer, anywhere in a module tree: :func:`fold_batchnorm`.
+r"""Fold BatchNorm into the preceding synaptic layer, anywhere in a module tree.
+
+:func:`fold_batchnorm` is the entry point.
 
 Where a BatchNorm sits is found in two ways, used together:
 
@@ -158,7 +160,7 @@ def _plan(model: nn.Module) -> _FoldPlan:
     modules = dict(model.named_modules())
 
     def unit(name: str, m: nn.Module) -> Tuple[str, str]:
-        """Register ``m`` (called once more); return the names its input enters and output leaves."""
+        """Register one more call of ``m``; return the units its input enters, its output leaves."""
         if _is_sequence(m):
             ends = [unit(_join(name, n), child) for n, child, _ in model_walk(m)]
             if not ends:
@@ -221,7 +223,8 @@ def _describe(plan: _FoldPlan, modules, unit: str) -> str:
 
 
 def _decide(plan: _FoldPlan, modules, name: str, bn) -> Tuple[Optional[str], Optional[str]]:
-    """``(None, synapse)`` when BatchNorm ``name`` folds into ``synapse``, else ``(reason, None)``."""
+    """``(None, synapse)`` when BatchNorm ``name`` folds into ``synapse``, else ``(reason, None)``.
+    """
     calls = plan.calls.get(name, 0)
     if calls == 0:
         owner = next((a for a in _ancestors(name) if a in plan.untraced), None)
@@ -389,7 +392,8 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
     plan = _plan(model)
     modules = dict(model.named_modules())
     if plan.refused:
-        text = "BatchNorm layers fold_batchnorm cannot fold: " + _refusal_text(plan.refused, modules)
+        text = ("BatchNorm layers fold_batchnorm cannot fold: "
+                + _refusal_text(plan.refused, modules))
         if on_unfoldable == "raise":
             raise ExportError(text)
         warnings.warn(text, FoldWarning, stacklevel=2)

@@ -1,4 +1,4 @@
-r"""How often a quantized network's membranes sit at the ends of their range: :func:`saturation_report`.
+r"""How often membranes sit at the ends of their range: :func:`saturation_report`.
 
 snnquant clamps every quantized membrane to its grid :math:`[v_{min}, v_{max}] = [q_{min} s,
 q_{max} s]`, the same clamp in the fake-quantized model and in the integer network. NIR has no
@@ -65,13 +65,13 @@ class SaturationReport:
     samples_in_bounds: float
 
     def saturated_layers(self) -> List[str]:
-        """Names of the layers with at least one neuron step at :math:`v_{min}` or :math:`v_{max}`."""
+        """The layers with at least one neuron step at :math:`v_{min}` or :math:`v_{max}`."""
         return [r.layer for r in self.layers if r.saturated > 0]
 
     def __str__(self) -> str:
         lines = [f"{'layer':24s} {'neuron steps':>12s} {'at v_min':>9s} {'at v_max':>9s}"]
-        lines += [f"{r.layer:24s} {r.neuron_steps:12d} {100 * r.at_min:8.2f}% {100 * r.at_max:8.2f}%"
-                  for r in self.layers]
+        lines += [f"{r.layer:24s} {r.neuron_steps:12d} {100 * r.at_min:8.2f}% "
+                  f"{100 * r.at_max:8.2f}%" for r in self.layers]
         lines.append(f"samples in bounds: {100 * self.samples_in_bounds:.1f}% of {self.samples}")
         return "\n".join(lines)
 
@@ -230,8 +230,8 @@ def nir_saturation_warning(source, graph, data) -> None:
 def _nir_out_of_bounds(graph, data):
     from .nir_import import simulate_nir
     if not isinstance(data, torch.Tensor) or data.dim() < 2:
-        raise ValueError(f"data must be a tensor [T, N, ...], got "
-                         f"{tuple(data.shape) if isinstance(data, torch.Tensor) else type(data).__name__}")
+        got = tuple(data.shape) if isinstance(data, torch.Tensor) else type(data).__name__
+        raise ValueError(f"data must be a tensor [T, N, ...], got {got}")
     _, rec = simulate_nir(graph, data, record=True)
     layers = []
     bad = torch.zeros(data.shape[1], dtype=torch.bool)
