@@ -191,7 +191,7 @@ def _plan(model: nn.Module) -> _FoldPlan:
                 ends[node] = (port_out, port_out)
             elif node.op == "call_module":
                 target = _join(name, node.target)
-                ends[node] = unit(target, modules[target])
+                ends[node] = unit(target, model.get_submodule(target))
             elif node.op in ("call_function", "call_method"):
                 pseudo = f"{name}:<{node.name}>"
                 if node.target in _PASSTHROUGH_FUNCTIONS:
