@@ -626,8 +626,8 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         elif isinstance(module, nn.Flatten):
             ops.append(_export_flatten(name, module, lead))
         elif isinstance(module, nn.modules.batchnorm._BatchNorm):
-            _fail(name, module, "BatchNorm must be folded into the preceding synaptic layer "
-                                "first: model = snnquant.export.fold_batchnorm(model)")
+            from .fold import batchnorm_refusal
+            _fail(name, module, batchnorm_refusal(work, name))
         elif isinstance(module, identity_types):
             notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")
         else:
