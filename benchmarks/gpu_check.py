@@ -75,11 +75,12 @@ GPU_TIMING = {"T": [4, 16, 64], "N": 2 ** 22, "dtypes": ["float32", "float16"], 
 DRY_TIMING = {"T": [4, 16], "N": 4096, "dtypes": ["float32", "float16"], "warmup": 1,
               "repeats": 2, "max_seconds": 0.5}
 #: the targets at T = 16, float32: QuantLIFNode(v8, cupy) time / baseline time at most this
-TARGETS = {"spikingjelly cupy": 1.0, "spikingjelly triton": 1.3}
+LEGACY_SPIKINGJELLY = "0.0.0.0.14"
+LEGACY_LABEL = f"spikingjelly {LEGACY_SPIKINGJELLY} cupy"
+TARGETS = {LEGACY_LABEL: 1.0, "spikingjelly triton": 1.3}
 TARGET_T, TARGET_DTYPE = 16, "float32"
 #: the tolerance the tests use between backends for gradients (tests/test_kernels_cuda.py)
 GRAD_RTOL = GRAD_ATOL = 2e-5
-LEGACY_SPIKINGJELLY = "0.0.0.0.14"
 CUDA_MARKER = "pytest.mark." + "cuda"
 
 
@@ -408,7 +409,7 @@ def timing_plan(cuda: bool, legacy_site: str) -> tuple[list, list]:
     workers = [
         {"env": {"SJ_LIF_CUDA_IMPLEMENTATION": "triton"},
          "cases": [quantlif, {"label": "spikingjelly triton", "case": "spikingjelly",
-                              "implementation": "triton"}], "profile": cuda},
+                              "implementation": "triton"}], "profile": True},
         {"env": {"SJ_LIF_CUDA_IMPLEMENTATION": "torch"},
          "cases": [{"label": "spikingjelly torch", "case": "spikingjelly",
                     "implementation": "torch"}]},
@@ -416,13 +417,17 @@ def timing_plan(cuda: bool, legacy_site: str) -> tuple[list, list]:
          "cases": [{"label": "spikingjelly cuda (native)", "case": "spikingjelly",
                     "implementation": "cuda"}]},
     ]
-    if not cuda:
-        skipped.append({"part": "SpikingJelly 2.0 LIF implementations torch / triton / cuda",
+    if not cuda:  # on the CPU, each would run the same torch reference: one process checks it
+        workers = [{"env": {"SJ_LIF_CUDA_IMPLEMENTATION": "torch"},
+                    "cases": [quantlif, workers[1]["cases"][0]]}]
+        skipped.append({"part": "SpikingJelly 2.0 LIF implementations triton and cuda (native), "
+                                "each in its own process",
                         "reason": "no CUDA device: on the CPU SpikingJelly always runs its "
                                   "torch reference, whatever SJ_LIF_CUDA_IMPLEMENTATION says"})
     if (Path(legacy_site) / "spikingjelly").is_dir():
         workers.append({"env": {}, "pythonpath": legacy_site, "legacy": True,
-                        "cases": [{"label": "spikingjelly cupy",
+                        "cases": [{"label": LEGACY_LABEL if cuda else
+                                   f"spikingjelly {LEGACY_SPIKINGJELLY} torch [CPU stand-in]",
                                    "case": "spikingjelly",
                                    "backend": "cupy" if cuda else "torch"}]})
         if not cuda:
@@ -430,6 +435,7 @@ def timing_plan(cuda: bool, legacy_site: str) -> tuple[list, list]:
                             "reason": "no CUDA device: the dry run times its backend='torch'"})
     else:
         skipped.append({"part": f"SpikingJelly {LEGACY_SPIKINGJELLY} LIFNode(backend='cupy')",
+                        "label": LEGACY_LABEL,
                         "reason": f"not installed in --legacy-site {legacy_site} (gpu_check.sh "
                                   "--prepare carries its wheel in .whl/legacy/)"})
     return workers, skipped
@@ -452,6 +458,8 @@ def run_worker(spec_path: str) -> int:
         result["spikingjelly_file"] = f"import failed: {type(error).__name__}: {error}"
     for case in spec["cases"]:
         entry = result["cases"].setdefault(case["label"], {"rows": []})
+        if case.get("backend"):
+            entry["backend"] = case["backend"]
         if case.get("implementation"):
             entry["requested_implementation"] = case["implementation"]
             try:
@@ -547,6 +555,9 @@ def run_timing(cuda: bool, legacy_site: str, budget: Budget) -> dict:
         _finish_worker(record, _start_worker(record, command, env, budget), budget)
         _merge_worker(merged, record, out_file)
     shutil.rmtree(scratch, ignore_errors=True)
+    for skip in skipped:
+        if cuda and "label" in skip:
+            merged["cases"].setdefault(skip["label"], {"rows": [], "unavailable": skip["reason"]})
     merged["targets"] = evaluate_targets(merged["cases"], cuda)
     merged["skipped"] = skipped
     merged["status"] = "measured" if cuda else "dry run (CPU, tiny sizes: not a measurement)"
@@ -584,6 +595,11 @@ def _merge_worker(merged: dict, record: dict, out_file: Path) -> None:
         record["spikingjelly_file"] = data.get("spikingjelly_file")
         record["spikingjelly_version"] = data.get("spikingjelly_version")
         merged["cases"].update(data["cases"])
+    else:
+        why = record.get("status") or (f"the worker ended with {record.get('exit_code')}: "
+                                       f"{record.get('stderr_tail', '')[-300:]}")
+        for label in record["cases"]:
+            merged["cases"][label] = {"rows": [], "unavailable": why}
 
 
 def _ms(cases: dict, label: str, T: int, dtype: str):
@@ -607,7 +623,7 @@ def evaluate_targets(cases: dict, cuda: bool) -> dict:
                        if v is None]
             reason = cases.get(baseline, {}).get("unavailable")
             entry.update(status="not measured",
-                         reason=f"no time for {', '.join(missing)}"
+                         reason=f"no measurement of {', '.join(missing)}"
                                 + (f" ({reason})" if reason else ""))
         else:
             ratio = ours / theirs
@@ -688,7 +704,8 @@ def format_markdown(report: dict) -> str:
             f"{d} T={t}" for d in grid["dtypes"] for t in grid["T"]) + " |",
             "|---|---|" + "---|" * (len(grid["dtypes"]) * len(grid["T"]))]
         for label, entry in timing["cases"].items():
-            impl = entry.get("implementation", {}).get("implementation", "-")
+            impl = (entry.get("implementation", {}).get("implementation")
+                    or (f"backend={entry['backend']}" if "backend" in entry else "-"))
             if "unavailable" in entry:
                 impl = "unavailable"
             cells = []
@@ -721,7 +738,8 @@ def format_markdown(report: dict) -> str:
             lines += ["", f"Kernel profile of QuantLIFNode(v8, cupy), T = 16, float32 "
                       f"({profile['profile_GBps']:.0f} GB/s by the fused kernels' byte count, "
                       f"device copy {profile['copy_GBps']:.0f} GB/s):", "",
-                      "| kernel | calls per step | device us per step |", "|---|---|---|"]
+                      "| kernel | launches per forward + backward | device us per forward + "
+                      "backward |", "|---|---|---|"]
             lines += [f"| {r['name']} | {r['calls'] / 3:g} | {r['device_us_per_call']:.1f} |"
                       for r in profile["profile"]]
     else:
@@ -764,6 +782,8 @@ def main(argv=None) -> int:
     if not cuda and not args.dry_run:
         print("no CUDA device here (torch.cuda.is_available() is False): running the dry run; "
               "nothing is measured on a GPU", flush=True)
+    if dry and cuda:  # the subprocesses (tests, timing workers) must not use it either
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
     out = output_folder(args.out, dry)
     out.mkdir(parents=True, exist_ok=True)
     budget = Budget(args.budget_s)
