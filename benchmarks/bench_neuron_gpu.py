@@ -13,7 +13,9 @@ from a fixed upstream gradient of the spikes; a learnable step where there is on
       ``functional.neuron_implementation('lif', device)``);
   (d) snntorch ``Leaky(beta=0.5, state_quant=quant.state_quant(8))`` stepped over T in Python.
 
-It reports milliseconds (median), the ratio of each case's time to (a)'s, and the bandwidth (a)
+``make_case('quantlif', ...)`` also times the module ``QuantLIFNode(v_quant=8, backend='cupy')``
+(used by ``benchmarks/gpu_check.py``, which times it against SpikingJelly's implementations one by
+one). It reports milliseconds (median), the ratio of each case's time to (a)'s, and the bandwidth (a)
 achieves (bytes it must read and write / time) as a fraction of a device-to-device copy of the
 same size on the same GPU. Targets at T=16, N=2**22, float32: (a) >= 10x faster than (b) for
 forward+backward, (a) <= 1.15x (c), (a)'s forward >= 60% of copy bandwidth.

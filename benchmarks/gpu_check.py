@@ -30,11 +30,12 @@ SpikingJelly's cupy LIFNode and at most 1.3x its triton one) stated as met, miss
 with the kernel profile of QuantLIFNode) or not measured (why).
 
 Dry run (``--dry-run``, chosen by itself, saying so, where ``torch.cuda.is_available()`` is
-False): everything that needs no CUDA runs on the CPU (the same pytest invocation, where every
-CUDA test skips and the skips are counted; the short training and integer export with
-``'auto'`` and ``'torch'``; the timing workers and their SpikingJelly implementation set-up at
-tiny sizes, QuantLIFNode with ``backend='torch'``) and every part that needed CUDA is listed with
-the reason. It writes ``gpu_check_dry_run.md``/``.json`` into ``--out`` (default: a new temporary
+False; a GPU that is there is hidden from its subprocesses): everything that needs no CUDA runs
+on the CPU (the same pytest invocation, where every CUDA test skips and the skips are counted;
+the short training and integer export with ``'auto'`` and ``'torch'``; one timing worker process
+at tiny sizes, QuantLIFNode with ``backend='torch'`` and SpikingJelly's torch reference, plus the
+legacy SpikingJelly's where it is installed) and every part that needed CUDA is listed with the
+reason. It writes ``gpu_check_dry_run.md``/``.json`` into ``--out`` (default: a new temporary
 folder) and refuses ``benchmarks/results``, so that no CPU figure passes for a GPU one.
 
 Usage here (no GPU): ``python benchmarks/gpu_check.py --dry-run``. On the lent GPU, from a
@@ -424,8 +425,8 @@ def timing_plan(cuda: bool, legacy_site: str) -> tuple[list, list]:
                                 "each in its own process",
                         "reason": "no CUDA device: on the CPU SpikingJelly always runs its "
                                   "torch reference, whatever SJ_LIF_CUDA_IMPLEMENTATION says"})
-    if (Path(legacy_site) / "spikingjelly").is_dir():
-        workers.append({"env": {}, "pythonpath": legacy_site, "legacy": True,
+    if (Path(legacy_site) / "spikingjelly").is_dir():  # second: the first target needs it
+        workers.insert(1, {"env": {}, "pythonpath": legacy_site, "legacy": True,
                         "cases": [{"label": LEGACY_LABEL if cuda else
                                    f"spikingjelly {LEGACY_SPIKINGJELLY} torch [CPU stand-in]",
                                    "case": "spikingjelly",
@@ -495,6 +496,7 @@ def run_worker(spec_path: str) -> int:
                 except Exception as error:  # recorded with the row, the others still run
                     row["error"] = f"{type(error).__name__}: {error}"[:400]
                 entry["rows"].append(row)
+                _atomic_write(Path(spec["out"]), json.dumps(result, indent=2))  # kept if killed
                 print(f"  {case['label']} {dtype_name} T={T}: "
                       f"{row.get('ms', row.get('error'))}", flush=True)
                 x = grad = None
@@ -517,14 +519,11 @@ def kernel_profile(call, top: int = 8) -> list:
         for _ in range(3):
             call()
         torch.cuda.synchronize()
-    rows = []
-    for event in prof.key_averages():
-        device_us = getattr(event, "device_time_total", None)
-        if device_us is None:
-            device_us = getattr(event, "cuda_time_total", 0.0)
-        if device_us > 0:
-            rows.append({"name": event.key[:90], "calls": event.count,
-                         "device_us_per_call": device_us / 3})
+    events = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    kernels = [e for e in events if str(getattr(e, "device_type", "")).endswith("CUDA")]
+    rows = [{"name": e.key[:90], "calls": e.count,
+             "device_us_per_call": e.self_device_time_total / 3}
+            for e in kernels or events]  # the kernels themselves where the profiler tells them
     rows.sort(key=lambda r: -r["device_us_per_call"])
     return rows[:top]
 
@@ -535,8 +534,7 @@ def run_timing(cuda: bool, legacy_site: str, budget: Budget) -> dict:
     workers, skipped = timing_plan(cuda, legacy_site)
     scratch = Path(tempfile.mkdtemp(prefix="gpu_check_timing_"))
     merged = {"grid": grid, "cases": {}, "workers": []}
-    started = []
-    for k, worker in enumerate(workers):
+    for k, worker in enumerate(workers):  # one at a time: each timing runs alone
         spec = {"device": "cuda" if cuda else "cpu", "cases": worker["cases"],
                 "profile": worker.get("profile", False), "out": str(scratch / f"w{k}.json"),
                 **{key: grid[key] for key in ("T", "N", "dtypes", "warmup", "repeats",
@@ -550,10 +548,8 @@ def run_timing(cuda: bool, legacy_site: str, budget: Budget) -> dict:
                   "pythonpath": env.get("PYTHONPATH", "")}
         merged["workers"].append(record)
         command = [sys.executable, str(Path(__file__).resolve()), "--worker", str(spec_path)]
-        started.append((record, command, env, Path(spec["out"])))
-    for record, command, env, out_file in started:  # one at a time: the timings are alone
         _finish_worker(record, _start_worker(record, command, env, budget), budget)
-        _merge_worker(merged, record, out_file)
+        _merge_worker(merged, record, Path(spec["out"]))
     shutil.rmtree(scratch, ignore_errors=True)
     for skip in skipped:
         if cuda and "label" in skip:
@@ -590,7 +586,7 @@ def _finish_worker(record: dict, process, budget: Budget) -> None:
 
 
 def _merge_worker(merged: dict, record: dict, out_file: Path) -> None:
-    if out_file.exists():
+    if out_file.exists():  # all rows, or those measured before the worker was stopped
         data = json.loads(out_file.read_text())
         record["spikingjelly_file"] = data.get("spikingjelly_file")
         record["spikingjelly_version"] = data.get("spikingjelly_version")

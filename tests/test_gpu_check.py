@@ -169,8 +169,8 @@ def test_timing_plan(check, tmp_path):
     assert [s["part"] for s in skipped] == ["SpikingJelly 0.0.0.0.14 LIFNode(backend='cupy')"]
     (tmp_path / "spikingjelly").mkdir()
     workers, skipped = check.timing_plan(cuda=True, legacy_site=str(tmp_path))
-    assert workers[-1]["legacy"] and workers[-1]["pythonpath"] == str(tmp_path)
-    assert workers[-1]["cases"][0] == {"label": "spikingjelly 0.0.0.0.14 cupy",
+    assert workers[1]["legacy"] and workers[1]["pythonpath"] == str(tmp_path)
+    assert workers[1]["cases"][0] == {"label": "spikingjelly 0.0.0.0.14 cupy",
                                        "case": "spikingjelly", "backend": "cupy"}
     assert not skipped
 
