@@ -222,3 +222,15 @@ def common_args(description: str, default_epochs: int):
                     help="smoke test: 1 epoch, 1 seed, 4 samples per class, T=4, results not "
                          "written")
     return ap
+
+
+def parse_and_bench(ap):
+    """Parse the arguments of an accuracy benchmark (``--quick``: 1 epoch, the first seed) and
+    return ``(args, bench)``; ``args.root`` is the data root and ``args.data_sha256`` its digest."""
+    args = ap.parse_args()
+    if args.quick:
+        args.epochs, args.seeds = 1, args.seeds[:1]
+    args.root = data_root_of(args)
+    bench = Bench(args.epochs, args.root, quick=args.quick, fp_cache=args.fp_cache)
+    args.data_sha256 = bench.data_sha256()
+    return args, bench

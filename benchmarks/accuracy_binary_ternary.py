@@ -53,12 +53,7 @@ def deploy(bench, model, seed: int, samples: int = 64):
 
 def main():
     ap = common.common_args(__doc__, default_epochs=30)
-    args = ap.parse_args()
-    if args.quick:
-        args.epochs, args.seeds = 1, args.seeds[:1]
-    args.root = common.data_root_of(args)
-    bench = common.Bench(args.epochs, args.root, quick=args.quick, fp_cache=args.fp_cache)
-    args.data_sha256 = bench.data_sha256()
+    args, bench = common.parse_and_bench(ap)
     rows = {name: dict(test_acc=[], folded_acc=[], tuned_acc=[], agreement=[], seconds=[],
                        weight_bits=None) for name, _ in configs()}
     for seed in args.seeds:          # seeds outer, configurations inner: interleaved

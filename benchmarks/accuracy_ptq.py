@@ -29,7 +29,8 @@ FINETUNE_EPOCHS = 3
 
 def main():
     ap = common.common_args(__doc__, default_epochs=30)
-    ap.add_argument("--method", default="mse", choices=("minmax", "percentile", "mse"))
+    ap.add_argument("--method", default="mse",
+                    choices=("minmax", "percentile", "mse", "firing"))
     ap.add_argument("--calib-batches", type=int, default=8)
     ap.add_argument("--skip-qat", action="store_true",
                     help="PTQ and fine-tuning only (no quantization-aware training from scratch)")
@@ -37,15 +38,10 @@ def main():
                     help="only the quantization-aware training from scratch (written to "
                          "accuracy_qat.*; the full-precision and PTQ rows come from a --skip-qat "
                          "run with the same seeds and epochs)")
-    args = ap.parse_args()
-    if args.quick:
-        args.epochs, args.seeds = 1, args.seeds[:1]
+    args, bench = common.parse_and_bench(ap)
     import snnquant
     from snnquant.export import fold_batchnorm
 
-    args.root = common.data_root_of(args)
-    bench = common.Bench(args.epochs, args.root, quick=args.quick, fp_cache=args.fp_cache)
-    args.data_sha256 = bench.data_sha256()
     rows = {"full precision": []}
     for w, v in BITS:
         for kind in ("PTQ", *[f"PTQ + {e} fine-tuning epochs" for e in

@@ -13,7 +13,9 @@ from a fixed upstream gradient of the spikes; a learnable step where there is on
       ``functional.neuron_implementation('lif', device)``);
   (d) snntorch ``Leaky(beta=0.5, state_quant=quant.state_quant(8))`` stepped over T in Python.
 
-It reports milliseconds (median), the ratio of each case's time to (a)'s, and the bandwidth (a)
+``make_case('quantlif', ...)`` also times the module ``QuantLIFNode(v_quant=8, backend='cupy')``
+(used by ``benchmarks/gpu_check.py``, which times it against SpikingJelly's implementations one by
+one). It reports milliseconds (median), the ratio of each case's time to (a)'s, and the bandwidth (a)
 achieves (bytes it must read and write / time) as a fraction of a device-to-device copy of the
 same size on the same GPU. Targets at T=16, N=2**22, float32: (a) >= 10x faster than (b) for
 forward+backward, (a) <= 1.15x (c), (a)'s forward >= 60% of copy bandwidth.
@@ -215,6 +217,7 @@ def environment(device) -> dict:
     env["spikingjelly"] = _package_version("spikingjelly")
     env["snntorch"] = _package_version("snntorch")
     env["snnquant"] = _package_version("snnquant")
+    env["triton"] = _package_version("triton")
     try:
         from spikingjelly.activation_based import functional as sjf
 
@@ -269,6 +272,28 @@ def cuda_time(fn: Callable[[], None], warmup: int, repeats: int, max_seconds: fl
     return statistics.median(times)
 
 
+def cpu_time(fn: Callable[[], None], warmup: int, repeats: int, max_seconds: float) -> float:
+    """Median milliseconds of ``fn`` by the wall clock, after ``warmup`` calls (CPU tensors)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    began = time.perf_counter()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+        if time.perf_counter() - began > max_seconds and len(times) >= 3:
+            break
+    return statistics.median(times)
+
+
+def time_call(fn: Callable[[], None], device, warmup: int, repeats: int,
+              max_seconds: float) -> float:
+    """Median milliseconds of ``fn``: CUDA events on a CUDA ``device``, the wall clock on a CPU."""
+    timer = cuda_time if str(device).startswith("cuda") else cpu_time
+    return timer(fn, warmup, repeats, max_seconds)
+
+
 def copy_bandwidth(n_bytes: int, device, warmup: int, repeats: int) -> float:
     """Device-to-device copy bandwidth in GB/s (read + write) for a buffer of ``n_bytes``."""
     import torch
@@ -280,12 +305,36 @@ def copy_bandwidth(n_bytes: int, device, warmup: int, repeats: int) -> float:
     return 2 * n_bytes / (ms * 1e-3) / 1e9
 
 
-def make_case(case: str, mode: str, x, grad, dtype):
-    """A closure running one measured call of ``case`` in ``mode`` on input ``x``."""
+def make_case(case: str, mode: str, x, grad, dtype, backend: Optional[str] = None):
+    """A closure running one measured call of ``case`` in ``mode`` on input ``x``.
+
+    ``case`` is one of :data:`CASES` or ``'quantlif'``: the module
+    ``snnquant.nn.QuantLIFNode(v_quant=8, tau=2, step_mode='m', backend=backend or 'cupy')``.
+    For ``'spikingjelly'``, ``backend`` is passed to ``LIFNode`` (SpikingJelly before 2.0, whose
+    neurons take one); ``None`` builds SpikingJelly 2.0's ``LIFNode``, which has no such argument.
+    """
     import torch
 
     device = x.device
     train = mode == "forward_backward"
+    if case == "quantlif":
+        from spikingjelly.activation_based import functional as sjf
+        from spikingjelly.activation_based import surrogate
+
+        from snnquant.nn import QuantLIFNode
+
+        node = QuantLIFNode(tau=2.0, v_reset=0.0, surrogate_function=surrogate.Sigmoid(4.0),
+                            step_mode="m", v_quant=8, backend=backend or "cupy").to(device)
+
+        def call():
+            sjf.reset_net(node)
+            if train:
+                xi = x.detach().requires_grad_()
+                torch.autograd.grad(node(xi), xi, grad)
+            else:
+                with torch.no_grad():
+                    node(x)
+        return call
     if case in ("cupy", "torch"):
         if case == "cupy":
             from snnquant.kernels import fused_quant_neuron_multi_step as run
@@ -312,8 +361,9 @@ def make_case(case: str, mode: str, x, grad, dtype):
         from spikingjelly.activation_based import functional as sjf
         from spikingjelly.activation_based import neuron, surrogate
 
+        extra = {} if backend is None else {"backend": backend}
         node = neuron.LIFNode(tau=2.0, v_reset=0.0, surrogate_function=surrogate.Sigmoid(4.0),
-                              step_mode="m").to(device)
+                              step_mode="m", **extra).to(device)
 
         def call():
             sjf.reset_net(node)

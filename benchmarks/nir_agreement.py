@@ -1,17 +1,28 @@
 """Agreement of NIR consumers with snnquant's integer network (accuracy-style, not timing).
 
 For small exported networks (dense, MLP, conv, conv + max pooling; IF and LIF with tau = 2;
-weight bits 2, 4, 8; membrane bits 8 and 12; several seeds) the NIR file written by
-``snnquant.export.to_nir`` is imported with each consumer's own importer (SpikingJelly 2.0
-``import_from_nir``, snnTorch 1.0 ``import_nir.import_from_nir``, Norse ``from_nir``) and run on
-the same integer event input; the table gives the % of samples whose whole output spike train is
-identical to ``IntegerSNN``'s. "NIR equations" is ``simulate_nir`` (NIR's equations, float64, no
-rounding or saturation). Each consumer is run on the default export and "+ workaround": the graph
-written with ``max_pool='conv_if'`` and, after import, ``torch.nn.Flatten`` dims shifted past the
-batch (see docs/guide/nir.rst). A consumer that cannot import or run a graph counts 0%.
+weight bits 2, 4, 8; several seeds) the NIR file written by ``snnquant.export.to_nir`` is
+imported with each consumer's own importer (SpikingJelly 2.0 ``import_from_nir``, snnTorch 1.0
+``import_nir.import_from_nir``, Norse ``from_nir``) and run on the same integer event input; the
+table gives the % of samples whose whole output spike train is identical to ``IntegerSNN``'s.
+"NIR equations" is ``simulate_nir`` (NIR's equations, float64, no rounding or saturation). Each
+consumer is run on the default export and "+ workaround": the graph written with
+``max_pool='conv_if'`` and, after import, ``torch.nn.Flatten`` dims shifted past the batch (see
+docs/guide/nir.rst). A consumer that cannot import or run a graph counts 0%.
+
+Three kinds of network (the ``networks`` column):
+
+* ``excitatory``: weights drawn to lean excitatory (membranes rarely go far below zero), membrane
+  bits 8 and 12;
+* ``mixed-sign``: PyTorch's default initialisation (uniform in +-1/sqrt(fan_in), times a gain of
+  2 for IF and 4 for LIF so that every layer spikes), membrane bits 8 and 12;
+* ``mixed-sign + headroom``: the same networks in the documented configuration: 14 membrane bits
+  and ``widen_membrane_range(model, 6)`` (20-bit membranes, range 64 times wider at the same step).
+
 "in bounds" is the % of samples whose NIR membrane never leaves a neuron's saturation bounds
-(below v_min, or above v_max without firing). LIF membrane rounding is not expressible in NIR:
-LIF rows are measured, not promised.
+(below v_min, or above v_max without firing); "active" the % of samples with at least one output
+spike (a silent network agrees trivially). LIF membrane rounding is not expressible in NIR: LIF
+rows are measured, not promised.
 
     OMP_NUM_THREADS=1 python benchmarks/nir_agreement.py [--quick]
 
@@ -41,6 +52,10 @@ from _nir_consumers import (ARCHS, RUNNERS, build_network, events,  # noqa: E402
 from snnquant.export import IntegerSNN, simulate_nir, to_nir  # noqa: E402
 
 DT = 1e-4  # snnTorch's importer assumes dt = 1e-4 for LIF
+# (networks, init of build_network, membrane bits, headroom bits of widen_membrane_range)
+CONFIGS = [("excitatory", "excitatory", 8, 0), ("excitatory", "excitatory", 12, 0),
+           ("mixed-sign", "default", 8, 0), ("mixed-sign", "default", 12, 0),
+           ("mixed-sign + headroom", "default", 14, 6)]
 COLUMNS = ["NIR equations"] + [f"{c}{w}" for c in ("spikingjelly", "snntorch", "norse")
                                for w in ("", " + workaround")]
 
@@ -70,14 +85,16 @@ def _run(consumer, graph, x, ref, workaround):
         return 0.0, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
 
 
-def measure(kind, arch, weight_bits, v_bits, seeds, T, N):
+def measure(kind, arch, weight_bits, v_bits, seeds, T, N, init="excitatory", headroom_bits=0):
     same = {c: 0.0 for c in COLUMNS}
     errors = {}
-    n_total, n_bounds = 0, 0
+    n_total, n_bounds, n_active = 0, 0, 0
     for seed in seeds:
-        desc, shape = build_network(arch, kind, weight_bits, seed, v_bits=v_bits)
+        desc, shape = build_network(arch, kind, weight_bits, seed, v_bits=v_bits, init=init,
+                                    headroom_bits=headroom_bits)
         x = events(shape, T=T, N=N, seed=1000 + seed)
         ref = IntegerSNN(desc)(x)
+        n_active += int((ref.reshape(T, N, -1) != 0).any(dim=2).any(dim=0).sum())
         plain = to_nir(desc, shape, dt=DT)
         alt = to_nir(desc, shape, dt=DT, max_pool="conv_if")
         n_total += N
@@ -90,8 +107,9 @@ def measure(kind, arch, weight_bits, v_bits, seeds, T, N):
                 same[col] += frac * N
                 if err:
                     errors.setdefault(col, err)
-    return dict(kind=kind, arch=arch, weight_bits=weight_bits, v_bits=v_bits, samples=n_total,
-                in_bounds=100.0 * n_bounds / n_total,
+    return dict(kind=kind, arch=arch, weight_bits=weight_bits, v_bits=v_bits, init=init,
+                headroom_bits=headroom_bits, samples=n_total, in_bounds=100.0 * n_bounds / n_total,
+                active=100.0 * n_active / n_total,
                 agreement={c: 100.0 * v / n_total for c, v in same.items()}, errors=errors)
 
 
@@ -105,24 +123,33 @@ def _versions():
     return out
 
 
+def _cells(r):
+    """The leading cells of a summary or network row."""
+    bits = f"{r['v_bits']}" + (f" + {r['headroom_bits']}" if r["headroom_bits"] else "")
+    return [r["networks"], r["kind"].upper(), bits, str(r["samples"]), f"{r['in_bounds']:.1f}%",
+            f"{r['active']:.1f}%"]
+
+
+HEAD = ["networks", "neuron", "membrane bits (+ headroom)", "samples", "in bounds", "active"]
+
+
 def _markdown(rows, summary, command, versions):
     lines = [f"NIR agreement with `IntegerSNN` (% of samples with identical output spikes), "
              f"dt = {DT}. Command: `{command}`. Versions: "
              + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", "",
-             "Per consumer (all networks of a neuron kind and membrane width pooled):", "",
-             "| neuron | v_bits | samples | in bounds | " + " | ".join(COLUMNS) + " |",
-             "|---" * (4 + len(COLUMNS)) + "|"]
-    for s in summary:
-        lines.append(f"| {s['kind'].upper()} | {s['v_bits']} | {s['samples']} | "
-                     f"{s['in_bounds']:.1f}% | "
-                     + " | ".join(f"{s['agreement'][c]:.1f}%" for c in COLUMNS) + " |")
-    lines += ["", "Per network kind and bit width:", "",
-              "| neuron | network | weight bits | v_bits | samples | in bounds | "
-              + " | ".join(COLUMNS) + " |", "|---" * (6 + len(COLUMNS)) + "|"]
+             "Per consumer (all networks of a kind, neuron and membrane width pooled):", "",
+             "| " + " | ".join(HEAD + COLUMNS) + " |", "|---" * (len(HEAD) + len(COLUMNS)) + "|"]
+    for r in summary:
+        lines.append("| " + " | ".join(_cells(r) + [f"{r['agreement'][c]:.1f}%" for c in COLUMNS])
+                     + " |")
+    head = HEAD[:2] + ["network", "weight bits"] + HEAD[2:]
+    lines += ["", "Per network and bit width:", "",
+              "| " + " | ".join(head + COLUMNS) + " |", "|---" * (len(head) + len(COLUMNS)) + "|"]
     for r in rows:
-        lines.append(f"| {r['kind'].upper()} | {r['arch']} | {r['weight_bits']} | {r['v_bits']} | "
-                     f"{r['samples']} | {r['in_bounds']:.1f}% | "
-                     + " | ".join(f"{r['agreement'][c]:.1f}%" for c in COLUMNS) + " |")
+        cells = _cells(r)
+        cells = cells[:2] + [r["arch"], str(r["weight_bits"])] + cells[2:]
+        lines.append("| " + " | ".join(cells + [f"{r['agreement'][c]:.1f}%" for c in COLUMNS])
+                     + " |")
     errs = {}
     for r in rows:
         for col, e in r["errors"].items():
@@ -136,13 +163,12 @@ def _markdown(rows, summary, command, versions):
 
 def _rst(summary, command):
     """The per-consumer summary as an RST table, included by docs/guide/nir.rst."""
-    head = ["neuron", "v_bits", "samples", "in bounds"] + COLUMNS
+    head = HEAD + COLUMNS
     lines = [f".. Written by {command}; do not edit.", "", ".. list-table::", "   :header-rows: 1",
              ""]
     lines += ["   * - " + head[0]] + [f"     - {h}" for h in head[1:]]
     for s in summary:
-        cells = [s["kind"].upper(), str(s["v_bits"]), str(s["samples"]), f"{s['in_bounds']:.1f}%"]
-        cells += [f"{s['agreement'][c]:.1f}%" for c in COLUMNS]
+        cells = _cells(s) + [f"{s['agreement'][c]:.1f}%" for c in COLUMNS]
         lines += ["   * - " + cells[0]] + [f"     - {c}" for c in cells[1:]]
     return "\n".join(lines) + "\n"
 
@@ -162,21 +188,27 @@ def main():
     bits = (2,) if args.quick else (2, 4, 8)
     t0 = time.time()
     rows = []
-    for kind in ("if", "lif"):
-        for v_bits in (8, 12):
+    for networks, init, v_bits, headroom in CONFIGS:
+        for kind in ("if", "lif"):
             for arch in archs:
                 for b in bits:
-                    r = measure(kind, arch, b, v_bits, seeds, T, N)
+                    r = measure(kind, arch, b, v_bits, seeds, T, N, init=init,
+                                headroom_bits=headroom)
+                    r["networks"] = networks
                     rows.append(r)
-                    print(f"{kind:3s} {arch:9s} w{b} v{v_bits}: in bounds {r['in_bounds']:5.1f}% "
+                    print(f"{networks:21s} {kind:3s} {arch:9s} w{b} v{v_bits}+{headroom}: "
+                          f"in bounds {r['in_bounds']:5.1f}% active {r['active']:5.1f}% "
                           + " ".join(f"{c}={r['agreement'][c]:.0f}%" for c in COLUMNS), flush=True)
     summary = []
-    for kind in ("if", "lif"):
-        for v_bits in (8, 12):
-            sel = [r for r in rows if r["kind"] == kind and r["v_bits"] == v_bits]
+    for networks, _, v_bits, headroom in CONFIGS:
+        for kind in ("if", "lif"):
+            sel = [r for r in rows if r["networks"] == networks and r["kind"] == kind
+                   and r["v_bits"] == v_bits]
             n = sum(r["samples"] for r in sel)
-            summary.append(dict(kind=kind, v_bits=v_bits, samples=n,
-                                in_bounds=sum(r["in_bounds"] * r["samples"] for r in sel) / n,
+            pooled = {key: sum(r[key] * r["samples"] for r in sel) / n
+                      for key in ("in_bounds", "active")}
+            summary.append(dict(networks=networks, kind=kind, v_bits=v_bits,
+                                headroom_bits=headroom, samples=n, **pooled,
                                 agreement={c: sum(r["agreement"][c] * r["samples"] for r in sel) / n
                                            for c in COLUMNS}))
     command = "OMP_NUM_THREADS=1 python benchmarks/nir_agreement.py" + (" --quick" if args.quick else "")

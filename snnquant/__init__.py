@@ -11,12 +11,13 @@ from .convert import QuantConfig, QuantReport, quantize_model
 from .summary import Summary, summary
 from .utils import copy_model, is_multi_step
 from ._io import load_checkpoint, save_checkpoint
-from .calibrate import CalibrationReport, calibrate
+from .calibrate import CalibrationReport, FiringRate, FiringRateWarning, calibrate, firing_rates
 from .sensitivity import SensitivityResult, assign_bits, sensitivity
 
 __all__ = ["__version__", "functional", "nn", "QuantConfig", "QuantReport", "quantize_model",
            "summary", "Summary", "copy_model", "is_multi_step", "save_checkpoint",
-           "load_checkpoint", "calibrate", "CalibrationReport", "sensitivity",
+           "load_checkpoint", "calibrate", "CalibrationReport", "firing_rates", "FiringRate",
+           "FiringRateWarning", "sensitivity",
            "SensitivityResult", "assign_bits", "export", "datasets", "kernels"]
 
 _LAZY = ("export", "datasets", "kernels")

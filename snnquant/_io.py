@@ -24,7 +24,8 @@ import socket
 import struct
 from typing import Callable, Union
 
-__all__ = ["atomic_write", "remove_stale_temporaries", "save_checkpoint", "load_checkpoint"]
+__all__ = ["atomic_write", "atomic_write_files", "host_name", "pid_alive",
+           "remove_stale_temporaries", "save_checkpoint", "load_checkpoint"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -35,15 +36,18 @@ _DIR_SYNC_UNSUPPORTED = {errno.EINVAL, errno.EBADF, errno.EISDIR, errno.EACCES, 
                          getattr(errno, "EOPNOTSUPP", errno.EINVAL)}
 
 
-def _host() -> str:
+def host_name() -> str:
+    """This machine's host name with every character other than letters, digits and ``.``
+    replaced by ``_`` (the form temporary file names carry)."""
     return re.sub(r"[^A-Za-z0-9.]", "_", socket.gethostname()) or "host"
 
 
 def _temporary_path(path: str) -> str:
-    return f"{path}.tmp-{_host()}-{os.getpid()}-{secrets.token_hex(4)}"
+    return f"{path}.tmp-{host_name()}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
-def _pid_alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process with id ``pid`` exists on this machine (this process counts)."""
     if pid == os.getpid():
         return True
     try:
@@ -76,8 +80,8 @@ def remove_stale_temporaries(path: PathLike) -> list:
     removed = []
     for name in names:
         m = pattern.fullmatch(name)
-        if m is None or m.group("host") not in (None, _host()) or \
-                _pid_alive(int(m.group("pid") or m.group("old_pid"))):
+        if m is None or m.group("host") not in (None, host_name()) or \
+                pid_alive(int(m.group("pid") or m.group("old_pid"))):
             continue
         try:
             os.unlink(os.path.join(folder, name))
@@ -125,35 +129,18 @@ def _sync_folder(folder: str) -> None:
         os.close(fd)
 
 
-def atomic_write(path: PathLike, data: Union[bytes, bytearray, memoryview, str,
-                                             Callable[[str], None]]) -> None:
-    r"""Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole.
+Data = Union[bytes, bytearray, memoryview, str, Callable[[str], None]]
 
-    The data goes to a temporary ``<path>.tmp-<host>-<pid>-<token>`` in the same folder, which is
-    ``fsync``-ed and renamed over ``path`` (``os.replace``); then the folder is synced so that
-    the rename itself is on the disk. Stale temporaries of ``path`` left by killed runs are removed
-    first (:func:`remove_stale_temporaries`). The new file gets the permissions of any new file
-    (``0666`` minus the umask).
 
-    Args:
-        path: the destination file.
-        data: the bytes (a ``str`` is written as UTF-8), or a function that writes the file whose
-            path it is given (for writers that want a path, such as ``nir.write``).
-
-    Raises:
-        OSError: the file could not be written; the message names ``path`` (on a full disk:
-            "no space left on the device"), the temporary file is removed and a previous file at
-            ``path`` is untouched.
-    """
-    path = os.fspath(path)
+def _write_temporary(path: str, data: Data) -> str:
+    """Write ``data`` to a new temporary of ``path``, fsynced; return its path (removed on error)."""
     if isinstance(data, str):
         data = data.encode("utf-8")
     if not callable(data) and not isinstance(data, (bytes, bytearray, memoryview)):
         raise TypeError(f"data must be bytes, str or a function of a path, got "
                         f"{type(data).__name__}")
-    folder = os.path.dirname(os.path.abspath(path))
     remove_stale_temporaries(path)
-    tmp = _temporary_path(os.path.join(folder, os.path.basename(path)))
+    tmp = _temporary_path(path)
     try:
         if callable(data):
             data(tmp)
@@ -172,16 +159,72 @@ def atomic_write(path: PathLike, data: Union[bytes, bytearray, memoryview, str,
             os.fsync(fd)
         finally:
             os.close(fd)
-        os.replace(tmp, path)
     except BaseException as exc:
         _remove_quietly(tmp)
         if isinstance(exc, OSError):
             raise _explained(exc, path) from exc
         raise
+    return tmp
+
+
+def atomic_write(path: PathLike, data: Data) -> None:
+    r"""Write ``data`` to ``path`` so that a crash leaves the old file or the new one, whole.
+
+    The data goes to a temporary ``<path>.tmp-<host>-<pid>-<token>`` in the same folder, which is
+    ``fsync``-ed and renamed over ``path`` (``os.replace``); then the folder is synced so that
+    the rename itself is on the disk. Stale temporaries of ``path`` left by killed runs are removed
+    first (:func:`remove_stale_temporaries`). The new file gets the permissions of any new file
+    (``0666`` minus the umask).
+
+    Args:
+        path: the destination file.
+        data: the bytes (a ``str`` is written as UTF-8), or a function that writes the file whose
+            path it is given (for writers that want a path, such as ``nir.write``).
+
+    Raises:
+        OSError: the file could not be written; the message names ``path`` (on a full disk:
+            "no space left on the device"), the temporary file is removed and a previous file at
+            ``path`` is untouched.
+    """
+    atomic_write_files([(path, data)])
+
+
+def atomic_write_files(files) -> None:
+    r"""Write several files as :func:`atomic_write` does, none of them when one cannot be written.
+
+    Every file's temporary is written and ``fsync``-ed before the first rename, so an error while
+    writing any of them (a full disk) renames nothing: every earlier file stays as it was and the
+    temporaries are removed. Only the renames themselves (``os.replace``, no data written) follow
+    one another; a reader that looks between two renames can see a new file beside an old one, so
+    files that must match carry a check of their own (as the pair of
+    :func:`~snnquant.export.to_c` does).
+
+    Args:
+        files: ``(path, data)`` pairs, ``data`` as for :func:`atomic_write`.
+
+    Raises:
+        OSError: naming the path that could not be written.
+    """
+    files = [(os.fspath(path), data) for path, data in files]
+    pending = []
     try:
-        _sync_folder(folder)
-    except OSError as exc:
-        raise _explained(exc, path) from exc
+        for path, data in files:
+            pending.append((_write_temporary(path, data), path))
+        while pending:
+            tmp, path = pending[0]
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                raise _explained(exc, path) from exc
+            pending.pop(0)
+    finally:
+        for tmp, _ in pending:
+            _remove_quietly(tmp)
+    for folder in dict.fromkeys(os.path.dirname(os.path.abspath(path)) for path, _ in files):
+        try:
+            _sync_folder(folder)
+        except OSError as exc:
+            raise _explained(exc, folder) from exc
 
 
 # --------------------------------------------------------------------------------------------------

@@ -30,12 +30,27 @@ with :math:`r_\pm` the largest positive / negative magnitude kept, and for a pow
 * ``'mse'``: the candidate that minimises :math:`\sum (Q_s(x) - x)^2` over
   :math:`r = \frac{k}{K} \max|x|`, :math:`k = 1..K` (or over the powers of two near the
   min/max step for a power-of-two grid).
+* ``'firing'``: starts from the ``'mse'`` steps, then matches the float network's spikes layer by
+  layer, front to back. For neuron layer :math:`l` it tries the steps
+  :math:`2^{j} s_w` of the weight quantizer that feeds it and :math:`2^{k} s_v` of its membrane
+  (:math:`j, k` in :data:`FIRING_SEARCH_EXPONENTS`; membrane steps that no longer reach the
+  threshold are left out), with the layers before it fixed, and keeps the pair whose output
+  spikes :math:`S^q_l` differ least from the float network's :math:`S^f_l` on the batches (the
+  ``'mse'`` pair on a tie):
+
+  .. math::
+
+      (j, k)^* = \arg\min_{j, k} \frac{1}{|S_l|} \sum_{b, t, n} \big|S^q_{l}[t, n] - S^f_{l}[t, n]\big|
+
+  Powers of two keep a power-of-two grid on the ladder, so the result still exports exactly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import itertools
 import math
+import warnings
 from dataclasses import dataclass, field
 from typing import Iterable, List, NamedTuple, Optional
 
@@ -46,13 +61,23 @@ from .nn.quantizers.base import QuantizerBase
 from .utils import batch_input, run_batches
 
 __all__ = ["calibrate", "CalibrationReport", "CalibratedQuantizer", "SkippedQuantizer", "run_batches",
-           "batch_input",
-           "CALIBRATION_METHODS"]
+           "batch_input", "FiringRate", "FiringRateWarning", "firing_rates",
+           "CALIBRATION_METHODS", "SILENT_RATE_FRACTION", "EXCESS_RATE_FACTOR",
+           "FIRING_SEARCH_EXPONENTS"]
 
-CALIBRATION_METHODS = ("minmax", "percentile", "mse")
+CALIBRATION_METHODS = ("minmax", "percentile", "mse", "firing")
+
+#: The factors :math:`2^k` by which ``method='firing'`` tries to scale the ``'mse'`` steps.
+FIRING_SEARCH_EXPONENTS = (-2, -1, 0, 1, 2)
 
 #: Values of the charge kept per neuron layer for the percentile and MSE methods.
 _SAMPLE_LIMIT = 1 << 20
+
+#: :func:`calibrate` warns where a neuron layer of the quantized network fires at less than this
+#: fraction of the float network's rate ...
+SILENT_RATE_FRACTION = 0.1
+#: ... or at more than this multiple of it.
+EXCESS_RATE_FACTOR = 2.0
 
 
 class CalibratedQuantizer(NamedTuple):
@@ -62,6 +87,8 @@ class CalibratedQuantizer(NamedTuple):
     the chosen step (a float, or a list with one step per channel), ``qmin``/``qmax`` the integer
     range, ``observed`` the observed ``(min, max)`` of the values and ``covered`` the range
     ``(qmin * step, qmax * step)`` the grid now covers (per channel: the widest).
+    ``clipped_fraction`` is the fraction of the observed values outside that range (with
+    ``method='firing'``: outside the range of the ``'mse'`` step the search started from).
     """
     name: str
     kind: str
@@ -73,6 +100,32 @@ class CalibratedQuantizer(NamedTuple):
     observed: tuple
     covered: tuple
     clipped_fraction: float
+
+
+class FiringRate(NamedTuple):
+    """The firing rate of one neuron layer: spikes per neuron and time step, averaged over the
+    batches, in the float network (every quantizer bypassed) and in the quantized network.
+
+    ``warning`` is ``''`` when the quantized rate is within
+    ``[SILENT_RATE_FRACTION, EXCESS_RATE_FACTOR]`` times the float rate, else the reason.
+    """
+    name: str
+    float_rate: float
+    quantized_rate: float
+    warning: str
+
+    @property
+    def ratio(self) -> float:
+        """``quantized_rate / float_rate`` (``inf`` where only the quantized layer fires, ``1.0``
+        where neither fires)."""
+        if self.float_rate == 0.0:
+            return 1.0 if self.quantized_rate == 0.0 else math.inf
+        return self.quantized_rate / self.float_rate
+
+
+class FiringRateWarning(UserWarning):
+    """A neuron layer of a calibrated network fires far less or far more than in the float
+    network (see :func:`calibrate`)."""
 
 
 class SkippedQuantizer(NamedTuple):
@@ -90,6 +143,7 @@ class CalibrationReport:
     num_batches: int
     calibrated: List[CalibratedQuantizer] = field(default_factory=list)
     skipped: List[SkippedQuantizer] = field(default_factory=list)
+    firing: List[FiringRate] = field(default_factory=list)
 
     def __getitem__(self, key):
         """The entry of ``(name, kind)`` (``kind`` ``'weight'`` or ``'membrane'``)."""
@@ -118,6 +172,11 @@ class CalibrationReport:
                  fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows]
         lines += [f"  {s.name} ({s.kind}, {s.quantizer}): not calibrated ({s.reason})"
                   for s in self.skipped]
+        if self.firing:
+            lines.append("firing rate per neuron layer (spikes per neuron and step), float -> "
+                         "quantized:")
+            lines += [f"  {f.name}: {f.float_rate:.4f} -> {f.quantized_rate:.4f} (x{f.ratio:.3g})"
+                      + (f"  WARNING: {f.warning}" if f.warning else "") for f in self.firing]
         return "\n".join(lines)
 
 
@@ -172,7 +231,7 @@ def _choose_step(x: torch.Tensor, *, method: str, qmin: int, qmax: int, power_of
         step = torch.maximum(step, floor)
     if power_of_two:
         step = _power_of_two_up(step)
-    if method != "mse":
+    if method not in ("mse", "firing"):  # 'firing' starts from the 'mse' steps
         return step
     # candidate steps: fractions of the min/max step, or powers of two at and below it
     if power_of_two:
@@ -230,7 +289,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
               percentile: float = 99.99, num_batches: Optional[int] = None,
               power_of_two: Optional[bool] = None, freeze: bool = True,
               weights: bool = True, membranes: bool = True, mse_candidates: int = 100,
-              seed: int = 0) -> CalibrationReport:
+              seed: int = 0, check_firing: bool = True) -> CalibrationReport:
     r"""Set every weight and membrane step of a quantized network from data (post-training).
 
     See :mod:`snnquant.calibrate` for the rule of each ``method``. Weight steps come from the
@@ -248,11 +307,19 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
     Quantizers with fixed levels and no step (for example ``StateQuant``, QKeras
     ``quantized_bits``) are listed in ``report.skipped`` with the reason.
 
+    With ``check_firing`` (the default), the calibrated network and the float network (every
+    quantizer bypassed) then run over the same batches, and ``report.firing`` holds the firing
+    rate of every neuron layer in both (:func:`firing_rates`). A layer whose quantized rate falls
+    below :data:`SILENT_RATE_FRACTION` (10%) of its float rate, or exceeds
+    :data:`EXCESS_RATE_FACTOR` (2x) times it, is named in a :class:`FiringRateWarning`: a
+    post-training quantization that silences a layer shows here, before any accuracy is measured.
+    A one-shot iterator of batches is kept in memory for this second pass.
+
     Args:
         model: a network from :func:`~snnquant.quantize_model` (modified in place).
         batches: an iterable of input tensors ``[T, N, ...]``, or of ``(input, target)`` pairs
             whose input is used (a ``DataLoader`` of such pairs with the time dimension first).
-        method: ``'minmax'``, ``'percentile'`` or ``'mse'``.
+        method: ``'minmax'``, ``'percentile'``, ``'mse'`` or ``'firing'``.
         percentile: for ``'percentile'``: the percentile of :math:`|x|` kept, in ``(0, 100]``.
         num_batches: use at most this many batches (default: all).
         power_of_two: restrict steps to powers of two; default (``None``): where the quantizer's
@@ -264,6 +331,8 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
         membranes: calibrate the membrane quantizers.
         mse_candidates: number :math:`K` of candidate ranges of ``'mse'``.
         seed: seed of the subsample of the charge used by ``'percentile'`` and ``'mse'``.
+        check_firing: compare the firing rate of every neuron layer with the float network's
+            on the batches, and warn where it is out of range (see above).
 
     Returns:
         A :class:`CalibrationReport`: per quantizer the step, the integer range, the observed and
@@ -287,10 +356,14 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
         raise ValueError(f"power_of_two must be None, True or False, got {power_of_two!r}")
     if isinstance(mse_candidates, bool) or not isinstance(mse_candidates, int) or mse_candidates < 1:
         raise ValueError(f"mse_candidates must be an int >= 1, got {mse_candidates!r}")
+    if check_firing not in (True, False):
+        raise ValueError(f"check_firing must be True or False, got {check_firing!r}")
     entries = _quantized_modules(model)
     if not entries:
         raise ValueError(f"model ({type(model).__name__}) has no quantized layer or neuron; "
                          f"convert it with snnquant.quantize_model first")
+    if (check_firing or method == "firing") and iter(batches) is batches:  # kept for more passes
+        batches = list(batches if num_batches is None else itertools.islice(batches, num_batches))
     report = CalibrationReport(method=method, num_batches=0)
     settings = dict(method=method, percentile=float(percentile), mse_candidates=mse_candidates)
     modes = {m: m.training for m in model.modules()}
@@ -313,12 +386,20 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
         if membrane_todo:
             report.num_batches = _calibrate_membranes(model, membrane_todo, batches, num_batches,
                                                       power_of_two, settings, seed, report)
+        if method == "firing" and membrane_todo:
+            _match_firing(model, todo, batches, num_batches, report)
         if freeze:
             for _, _, _, q in todo:
                 q.freeze()
+        if check_firing and _neuron_layers(model):
+            report.firing, _ = _measure_rates(model, batches, num_batches)
     finally:
         for m, mode in modes.items():
             m.training = mode
+    for entry in report.firing:
+        if entry.warning:
+            warnings.warn(f"calibrate: layer {entry.name!r} {entry.warning}", FiringRateWarning,
+                          stacklevel=2)
     return report
 
 
@@ -424,3 +505,223 @@ def _calibrate_membranes(model, todo, batches, num_batches, power_of_two, settin
         else:
             report.skipped.append(entry)
     return count
+
+
+# --------------------------------------------------------------------------------------------------
+# firing rates: the quantized network against the float network
+
+
+class _Passthrough(QuantizerBase):
+    """Stands in for any quantizer while the float network runs: the identity, with no grid."""
+
+    def quantize(self, x):
+        return x
+
+
+def _neuron_layers(model: nn.Module):
+    """``(name, module)`` of every neuron layer (a module with a ``v_threshold``)."""
+    return [(name, m) for name, m in model.named_modules()
+            if hasattr(m, "v_threshold") and not isinstance(m, QuantizerBase)]
+
+
+@contextlib.contextmanager
+def _quantizers_bypassed(model: nn.Module):
+    """Replace every quantizer held by a layer or neuron with the identity while the block runs."""
+    saved = []
+    for module in model.modules():
+        if isinstance(module, QuantizerBase):
+            continue
+        for child_name, child in list(module.named_children()):
+            if isinstance(child, QuantizerBase):
+                saved.append((module, child_name, child))
+    # the layers keep their quantized weights between eval calls: the cache must not outlive a swap
+    caches = [m for m in model.modules() if "_qparam_cache" in m.__dict__]
+    try:
+        for m in caches:
+            m.__dict__.pop("_qparam_cache", None)
+        for module, child_name, child in saved:
+            setattr(module, child_name, _Passthrough().train(child.training))
+        yield
+    finally:
+        for module, child_name, child in saved:
+            setattr(module, child_name, child)
+        for m in model.modules():
+            m.__dict__.pop("_qparam_cache", None)
+
+
+def _rate_check(float_rate: float, quantized_rate: float) -> str:
+    if quantized_rate < SILENT_RATE_FRACTION * float_rate:
+        return (f"fires at {quantized_rate:.4g} spikes per neuron and step, below "
+                f"{SILENT_RATE_FRACTION:g} x its float rate {float_rate:.4g} (its quantized "
+                f"charge seldom reaches the threshold)")
+    if quantized_rate > EXCESS_RATE_FACTOR * float_rate:
+        return (f"fires at {quantized_rate:.4g} spikes per neuron and step, above "
+                f"{EXCESS_RATE_FACTOR:g} x its float rate {float_rate:.4g}")
+    return ""
+
+
+def firing_rates(model: nn.Module, batches: Iterable, num_batches: Optional[int] = None,
+                 warn: bool = True) -> List[FiringRate]:
+    r"""The firing rate of every neuron layer of a quantized network against the float network.
+
+    Each batch runs twice in eval mode without gradients: once with every quantizer of the model
+    bypassed (weights, biases and membranes in floating point: the float network) and once as it
+    is (the quantized network). The rate of a layer is its spikes divided by the number of its
+    neurons times the time steps, summed over the batches:
+
+    .. math::
+
+        r = \frac{\sum_{b,t,n} S_{b}[t, n]}{\sum_b T_b N_b}
+
+    A layer whose quantized rate falls below :data:`SILENT_RATE_FRACTION` of its float rate, or
+    exceeds :data:`EXCESS_RATE_FACTOR` times it, gets a ``warning`` text in its entry and, with
+    ``warn=True``, a :class:`FiringRateWarning` naming the layer. The model's training flags are
+    restored and its neuron states reset at the end.
+
+    Args:
+        model: a network from :func:`~snnquant.quantize_model`.
+        batches: input tensors ``[T, N, ...]`` or ``(input, target)`` pairs, as for
+            :func:`calibrate`; iterated once.
+        num_batches: use at most this many batches (default: all).
+        warn: issue a :class:`FiringRateWarning` for every layer out of range.
+
+    Returns:
+        A list of :class:`FiringRate`, one per neuron layer in the model's module order.
+
+    Raises:
+        ValueError: ``model`` has no neuron layer, ``num_batches`` is not ``None`` or an int >= 1,
+            or ``batches`` yields no batch.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if num_batches is not None and (isinstance(num_batches, bool) or not isinstance(num_batches, int)
+                                    or num_batches < 1):
+        raise ValueError(f"num_batches must be None or an int >= 1, got {num_batches!r}")
+    if not _neuron_layers(model):
+        raise ValueError(f"model ({type(model).__name__}) has no neuron layer (no module with a "
+                         f"v_threshold): there is no firing rate to report")
+    rates, count = _measure_rates(model, batches, num_batches)
+    if count == 0:
+        raise ValueError("batches yielded no batch: firing rates need data")
+    if warn:
+        for entry in rates:
+            if entry.warning:
+                warnings.warn(f"layer {entry.name!r} {entry.warning}", FiringRateWarning,
+                              stacklevel=2)
+    return rates
+
+
+def _measure_rates(model, batches, num_batches):
+    """``(rates, number of batches)``; see :func:`firing_rates`."""
+    layers = _neuron_layers(model)
+    counts = {which: {name: [0.0, 0] for name, _ in layers} for which in ("float", "quantized")}
+    current = {"which": "float"}
+
+    def hook_for(name):
+        def hook(module, args, output):
+            if isinstance(output, torch.Tensor):
+                cell = counts[current["which"]][name]
+                cell[0] += float(output.detach().double().sum())
+                cell[1] += output.numel()
+        return hook
+
+    handles = [m.register_forward_hook(hook_for(name)) for name, m in layers]
+    modes = {m: m.training for m in model.modules()}
+    count = 0
+    try:
+        model.eval()
+        for i, batch in enumerate(batches):
+            if num_batches is not None and i >= num_batches:
+                break
+            current["which"] = "float"
+            with _quantizers_bypassed(model):
+                run_batches(model, [batch_input(batch, i)])
+            current["which"] = "quantized"
+            run_batches(model, [batch_input(batch, i)])
+            count += 1
+    finally:
+        for h in handles:
+            h.remove()
+        for m, mode in modes.items():
+            m.training = mode
+    out = []
+    for name, _ in layers:
+        (fs, fn), (qs, qn) = counts["float"][name], counts["quantized"][name]
+        f_rate, q_rate = fs / max(fn, 1), qs / max(qn, 1)
+        out.append(FiringRate(name, f_rate, q_rate, _rate_check(f_rate, q_rate)))
+    return out, count
+
+
+# --------------------------------------------------------------------------------------------------
+# method='firing': match the float network's spikes, layer by layer
+
+
+def _spike_recorder(module):
+    """Record the outputs of ``module`` (one list per forward) while the returned handle lives."""
+    outputs = []
+
+    def hook(_, args, output):
+        outputs.append(output.detach().to(torch.bool if output.dtype == torch.bool
+                                          else output.dtype).clone())
+    return outputs, module.register_forward_hook(hook)
+
+
+def _spike_distance(model, neuron_module, batches, num_batches, reference):
+    outputs, handle = _spike_recorder(neuron_module)
+    try:
+        run_batches(model, batches, num_batches)
+    finally:
+        handle.remove()
+    diff = sum(float((a.double() - b.double()).abs().sum()) for a, b in zip(outputs, reference))
+    return diff / max(sum(r.numel() for r in reference), 1)
+
+
+def _match_firing(model, todo, batches, num_batches, report):
+    """The search of ``method='firing'`` (see :mod:`snnquant.calibrate`)."""
+    by_name = {(e.name, e.kind): i for i, e in enumerate(report.calibrated)}
+    order = {id(m): i for i, m in enumerate(model.modules())}
+    weights = [(name, m, q) for name, m, kind, q in todo if kind == "weight"]
+    for name, neuron_module, kind, vq in todo:
+        if kind != "membrane" or (name, "membrane") not in by_name:
+            continue
+        reference, handle = _spike_recorder(neuron_module)
+        try:
+            with _quantizers_bypassed(model):
+                run_batches(model, batches, num_batches)
+        finally:
+            handle.remove()
+        # the weight quantizer that feeds this neuron: the nearest one before it in module order
+        before = [w for w in weights if order[id(w[1])] < order[id(neuron_module)]
+                  and (w[0], "weight") in by_name]
+        candidates = [(vq, name, "membrane")]
+        if before:
+            candidates.insert(0, (before[-1][2], before[-1][0], "weight"))
+        base = {(qname, qkind): q.grid().step.detach().clone() for q, qname, qkind in candidates}
+        vth = abs(float(neuron_module.v_threshold))
+        vr = 0.0 if neuron_module.v_reset is None else abs(float(neuron_module.v_reset))
+        vmax = int(vq.grid().qmax)
+        best = None
+        for j in (FIRING_SEARCH_EXPONENTS if len(candidates) == 2 else (0,)):
+            for k in FIRING_SEARCH_EXPONENTS:
+                v_step = base[(name, "membrane")] * 2.0 ** k
+                if float(v_step.max()) * vmax < max(vth, vr):
+                    continue  # the membrane grid must still reach the threshold and the reset
+                if len(candidates) == 2:
+                    q, wname, _ = candidates[0]
+                    q.set_step(base[(wname, "weight")] * 2.0 ** j)
+                vq.set_step(v_step)
+                distance = _spike_distance(model, neuron_module, batches, num_batches, reference)
+                rank = (distance, abs(j) + abs(k))
+                if best is None or rank < best[0]:
+                    best = (rank, j, k)
+        _, j, k = best
+        for q, qname, qkind in candidates:
+            exponent = j if qkind == "weight" else k
+            q.set_step(base[(qname, qkind)] * 2.0 ** exponent)
+            entry = report.calibrated[by_name[(qname, qkind)]]
+            step = q.grid().step.detach().double().reshape(-1)
+            steps = [float(v) for v in step]
+            report.calibrated[by_name[(qname, qkind)]] = entry._replace(
+                method=f"firing (2^{exponent} x mse)",
+                step=steps if isinstance(entry.step, list) else steps[0],
+                covered=(entry.qmin * max(steps), entry.qmax * max(steps)))

@@ -11,16 +11,15 @@ from typing import Dict, List, NamedTuple, Optional, Sequence
 import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
-from spikingjelly.activation_based import neuron
 
 from .functional import check_bit_width, pow2_exponent
 from .functional.state import STATE_QUANT_MAX_BITS
-from .nn.layers import QuantConv1d, QuantConv2d, QuantLinear
 from .kernels.dispatch import DEFAULT_BACKEND
-from .nn.neurons import BACKENDS, QuantIFNode, QuantLIFNode, QuantParametricLIFNode
+from .nn.neurons import BACKENDS, QuantParametricLIFNode
 from .nn.quantizers import (MEMBRANE_QUANTIZERS, BinaryQuantizer, LSQQuantizer, MinMaxQuantizer,
                             QuantizedBits, TernaryQuantizer, WeightGridBiasQuantizer,
                             make_membrane_quantizer)
+from .nn import registry
 from .utils import copy_model
 
 __all__ = ["QuantConfig", "QuantConfigTypeError", "QuantReport", "ReplacedModule", "SkippedModule", "quantize_model",
@@ -189,11 +188,16 @@ class QuantReport:
             at every position).
         notes: what the quantized network still needs before an exact integer export (for
             example a learned :math:`\tau` of a ``ParametricLIFNode``).
+        hooks: the hooks moved from a replaced module to its replacement, one line per module
+            and kind (``"0: 2 forward hooks (record, log) moved to QuantLinear"``); forward
+            pre-hooks and hooks, and backward pre-hooks and hooks, keep their order and the
+            handles that registered them.
     """
     replaced: List[ReplacedModule] = field(default_factory=list)
     skipped: List[SkippedModule] = field(default_factory=list)
     shared: List[List[str]] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    hooks: List[str] = field(default_factory=list)
 
     def __str__(self):
         same = {n: group[0] for group in self.shared for n in group[1:]}
@@ -203,6 +207,7 @@ class QuantReport:
                   for r in self.replaced]
         lines += [f"  {s.name}: {s.old_type} skipped ({s.reason})" for s in self.skipped]
         lines += [f"note: {n}" for n in self.notes]
+        lines += [f"hooks: {h}" for h in self.hooks]
         return "\n".join(lines)
 
 
@@ -222,38 +227,26 @@ def _weight_quantizer(cfg: QuantConfig, bits: int, num_channels: int):
     return QuantizedBits(bits, integer=0, symmetric=True, keep_negative=True)
 
 
-_LAYER_MAP = {
-    nn.Linear: QuantLinear,
-    nn.Conv1d: QuantConv1d,
-    nn.Conv2d: QuantConv2d,
-}
-_NEURON_MAP = {
-    neuron.IFNode: QuantIFNode,
-    neuron.LIFNode: QuantLIFNode,
-    neuron.ParametricLIFNode: QuantParametricLIFNode,
-}
-_QUANT_TYPES = (QuantLinear, QuantConv1d, QuantConv2d, QuantIFNode, QuantLIFNode,
-                QuantParametricLIFNode)
-
-
 _BATCH_NORMS = (nn.modules.batchnorm._BatchNorm,)
 _NO_QUANTIZED_VERSION = (nn.Conv3d, nn.ConvTranspose1d, nn.ConvTranspose2d, nn.ConvTranspose3d)
 
 
-def _layer_target(module):
-    if isinstance(module, _QUANT_TYPES):
+def _layer_target(module) -> Optional[registry.LayerKind]:
+    if isinstance(module, registry.quantized_classes()):
         return None
-    for base_cls, q_cls in _LAYER_MAP.items():
-        if type(module) is base_cls or (isinstance(module, base_cls) and type(module).__module__
-                                        .startswith("spikingjelly.activation_based.layer")):
-            return q_cls
+    if _has_parametrized_class(module):
+        return _parametrized_layer_target(module)
+    for kind in registry.LAYER_KINDS:
+        if type(module) is kind.float_cls or (isinstance(module, kind.float_cls) and type(
+                module).__module__.startswith("spikingjelly.activation_based.layer")):
+            return kind
     return None
 
 
-def _neuron_target(module):
-    if isinstance(module, _QUANT_TYPES):
+def _neuron_target(module) -> Optional[registry.NeuronKind]:
+    if isinstance(module, registry.quantized_classes()):
         return None
-    return _NEURON_MAP.get(type(module))
+    return next((k for k in registry.NEURON_KINDS if type(module) is k.float_cls), None)
 
 
 def _is_neuron(module) -> bool:
@@ -278,14 +271,15 @@ def _why_not_quantized(module) -> Optional[str]:
         return None
     if _is_neuron(module):
         return (f"unsupported neuron type {kind}; supported: "
-                f"{[c.__name__ for c in _NEURON_MAP]} (exactly these classes: a subclass may "
+                f"{[k.float_cls.__name__ for k in registry.NEURON_KINDS]} (exactly these "
+                f"classes: a subclass may "
                 f"change the dynamics); its membrane stays float")
     if not _carries_weights_or_state(module):
         return None
     if isinstance(module, _NO_QUANTIZED_VERSION):
         return (f"no quantized version of {kind}: its weights stay float (quantize_model replaces "
                 f"Linear, Conv1d and Conv2d)")
-    for base_cls in _LAYER_MAP:
+    for base_cls in (k.float_cls for k in registry.LAYER_KINDS):
         if isinstance(module, base_cls):
             return (f"{kind} is a subclass of nn.{base_cls.__name__} that snnquant does not "
                     f"recognise (its forward may differ), so its weights stay float; use "
@@ -309,19 +303,10 @@ def _plif_note(name: str, module) -> Optional[str]:
             f"w.requires_grad_(False))")
 
 
-def _convert_layer(module, q_cls, cfg: QuantConfig):
+def _convert_layer(module, kind: registry.LayerKind, cfg: QuantConfig):
     w = module.weight
-    step_mode = getattr(module, "step_mode", "s")
-    if q_cls is QuantLinear:
-        new = QuantLinear(module.in_features, module.out_features, bias=module.bias is not None,
-                          step_mode=step_mode, weight_quant=None)
-    else:
-        new = q_cls(module.in_channels, module.out_channels, module.kernel_size,
-                    stride=module.stride, padding=module.padding, dilation=module.dilation,
-                    groups=module.groups, bias=module.bias is not None,
-                    padding_mode=module.padding_mode, step_mode=step_mode, weight_quant=None)
-    new.weight = module.weight
-    new.bias = module.bias
+    new = kind.from_float(module)
+    _carry_parameters(module, new)
     new.weight_quant = _weight_quantizer(cfg, cfg.weight_bits, w.shape[0])
     if cfg.bias_bits is not None and module.bias is not None:
         new.bias_quant = WeightGridBiasQuantizer(cfg.bias_bits).bind(new)
@@ -332,20 +317,14 @@ def _convert_layer(module, q_cls, cfg: QuantConfig):
     return new
 
 
-def _convert_neuron(module, q_cls, cfg: QuantConfig, device=None, dtype=None):
+def _convert_neuron(module, kind: registry.NeuronKind, cfg: QuantConfig, device=None, dtype=None):
     kw = dict(v_threshold=module.v_threshold, v_reset=module.v_reset,
               surrogate_function=module.surrogate_function, detach_reset=module.detach_reset,
               step_mode=module.step_mode, store_v_seq=module.store_v_seq,
               v_quant=make_membrane_quantizer(cfg.v_bits, module.v_threshold,
                                               cfg.membrane_quantizer),
               backend=cfg.backend)
-    if q_cls is QuantLIFNode:
-        new = QuantLIFNode(tau=module.tau, decay_input=module.decay_input, **kw)
-    elif q_cls is QuantParametricLIFNode:
-        new = QuantParametricLIFNode(decay_input=module.decay_input, **kw)
-        new.w = module.w
-    else:
-        new = QuantIFNode(**kw)
+    new = kind.from_float(module, **kw)
     new._neuron_precision = getattr(module, "_neuron_precision", None)
     params = list(module.parameters())
     if params:  # PLIF: its own parameter says where it lives
@@ -354,6 +333,130 @@ def _convert_neuron(module, q_cls, cfg: QuantConfig, device=None, dtype=None):
         new.to(device=device, dtype=dtype)
     new.train(module.training)
     return new
+
+
+# --- What the user attached to a replaced module: hooks, pruning, parametrizations ---------------
+
+_HOOK_DICTS = (
+    ("_forward_pre_hooks", "forward pre-hook"),
+    ("_forward_hooks", "forward hook"),
+    ("_backward_pre_hooks", "backward pre-hook"),
+    ("_backward_hooks", "backward hook"),
+)
+# Dicts keyed by the same handle ids that say how a hook is called (with kwargs, always called).
+_HOOK_FLAG_DICTS = ("_forward_pre_hooks_with_kwargs", "_forward_hooks_with_kwargs",
+                    "_forward_hooks_always_called")
+
+
+def _hook_label(hook) -> str:
+    from torch.nn.utils import prune
+
+    if isinstance(hook, prune.BasePruningMethod):
+        return f"{type(hook).__name__} (torch.nn.utils.prune of {hook._tensor_name!r})"
+    return getattr(hook, "__qualname__", None) or type(hook).__name__
+
+
+def _move_hooks(old: nn.Module, new: nn.Module) -> List[str]:
+    """Move the forward (pre-)hooks and backward (pre-)hooks of ``old`` to its replacement
+    ``new``, in their order and with their kwargs/always-called flags; return one line per kind
+    that moved, for the report.
+
+    The hook dicts themselves move, so the handles the user holds (``handle.remove()``) keep
+    working on ``new``. Hooks that ``new`` registered itself run after the moved ones.
+    """
+    moved = []
+    for attr, label in _HOOK_DICTS:
+        hooks = getattr(old, attr)
+        if not hooks:
+            continue
+        own = getattr(new, attr)
+        hooks.update(own)  # the replacement's own hooks (none today) after the user's
+        setattr(new, attr, hooks)
+        setattr(old, attr, type(hooks)())
+        names = [_hook_label(h) for h in hooks.values()]
+        moved.append(f"{len(names)} {label}{'s' if len(names) > 1 else ''} ({', '.join(names)})")
+    for attr in _HOOK_FLAG_DICTS:
+        flags = getattr(old, attr, None)
+        if flags:
+            flags.update(getattr(new, attr))
+            setattr(new, attr, flags)
+            setattr(old, attr, type(flags)())
+    if old._backward_hooks or getattr(new, "_backward_hooks", None):
+        new._is_full_backward_hook = old._is_full_backward_hook
+    return moved
+
+
+class _NoParametrization(nn.Module):
+    """A placeholder parametrization without ``right_inverse``: registering it leaves the
+    original tensor untouched (it is then replaced by the source layer's own list)."""
+
+    def forward(self, x):
+        return x
+
+
+def _carry_tensor(old: nn.Module, new: nn.Module, name: str) -> None:
+    """Give ``new`` the tensor ``name`` of ``old`` in the form the user made it:
+
+    * a plain parameter: the very same parameter;
+    * pruned with ``torch.nn.utils.prune`` (``<name>_orig`` parameter, ``<name>_mask`` buffer and
+      a forward pre-hook that sets ``<name> = <name>_orig * <name>_mask``): the same ``_orig``
+      and ``_mask``, and the effective tensor as ``<name>``; the pre-hook moves with
+      :func:`_move_hooks`, so the quantizer sees the pruned weight and fine-tuning stays pruned
+      (``prune.remove(new, name)`` works as on the source layer);
+    * parametrized with ``torch.nn.utils.parametrize``: the same parametrization list (with the
+      same original tensor), so ``new.<name>`` is the effective tensor and the quantizer
+      quantizes it.
+    """
+    from torch.nn.utils import parametrize
+
+    if parametrize.is_parametrized(old, name):
+        plist = old.parametrizations[name]
+        original = getattr(plist, "original", None)
+        if original is None:  # a right_inverse that returns several tensors (original0, ...)
+            raise ValueError(
+                f"the {type(old).__name__}'s {name!r} is parametrized into several original "
+                f"tensors, which quantize_model cannot carry over; remove the parametrization "
+                f"(torch.nn.utils.parametrize.remove_parametrizations(module, {name!r})) first")
+        setattr(new, name, original)
+        parametrize.register_parametrization(new, name, _NoParametrization(), unsafe=True)
+        new.parametrizations[name] = plist
+        return
+    if name + "_orig" in old._parameters and name + "_mask" in old._buffers:
+        del new._parameters[name]
+        new.register_parameter(name + "_orig", old._parameters[name + "_orig"])
+        new.register_buffer(name + "_mask", old._buffers[name + "_mask"])
+        setattr(new, name, getattr(old, name))  # a plain attribute, as prune leaves it
+        return
+    setattr(new, name, getattr(old, name))
+
+
+def _carry_parameters(old: nn.Module, new: nn.Module) -> None:
+    """:func:`_carry_tensor` for the weight and the bias of a layer."""
+    _carry_tensor(old, new, "weight")
+    if old.bias is not None:
+        _carry_tensor(old, new, "bias")
+    else:
+        new.bias = None
+
+
+def _has_parametrized_class(module) -> bool:
+    """Whether ``torch.nn.utils.parametrize`` gave ``module`` its generated class (with one
+    property per parametrized tensor)."""
+    from torch.nn.utils import parametrize
+
+    return parametrize.is_parametrized(module) and any(
+        isinstance(type(module).__dict__.get(name), property) for name in module.parametrizations)
+
+
+def _parametrized_layer_target(module):
+    """The layer kind for a layer whose class ``torch.nn.utils.parametrize`` replaced by a
+    generated subclass (``ParametrizedLinear``): the kind of the class it was made from."""
+    generated = type(module)
+    try:
+        module.__class__ = generated.__bases__[0]
+        return _layer_target(module)
+    finally:
+        module.__class__ = generated
 
 
 def _positions(model: nn.Module):
@@ -430,6 +533,17 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
     the groups). If ``skip``/``overrides`` would treat the positions of one module differently, a
     ``ValueError`` names them.
 
+    What the user attached to a replaced module stays: its forward pre-hooks and forward hooks
+    (also those registered ``with_kwargs`` or ``always_call``) and its backward hooks move to the
+    replacement in their order, and the handles that registered them still remove them;
+    ``report.hooks`` lists what moved (SpikingJelly's monitors rely on such hooks). A weight
+    pruned with ``torch.nn.utils.prune`` is quantized as the effective (masked) weight, and the
+    pruning stays: the replacement keeps ``weight_orig``, ``weight_mask`` and the pruning
+    pre-hook, so fine-tuning updates ``weight_orig`` and the pruned weights stay zero
+    (``prune.remove`` works on it as on the source layer). A weight parametrized with
+    ``torch.nn.utils.parametrize`` keeps its parametrization (the same original tensor and
+    parametrization modules) and is quantized as the effective weight.
+
     Args:
         model: the network.
         config: a :class:`QuantConfig` (default: ``QuantConfig()``: 8-bit weights with a learned
@@ -495,6 +609,8 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
             continue
         new = (_convert_layer(module, layer_cls, cfg) if layer_cls is not None
                else _convert_neuron(module, neuron_cls, cfg, model_device, model_dtype))
+        report.hooks.extend(f"{names[0]}: {line} moved to {type(new).__name__}"
+                            for line in _move_hooks(module, new))
         for parent, attr in slots:
             setattr(parent, attr, new)
         report.replaced.extend(ReplacedModule(n, old_type, type(new).__name__) for n in names)

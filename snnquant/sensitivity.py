@@ -296,7 +296,8 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
             module = probe.get_submodule(name)
             nw = module.weight.numel()
             nb = 0 if module.bias is None else module.bias.numel()
-            bias_bits = getattr(getattr(module, "bias_quant", None), "num_bits", None) or 32
+            bias_quant = getattr(module, "bias_quant", None)  # None on an unquantized layer
+            bias_bits = (bias_quant.num_bits if bias_quant is not None else None) or 32
             if weights and name in replaced:
                 layers.append((name, "weight"))
                 costs.append(LayerCost(name, "weight", nw, nb * bias_bits / 8))

@@ -10,17 +10,25 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
 from snnquant import QuantConfig, quantize_model
-from snnquant.export import NeuronOp, simulate_nir, to_integer
+from snnquant.export import NeuronOp, simulate_nir, to_integer, widen_membrane_range
 
 ARCHS = ("dense", "mlp", "conv", "conv_pool")
 CONSUMERS = ("spikingjelly", "snntorch", "norse")
+# init='default': PyTorch's default initialisation (uniform in +-1/sqrt(fan_in), mixed sign) times
+# this gain, without which LIF layers after the first never reach the threshold on events
+DEFAULT_INIT_GAIN = {"if": 2.0, "lif": 4.0}
 
 
 def build_network(arch, kind, weight_bits, seed, *, v_bits=12, v_reset=0.0, decay_input=True,
-                  tau=2.0):
+                  tau=2.0, init="excitatory", headroom_bits=0):
     """``(IntegerNetwork, per-sample input shape)`` of a small random network, via
-    quantize_model -> to_integer. Weights lean excitatory so that spikes are frequent and IF
-    membranes stay above ``v_min`` on :func:`events` input."""
+    quantize_model -> to_integer. With ``init='excitatory'`` weights lean excitatory so that
+    spikes are frequent and IF membranes stay above ``v_min`` on :func:`events` input; with
+    ``'default'`` they keep PyTorch's default (mixed-sign) initialisation, scaled by
+    :data:`DEFAULT_INIT_GAIN`. ``headroom_bits`` > 0
+    widens every membrane grid by that many bits at the same step (``widen_membrane_range``)."""
+    if init not in ("excitatory", "default"):
+        raise ValueError(f"init must be 'excitatory' or 'default', got {init!r}")
     torch.manual_seed(seed)
     if kind == "if":
         def nrn():
@@ -44,14 +52,20 @@ def build_network(arch, kind, weight_bits, seed, *, v_bits=12, v_reset=0.0, deca
         raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
     net = nn.Sequential(*mods)
     gain, later = (0.5, 0.6) if kind == "if" else (1.0, 1.6)
+    synapses = [x for x in net.modules() if isinstance(x, (nn.Linear, nn.Conv2d))]
     with torch.no_grad():
-        for i, m in enumerate(x for x in net.modules() if isinstance(x, (nn.Linear, nn.Conv2d))):
+        for m in synapses if init == "default" else []:
+            m.weight.mul_(DEFAULT_INIT_GAIN[kind])  # keeps the sign mix, makes every layer spike
+            m.bias.mul_(DEFAULT_INIT_GAIN[kind])
+        for i, m in enumerate(synapses if init == "excitatory" else []):
             fan = m.weight[0].numel()
             m.weight.uniform_(-0.4, 1.0).mul_(gain * (1.0 if i == 0 else later) * 2.0 / fan ** 0.5)
             m.bias.uniform_(-0.1, 0.2)
     sjf.set_step_mode(net, "m")
     q, _ = quantize_model(net, QuantConfig(weight_bits=weight_bits, weight_quantizer="lsq_pow2",
                                            v_bits=v_bits))
+    if headroom_bits:
+        q = widen_membrane_range(q, headroom_bits)
     return to_integer(q.eval()), shape
 
 

@@ -487,7 +487,7 @@ FLOORS = (
     ("convert", "export", "measure"),
     ("summary", "calibrate", "sensitivity"),
 )
-INFRASTRUCTURE = ("_io", "_filelock", "_version")
+INFRASTRUCTURE = ("_io", "_filelock", "_paths", "_version")
 #: The one import between parts of one floor: sensitivity *is* post-training quantization of one
 #: layer at a time, so it runs calibrate on each candidate.
 SAME_FLOOR = {("sensitivity", "calibrate")}

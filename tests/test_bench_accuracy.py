@@ -19,6 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
                                         "100.00% (100.00..100.00)"]),
     ("accuracy_ptq.py", ["--skip-qat"], ["| W8/V16 PTQ |", "| W2/V4 PTQ + 3 fine-tuning"]),
     ("mixed_precision.py", [], ["| mixed (assign_bits", "| uniform W4/V4 |", "Bits chosen"]),
+    ("calibration_methods.py", [], ["| W4/V8 PTQ firing |", "| W2/V4 PTQ mse |", "Target: firing"]),
 ])
 def test_accuracy_benchmark_quick(script, extra, expect, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", SNNQUANT_DATA=str(tmp_path / "data"),

@@ -1,9 +1,12 @@
 """The C runtime (``to_c``): compiled with the machine's C compiler under strict flags, and its
 outputs compared with ``IntegerSNN`` step by step, on random and on trained networks."""
+import errno
 import functools
+import os
 import pathlib
 import re
 import shutil
+import stat
 import subprocess
 
 import numpy as np
@@ -403,6 +406,73 @@ def test_overflowing_bounds_are_refused(tmp_path):
     desc.layer("1").grid_shift = 60
     with pytest.raises(ExportError, match=r"layer '1'.*overflow int64"):
         to_c(desc, tmp_path)
+
+
+# ------------------------------------------------------------------------------------------------
+# writing the pair: names, permissions, full disk, mismatched files
+
+ODD_NAMES = ["capa_oculta_\u00f1", "hidden layer", "it's \"quoted\"", "fc/*hidden*/", "a??/",
+             "back\\slash\nnewline"]
+
+
+def test_layer_names_that_are_not_c_identifiers(tmp_path):
+    """Module names become comments only: ASCII, no comment end or trigraph; the C compiles with
+    -Werror and matches IntegerSNN (before: UnicodeEncodeError after snn.h was written, and
+    'fc/*hidden*/' gave '"/*" within comment')."""
+    desc = _mlp_desc()
+    for op, name in zip(desc.ops, ODD_NAMES):
+        op.name = name
+    exe = build(desc, tmp_path)
+    for path in (tmp_path / "snn.h", tmp_path / "snn.c"):
+        path.read_bytes().decode("ascii")
+    x = sample_input(desc, (12,), 6, 4, 0, negative=False)
+    assert assert_same(desc, exe, x) == 1.0
+
+
+def test_pair_gets_the_umask_permissions(tmp_path):
+    old = os.umask(0o022)
+    try:
+        header, source = to_c(_mlp_desc(), tmp_path)
+        other = tmp_path / "other"
+        other.write_text("")
+    finally:
+        os.umask(old)
+    expected = stat.S_IMODE(other.stat().st_mode)
+    assert expected == 0o644
+    assert [stat.S_IMODE(p.stat().st_mode) for p in (header, source)] == [expected, expected]
+
+
+def test_full_disk_keeps_the_earlier_pair(tmp_path, monkeypatch):
+    header, source = to_c(_mlp_desc(), tmp_path)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
+    real_write, calls = os.write, []
+
+    def write(fd, data):
+        calls.append(fd)
+        if len(calls) >= 2:          # the header's temporary is written, the source's is not
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", write)
+    with pytest.raises(OSError, match=r"cannot write '.*snn\.c': no space left") as info:
+        to_c(_mlp_desc(weight_bits=3, seed=5), tmp_path)
+    monkeypatch.undo()
+    assert info.value.errno == errno.ENOSPC and len(calls) == 2
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_header_of_another_call_does_not_compile(tmp_path):
+    """A header beside a source of another to_c call (a reader between the two renames, or a
+    copy of one file) stops the compiler with an error naming the pair."""
+    to_c(_mlp_desc(), tmp_path / "a")
+    to_c(_mlp_desc(weight_bits=3, seed=5), tmp_path / "b")
+    ok = subprocess.run([compiler(), *STRICT, "-c", str(tmp_path / "a" / "snn.c"), "-o",
+                         str(tmp_path / "a.o")], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stderr
+    shutil.copy(tmp_path / "b" / "snn.h", tmp_path / "a" / "snn.h")
+    bad = subprocess.run([compiler(), *STRICT, "-c", str(tmp_path / "a" / "snn.c"), "-o",
+                          str(tmp_path / "b.o")], capture_output=True, text=True)
+    assert bad.returncode != 0 and "snn.h was not written together with snn.c" in bad.stderr
 
 
 # ------------------------------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def test_full_disk_keeps_the_previous_file_and_removes_the_partial(tmp_path, mon
 
 def test_stale_temporaries_of_killed_runs_are_removed(tmp_path):
     dead = _dead_pid()
-    host = _io._host()
+    host = _io.host_name()
     stale = [f"checkpoint.pt.tmp-{dead}", f"checkpoint.pt.tmp-{host}-{dead}-0123abcd",
              f"checkpoint.pt.tmp-{host}-{dead}-01234567"]
     kept = [f"checkpoint.pt.tmp-{host}-{os.getppid()}-0123abcd",     # a live writer

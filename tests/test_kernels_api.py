@@ -14,6 +14,7 @@ import torch
 from spikingjelly.activation_based import surrogate
 
 import snnquant.kernels as kernels
+from snnquant.functional.neuron import NeuronParams
 from snnquant.kernels import _fused, cupy_backend
 
 
@@ -69,10 +70,7 @@ def test_supports():
 
 
 class _NoLaunch:
-    """Launcher for argument-check tests: accepts any device, must never be reached."""
-
-    def check_device(self, name, tensor):
-        pass
+    """Launcher for argument-check tests: must never be reached."""
 
     def forward(self, *args):
         raise AssertionError("launched despite bad arguments")
@@ -101,7 +99,7 @@ GOOD = dict(neuron="lif", tau=2.0, step=torch.tensor(0.25), qmin=-8, qmax=7)
 def test_bad_arguments_are_named(change, error, match):
     kwargs = dict(GOOD, **change)
     with pytest.raises(error, match=match):
-        _fused.run_fused(_NoLaunch(), torch.zeros(3, 4), torch.zeros(4), **_complete(kwargs))
+        _run_fused(_NoLaunch(), torch.zeros(3, 4), torch.zeros(4), **_complete(kwargs))
 
 
 def _complete(kwargs):
@@ -112,16 +110,22 @@ def _complete(kwargs):
     return full
 
 
+def _run_fused(launcher, x_seq, v_init, **kwargs):
+    """run_fused with keyword arguments: the tensors, and the rest as one NeuronParams."""
+    step, w = kwargs.pop("step"), kwargs.pop("w", None)
+    return _fused.run_fused(launcher, x_seq, v_init, step, w, NeuronParams(**kwargs))
+
+
 def test_bad_tensors_are_named():
     with pytest.raises(TypeError, match="x_seq has dtype torch.int64"):
-        _fused.run_fused(_NoLaunch(), torch.zeros(3, 4, dtype=torch.int64), torch.zeros(4),
+        _run_fused(_NoLaunch(), torch.zeros(3, 4, dtype=torch.int64), torch.zeros(4),
                          **_complete(GOOD))
     with pytest.raises(ValueError, match=r"v_init of shape \(5,\) does not broadcast"):
-        _fused.run_fused(_NoLaunch(), torch.zeros(3, 4), torch.zeros(5), **_complete(GOOD))
+        _run_fused(_NoLaunch(), torch.zeros(3, 4), torch.zeros(5), **_complete(GOOD))
     with pytest.raises(ValueError, match="x_seq must have a leading time dimension"):
-        _fused.run_fused(_NoLaunch(), torch.zeros(()), torch.zeros(()), **_complete(GOOD))
+        _run_fused(_NoLaunch(), torch.zeros(()), torch.zeros(()), **_complete(GOOD))
     with pytest.raises(ValueError, match="step is on meta but x_seq is on cpu"):
-        _fused.run_fused(_NoLaunch(), torch.zeros(3, 4), torch.zeros(4),
+        _run_fused(_NoLaunch(), torch.zeros(3, 4), torch.zeros(4),
                          **_complete(dict(GOOD, step=torch.tensor(0.5, device="meta"))))
 
 
@@ -201,14 +205,13 @@ class FakeCuPy:
 def test_cupy_launcher_arguments_match_kernel_signatures(monkeypatch, dtype):
     fake = FakeCuPy()
     monkeypatch.setattr(cupy_backend, "_stream_for", lambda cupy, device: "current-stream")
-    cache = cupy_backend._KernelCache()
+    cache = _fused.KernelCache()
     launcher = cupy_backend.CuPyLauncher(fake, cache)
-    monkeypatch.setattr(launcher, "check_device", lambda name, tensor: None)
     x = torch.randn(5, 3, 300, dtype=dtype, requires_grad=True)
     w = torch.tensor(0.2, requires_grad=True)
     step = torch.tensor(0.25, requires_grad=True)
     for _ in range(2):
-        spike_seq, v_last, v_seq = _fused.run_fused(
+        spike_seq, v_last, v_seq = _run_fused(
             launcher, x, torch.zeros(()), neuron="plif", tau=2.0, w=w, decay_input=True,
             v_threshold=1.0, v_reset=None, surrogate_function=surrogate.ATan(alpha=3.0),
             detach_reset=True, step=step, qmin=-8, qmax=7, step_grad_scale=0.5, store_v_seq=True)
@@ -241,17 +244,16 @@ def test_cupy_launcher_arguments_match_kernel_signatures(monkeypatch, dtype):
 def test_cupy_launcher_passes_null_pointers_when_not_needed(monkeypatch):
     fake = FakeCuPy()
     monkeypatch.setattr(cupy_backend, "_stream_for", lambda cupy, device: None)
-    launcher = cupy_backend.CuPyLauncher(fake, cupy_backend._KernelCache())
-    monkeypatch.setattr(launcher, "check_device", lambda name, tensor: None)
+    launcher = cupy_backend.CuPyLauncher(fake, _fused.KernelCache())
     x = torch.randn(4, 10)
     # inference: no h_seq; no v_seq
-    _fused.run_fused(launcher, x, torch.zeros(10), **_complete(GOOD))
+    _run_fused(launcher, x, torch.zeros(10), **_complete(GOOD))
     (forward,) = fake.launches
     assert forward["args"][6] == 0 and forward["args"][7] == 0  # v_seq, h_seq
     # training on x only: no step / k partial sums, no x or v_init re-read (LIF)
     fake.launches.clear()
     x.requires_grad_()
-    spike_seq, _, _ = _fused.run_fused(launcher, x, torch.zeros(10), **_complete(GOOD))
+    spike_seq, _, _ = _run_fused(launcher, x, torch.zeros(10), **_complete(GOOD))
     spike_seq.sum().backward()
     backward = fake.launches[1]["args"]
     assert backward[0] != 0  # h_seq
@@ -261,7 +263,7 @@ def test_cupy_launcher_passes_null_pointers_when_not_needed(monkeypatch):
     # under no_grad nothing is saved, even though the step requires grad
     fake.launches.clear()
     with torch.no_grad():
-        _fused.run_fused(launcher, x, torch.zeros(10),
+        _run_fused(launcher, x, torch.zeros(10),
                          **_complete(dict(GOOD, step=torch.tensor(0.25, requires_grad=True))))
     assert fake.launches[0]["args"][7] == 0  # h_seq
 
@@ -269,9 +271,8 @@ def test_cupy_launcher_passes_null_pointers_when_not_needed(monkeypatch):
 def test_empty_neuron_dimension_launches_nothing(monkeypatch):
     fake = FakeCuPy()
     monkeypatch.setattr(cupy_backend, "_stream_for", lambda cupy, device: None)
-    launcher = cupy_backend.CuPyLauncher(fake, cupy_backend._KernelCache())
-    monkeypatch.setattr(launcher, "check_device", lambda name, tensor: None)
-    spikes, v_last, _ = _fused.run_fused(launcher, torch.zeros(3, 0), torch.zeros(()),
+    launcher = cupy_backend.CuPyLauncher(fake, _fused.KernelCache())
+    spikes, v_last, _ = _run_fused(launcher, torch.zeros(3, 0), torch.zeros(()),
                                          **_complete(GOOD))
     assert spikes.shape == (3, 0) and v_last.shape == (0,)
     assert fake.launches == []

@@ -407,15 +407,20 @@ def test_compiler_without_openmp_builds_single_threaded(monkeypatch, tmp_path):
         flags, identity = cpp_backend._compiler_identity(str(wrapper))
         assert "-fopenmp" not in flags and "no OpenMP" in identity
         path = cpp_backend.build_library(_lif_config(), directory=tmp_path / "cache")
-        library = cpp_backend._CppLibrary(path)
+        library = cpp_backend.KernelLibrary(path)
         x = torch.rand(4, 50) * 2
         spikes = torch.empty_like(x)
         v_last = torch.empty(50)
         v_init = torch.zeros(50)  # kept alive: the library reads it through a raw pointer
         step = torch.tensor([STEP])
-        library.forward(x.data_ptr(), v_init.data_ptr(), step.data_ptr(), None,
-                        spikes.data_ptr(), v_last.data_ptr(), None, None, 2.0, 1.0, 0.0,
-                        float(QMIN), float(QMAX), 4, 50, 2)
+        scalars = _fused.KernelScalars(tau=2.0, v_threshold=1.0, v_reset=0.0, qmin=float(QMIN),
+                                       qmax=float(QMAX), alpha=4.0, step_grad_scale=1.0)
+        library.forward(_lif_config(), 4, 50, x, v_init, step, None, spikes, v_last, None, None,
+                        scalars)
+        # a library holds one configuration: another is refused, nothing runs
+        with pytest.raises(RuntimeError, match="rejected the configuration"):
+            library.forward(_lif_config(store=True), 4, 50, x, v_init, step, None, spikes,
+                            v_last, v_last, None, scalars)
         want = reference_multi_step(x, 0.0, neuron="lif", step=STEP, qmin=QMIN, qmax=QMAX)
         assert torch.equal(spikes, want[0]) and torch.equal(v_last, want[1])
     finally:

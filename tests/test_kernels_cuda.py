@@ -190,3 +190,35 @@ def test_module_backends_agree():
         outputs.append((out.detach(), xi.grad))
     assert torch.equal(outputs[0][0], outputs[1][0])
     torch.testing.assert_close(outputs[0][1], outputs[1][1], rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("module", ["QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode"])
+@pytest.mark.parametrize("v_reset", [0.0, None])
+def test_every_module_auto_runs_cupy_and_matches_torch(module, v_reset):
+    # through the modules, with store_v_seq: 'auto' picks the kernels on CUDA, and 'cupy' and
+    # 'auto' give the torch backend's spikes, membranes (within the tight tolerance above) and
+    # gradients (within the documented one), the learnable PLIF weight's included
+    from snnquant import nn as qnn
+    from snnquant.kernels import resolve_backend
+
+    x = make_inputs(torch.float32, seed=8)[0] + 0.75  # about 10% (LIF) to 50% (IF) spikes
+    assert resolve_backend("auto", x, surrogate.Sigmoid()) == "cupy"
+    weights = torch.linspace(-1, 1, x.numel(), device="cuda").reshape(x.shape)
+    outputs = {}
+    for backend in ("torch", "cupy", "auto"):
+        node = getattr(qnn, module)(step_mode="m", v_reset=v_reset, v_quant=8,
+                                    backend=backend, store_v_seq=True).cuda()
+        xi = x.detach().requires_grad_()
+        spikes = node(xi)
+        (spikes * weights).sum().backward()
+        w_grad = node.w.grad.clone() if module == "QuantParametricLIFNode" else None
+        outputs[backend] = (spikes.detach(), node.v_seq.detach(), xi.grad, w_grad)
+    want = outputs["torch"]
+    for backend in ("cupy", "auto"):
+        got = outputs[backend]
+        assert torch.equal(got[0], want[0]), backend
+        assert 0.05 < float(got[0].mean()) < 0.9
+        torch.testing.assert_close(got[1], want[1], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(got[2], want[2], rtol=2e-5, atol=2e-5)
+        if w_grad is not None:
+            torch.testing.assert_close(got[3], want[3], rtol=1e-4, atol=2e-4)

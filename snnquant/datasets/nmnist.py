@@ -19,6 +19,7 @@ from typing import Callable, List, Optional, Sequence, Union
 
 from .checked import (LOAD_ERRORS, CorruptDatasetFileError, find_unreadable_npz,
                       spikingjelly_preprocessing, wrap_dataset_loader)
+from .._paths import user_cache_home
 from .nmnist_format import EVENT_BYTES
 
 __all__ = [
@@ -455,9 +456,10 @@ def unfinished_marker_message(marker: Path, what: str, delete: Sequence[Path]) -
 
 
 def default_data_dir() -> Path:
-    """The cache folder: ``$SNNQUANT_DATA`` when set and not empty, else ``~/.cache/snnquant``."""
+    """The cache folder: ``$SNNQUANT_DATA`` when set and not empty, else
+    ``$XDG_CACHE_HOME/snnquant`` (``~/.cache/snnquant`` without it), as the kernel cache."""
     value = os.environ.get("SNNQUANT_DATA", "")
-    return Path(value).expanduser() if value else Path.home() / ".cache" / "snnquant"
+    return Path(value).expanduser() if value else user_cache_home() / "snnquant"
 
 
 @contextlib.contextmanager

@@ -7,6 +7,8 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 * :func:`save_integer` / :func:`load_integer`: one safetensors file, no pickle;
 * :func:`to_nir` / :func:`from_nir`: the Neuromorphic Intermediate Representation and back
   (``pip install snnquant[export]``); :func:`simulate_nir` runs a graph by NIR's equations.
+* :func:`saturation_report`: per layer, how often membranes sit at ``v_min`` / ``v_max``;
+  :func:`widen_membrane_range` gives them headroom;
 * :func:`to_c`: a bit-exact, portable C99 model of the integer network (``<name>.h``/``.c``).
 """
 
@@ -16,9 +18,11 @@ from .integer_ops import pack_int, round_half_even_shift, unpack_int
 from .exporter import to_integer
 from .simulator import IntegerSNN
 from .agreement import IntegerAgreement, compare_integer, integer_agreement
-from .fold import fold_batchnorm
+from .fold import FoldWarning, fold_batchnorm
 from .files import load_integer, save_integer
 from .nir_graph import to_nir
+from .saturation import (LayerSaturation, SaturationReport, SaturationWarning,
+                         saturation_report, widen_membrane_range)
 from .nir_import import NIRImportError, from_nir, simulate_nir
 from .c_runtime import CMemory, c_memory, to_c
 
@@ -27,5 +31,6 @@ __all__ = [
     "FlattenOp", "round_half_even_shift", "pack_int", "unpack_int", "to_integer", "IntegerSNN",
     "IntegerAgreement", "compare_integer", "integer_agreement", "fold_batchnorm", "save_integer",
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
-    "c_memory", "CMemory",
+    "c_memory", "CMemory", "saturation_report", "SaturationReport", "LayerSaturation",
+    "SaturationWarning", "widen_membrane_range", "FoldWarning",
 ]

@@ -21,16 +21,18 @@ not depend on implementation-defined behaviour either.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .._io import atomic_write_files
 from .description import ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
+from .program import SynapseRescale, c_literal, c_rhe_helper, neuron_program
 from .simulator import op_shapes
 
 __all__ = ["to_c", "c_memory", "CMemory"]
@@ -59,19 +61,15 @@ def _ctype(lo: int, hi: int, signed: bool = False) -> Tuple[str, int]:
     raise ExportError(f"no C integer type holds [{lo}, {hi}]")
 
 
-def _lit(v: int) -> str:
-    """A C literal of ``v`` that keeps its value in every integer context."""
-    v = int(v)
-    if -(1 << 31) < v < (1 << 31):
-        return str(v)
-    if v == -(1 << 63):
-        return "INT64_MIN"
-    return f"INT64_C({v})"
+_lit = c_literal
 
 
-def _quote(text: str) -> str:
-    """A layer name quoted for a C comment (a name cannot close the comment)."""
-    return repr(str(text)).replace("*/", "*\\/").replace("??", "?\\?")
+def _quote(text) -> str:
+    """A layer name quoted for a C comment: ASCII only (``ascii()`` escapes the rest), and neither
+    ``/*`` nor ``*/`` nor a trigraph survives (every ``?`` is escaped), so no name can end the
+    comment or make the compiler warn."""
+    return (ascii(str(text)).replace("*/", "*\\/").replace("/*", "/\\*")
+            .replace("?", "\\?"))
 
 
 @dataclass
@@ -162,38 +160,24 @@ class _Gen:
         w = op.weight.to(torch.int64)
         c_out = int(w.shape[0])
         l1 = w.abs().reshape(c_out, -1).sum(dim=1).tolist()
-        mult = [int(v) for v in op.multiplier.tolist()]
-        shift = [int(v) for v in op.shift.tolist()]
-        bias = None if op.bias is None else [int(v) for v in op.bias.tolist()]
-        factor = []
+        rescale_def = SynapseRescale.of(op)
+        factor, bias = list(rescale_def.factor), rescale_def.bias
         bounds = []
         for c in range(c_out):
-            f = 0 if l1[c] == 0 else mult[c] * (1 << shift[c])
-            factor.append(f)
             b = 0 if bias is None else abs(bias[c])
-            bounds.append(l1[c] * mag * abs(f) + b)
-            if max(bounds[-1], l1[c] * mag, abs(f)) >= (1 << _LIMIT_BITS):
+            bounds.append(l1[c] * mag * abs(factor[c]) + b)
+            if max(bounds[-1], l1[c] * mag, abs(factor[c])) >= (1 << _LIMIT_BITS):
                 raise ExportError(f"layer {op.name!r}: the current of output channel {c} is bounded "
                                   f"only by {bounds[-1]} (sum|w| = {l1[c]}, max|x| = {mag}, "
-                                  f"rescale {f}), which reaches 2^{_LIMIT_BITS}: the C code would "
-                                  f"overflow int64")
+                                  f"rescale {factor[c]}), which reaches 2^{_LIMIT_BITS}: the C code "
+                                  f"would overflow int64")
         acc_bound = max([l1[c] * mag for c in range(c_out)] + [1])
         wide = max(bounds + [acc_bound] + [abs(f) for f in factor] + [1])
         acc_t = "int32_t" if wide < (1 << 31) else "int64_t"
         out_range = (-max(bounds + [0]), max(bounds + [0]))
         out_t = out_t_fixed or _ctype(*out_range)[0]
         wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
-        same_factor = all(f == factor[0] for f in factor)
-        rescale = []
-        if same_factor:
-            if factor[0] != 1:
-                rescale.append(f"acc *= {_lit(factor[0])};")
-        else:
-            fname = self.const_array(f"rescale{i}", factor)
-            rescale.append(f"acc *= ({acc_t}){fname}[oc];")
-        if bias is not None:
-            bname = self.const_array(f"b{i}", bias)
-            rescale.append(f"acc += ({acc_t}){bname}[oc];")
+        rescale = rescale_def.c_lines("acc", acc_t, self.const_array, i)
         if fuse_with is None:
             rescale.append(f"out[o] = ({out_t})acc;")
         else:
@@ -352,76 +336,25 @@ class _Gen:
 
     def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed, fused=False):
         n = _numel(shape)
-        d, k, m, r = op.grid_shift, op.leak_shift, op.leak_multiplier, op.leak_round_shift
-        total = d + k - r
-        vr = op.v_reset if op.reset_mode == "hard" else 0
-        th = op.threshold
-        # every value the stored membrane takes: the clamped charge q, the reset value and the
-        # initial value; after a soft reset q - theta with q in [max(theta, v_min), v_max]
-        v_lo, v_hi = min(op.v_min, op.v_init), max(op.v_max, op.v_init)
-        fire_lo = max(th, op.v_min)
-        if op.reset_mode == "hard":
-            v_lo, v_hi = min(v_lo, op.v_reset), max(v_hi, op.v_reset)
-        elif fire_lo <= op.v_max:
-            v_lo, v_hi = min(v_lo, fire_lo - th), max(v_hi, op.v_max - th)
-        vmag = max(abs(v_lo), abs(v_hi))
-        xmag = max(abs(in_range[0]), abs(in_range[1])) << op.input_shift
-        terms = [xmag, vmag << d]
-        if op.kind == "if":
-            terms.append((vmag << d) + xmag)
-        else:
-            lk = (xmag if op.decay_input else 0) + ((vmag + abs(vr)) << d)
-            lk_m = lk * m
-            lk_r = (lk_m >> r) + 1
-            terms += [lk, lk_m, lk_r, vmag << total, xmag << (k - r),
-                      (vmag << total) + lk_r + (xmag << (k - r))]
-        big = max(terms)
-        if big >= (1 << _LIMIT_BITS) or total > _LIMIT_BITS:
+        program = neuron_program(op)
+        regs, (v_lo, v_hi) = program.intervals(in_range)
+        big = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
+        shift = max(program.shifts() + [0])
+        if big >= (1 << _LIMIT_BITS) or shift > _LIMIT_BITS:
             raise ExportError(f"layer {op.name!r}: the charge is bounded only by {big} (grid shift "
-                              f"{d}, leak shift {k}), which reaches 2^{_LIMIT_BITS}: the C code "
-                              f"would overflow int64")
+                              f"{op.grid_shift}, leak shift {op.leak_shift}), which reaches "
+                              f"2^{_LIMIT_BITS}: the C code would overflow int64")
+        if any(ins.code == "rhe" for ins in program.instrs):
+            self.uses_rhe = True
         v_t, v_size = _ctype(v_lo, v_hi, signed=True)
         self.state_members.append((v_size, f"{v_t} v{i}[{n}];"))
         self.state_bytes += v_size * n
         out_t = out_t_fixed or "uint8_t"
-
-        def p2(e):
-            return _lit(1 << e)
-
-        lines = ["int64_t x = xin" + (f" * {p2(op.input_shift)};" if op.input_shift else ";"),
-                 f"int64_t v = (int64_t)s->v{i}[j];"]
-        if op.kind == "if":
-            lines.append(f"int64_t h = v * {p2(d)} + x;" if d else "int64_t h = v + x;")
-        else:
-            vd = f"(v - {_lit(vr)})" if vr else "v"
-            vd = f"{vd} * {p2(d)}" if d else vd
-            lines.append(f"int64_t leak = x - {vd};" if op.decay_input else f"int64_t leak = {vd};")
-            if m != 1:
-                lines.append(f"leak *= {_lit(m)};")
-            if r:
-                self.uses_rhe = True
-                lines.append(f"leak = {self.name}_rhe(leak, {r});")
-            vt = f"v * {p2(total)}" if total else "v"
-            if op.decay_input:
-                lines.append(f"int64_t h = {vt} + leak;")
-            else:
-                xt = f"x * {p2(k - r)}" if k - r else "x"
-                lines.append(f"int64_t h = {vt} - leak + {xt};")
-        if total:
-            self.uses_rhe = True
-            lines.append(f"int64_t q = {self.name}_rhe(h, {total});")
-        else:
-            lines.append("int64_t q = h;")
-        lines += [f"int spike;",
-                  f"if (q < {_lit(op.v_min)}) {{ q = {_lit(op.v_min)}; }}",
-                  f"if (q > {_lit(op.v_max)}) {{ q = {_lit(op.v_max)}; }}",
-                  f"spike = q >= {_lit(th)};"]
-        if op.reset_mode == "hard":
-            lines.append(f"s->v{i}[j] = ({v_t})(spike ? {_lit(op.v_reset)} : q);")
-        else:
-            lines.append(f"s->v{i}[j] = ({v_t})(spike ? q - {_lit(th)} : q);")
-        lines.append("return spike;")
+        lines = ["const int64_t v = (int64_t)s->v{i}[j];".format(i=i)]
+        lines += program.c_lines(self.name)
+        lines += [f"s->v{i}[j] = ({v_t})v_next;", "return spike;"]
         body = "\n".join("    " + ln for ln in lines)
+        th = op.threshold
         leak = op.leak_text()
         proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t xin)"
         self.protos.append(proto + ";")
@@ -520,7 +453,7 @@ class _Gen:
         self.calls = calls
         return self
 
-    def header(self) -> str:
+    def header(self, pair_id: str = "") -> str:
         N, n, desc = self.NAME, self.name, self.desc
         guard = f"{N}_H_INCLUDED"
         out_desc = ("spikes 0/1" if desc.output_kind == "spikes" else
@@ -542,6 +475,8 @@ class _Gen:
 #define {N}_ROM_BYTES {self.rom}
 /* bytes of one {n}_state: membranes of one sample and the buffers between layers */
 #define {N}_RAM_BYTES {self.ram}
+/* this header's pair: {n}.c refuses to compile beside a header written by another to_c call */
+#define {N}_PAIR_ID 0x{pair_id}ULL
 
 /* The state of one sample: membranes of every neuron layer and buffers between layers. */
 typedef struct {{
@@ -557,21 +492,11 @@ void {n}_step({n}_state *s, const int32_t *input, int64_t *output);
 #endif /* {guard} */
 """
 
-    def source(self) -> str:
+    def source(self, pair_id: str = "") -> str:
         n, N = self.name, self.NAME
         rhe = ""
         if self.uses_rhe:
-            rhe = f"""/* round(d / 2^k), ties to even (k >= 1), as torch.round and IntegerSNN;
- * ~(~d >> k) is floor(d / 2^k) for d < 0 without shifting a negative number */
-static int64_t {n}_rhe(int64_t d, int k)
-{{
-    const int64_t f = d >= 0 ? d >> k : ~((~d) >> k);
-    const int64_t rest = d & ((((int64_t)1) << k) - 1);
-    const int64_t half = ((int64_t)1) << (k - 1);
-    return f + ((rest > half || (rest == half && (f & 1) != 0)) ? 1 : 0);
-}}
-
-"""
+            rhe = c_rhe_helper(n) + "\n"
         reset_body = "\n    ".join(self.reset_lines)
         step_body = "\n    ".join(self.calls)
         needs_j_reset = bool(self.reset_lines)
@@ -581,6 +506,10 @@ static int64_t {n}_rhe(int64_t d, int k)
 #include <string.h>
 
 #include "{n}.h"
+
+#if !defined({N}_PAIR_ID) || {N}_PAIR_ID != 0x{pair_id}ULL
+#error "{n}.h was not written together with {n}.c (to_c writes both; copy both)"
+#endif
 
 /* sizeof({n}_state) must equal {N}_RAM_BYTES */
 typedef char {n}_ram_bytes_check[(sizeof({n}_state) == {N}_RAM_BYTES) ? 1 : -1];
@@ -641,16 +570,18 @@ def c_memory(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = None) 
                    input_size=_numel(g.input_shape), output_size=g.out_size)
 
 
-def _write_atomic(path: Path, text: str):
-    fd, tmp = tempfile.mkstemp(dir=str(path.parent), prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="ascii", newline="\n") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+def _pair_texts(gen: "_Gen") -> Tuple[bytes, bytes]:
+    """The header and source as ASCII bytes, tied by a pair id: the first 64 bits of the SHA-256
+    of both texts (written without the id)."""
+    digest = hashlib.sha256((gen.header("0") + "\0" + gen.source("0")).encode("utf-8"))
+    pair_id = digest.hexdigest()[:16]
+    texts = []
+    for text in (gen.header(pair_id), gen.source(pair_id)):
+        try:
+            texts.append(text.encode("ascii"))
+        except UnicodeEncodeError as exc:  # a bug of this module: every name is escaped
+            raise ExportError(f"the generated C is not ASCII ({exc}); nothing was written") from None
+    return texts[0], texts[1]
 
 
 def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "snn", *,
@@ -681,11 +612,26 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
       ``output`` receives the spikes (0/1) or, for a network ending in a synaptic layer, the
       integer currents in units of :math:`2^{-F}` (``desc.output_frac_bits``).
 
+    Layer names. The source model's module names (any text: ``'capa_oculta_ñ'``, spaces,
+    quotes, ``'fc/*hidden*/'``) never become C identifiers: every generated symbol is
+    ``<name>_<kind><position>`` (``snn_w0``, ``snn_n1``), unique by construction, and a module name
+    appears only inside comments, escaped to ASCII with every ``/*``, ``*/`` and ``?`` defused.
+
+    Writing. Both texts are generated (and checked to be ASCII) before anything is written; then
+    both files are written to temporaries in ``out_dir``, ``fsync``-ed, and renamed over the old
+    pair (:func:`snnquant._io.atomic_write_files`), with the umask's permissions like every other
+    output. An error while writing (a full disk) leaves the earlier pair as it was and names the
+    path. Between the two renames a reader could see a new header beside an old source, so the
+    pair also carries its own check: ``<NAME>_PAIR_ID`` in the header (the first 64 bits of a
+    SHA-256 of both texts) must equal the value written into the source, which otherwise stops
+    compiling with an ``#error`` naming both files.
+
     Args:
         desc: the integer network (:func:`~snnquant.export.to_integer` or
             :func:`~snnquant.export.load_integer`).
-        out_dir: folder for the two files (created if missing); files are written atomically.
-        name: C identifier prefixing every public symbol and naming the files.
+        out_dir: folder for the two files (created if missing).
+        name: C identifier prefixing every public symbol and naming the files (checked before
+            anything is written).
         input_shape: per-sample input shape without time and batch. Needed when the network does
             not start with a linear layer (the description holds no image size); by default
             ``(in_features,)`` of the first linear layer.
@@ -696,15 +642,16 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
     Raises:
         TypeError: ``desc`` is not an :class:`~snnquant.export.IntegerNetwork`.
         ValueError: a bad ``name`` or ``input_shape``.
+        OSError: a file could not be written (the message names it; the earlier pair is kept).
         ExportError: a bound of an intermediate value reaches :math:`2^{62}` (the C code would
             overflow), or a layer form the C runtime does not implement.
     """
     gen = _prepare(desc, name, input_shape)
+    texts = _pair_texts(gen)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir={str(out_dir)!r} exists and is not a folder")
     out.mkdir(parents=True, exist_ok=True)
     header, source = out / f"{gen.name}.h", out / f"{gen.name}.c"
-    _write_atomic(header, gen.header())
-    _write_atomic(source, gen.source())
+    atomic_write_files(zip((header, source), texts))
     return header, source

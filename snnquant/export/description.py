@@ -221,6 +221,11 @@ class NeuronOp:
             raise ValueError(f"exact must be a bool, got {self.exact!r}")
 
     @property
+    def v_rest(self) -> int:
+        r"""The reset value :math:`v_r` of the update: ``v_reset`` for hard reset, 0 for soft."""
+        return int(self.v_reset) if self.reset_mode == "hard" else 0
+
+    @property
     def effective_tau(self) -> Optional[float]:
         r"""The time constant the integer layer implements, :math:`2^k / M` (``None`` for IF)."""
         if self.kind == "if":

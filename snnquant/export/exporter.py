@@ -45,6 +45,7 @@ from typing import List, Optional, Tuple
 import torch
 import torch.nn as nn
 
+from ..nn import registry
 from ..utils import copy_model, is_multi_step
 from .integer_ops import pow2_exponent
 
@@ -185,7 +186,7 @@ def _weight_integers(name, layer, dtype):
     parts = [_mantissa_exponent(v) for v in steps]
     max_m = max(m for m, _ in parts)
     # the fewest bits of a two's-complement range holding [q_lo, q_hi] (5 for [-16, 15])
-    bits = getattr(pq, "num_bits", None) or max((-q_lo - 1).bit_length(), q_hi.bit_length()) + 1
+    bits = grid.bits or max((-q_lo - 1).bit_length(), q_hi.bit_length()) + 1
     if max_m.bit_length() + max(abs(q_lo), abs(q_hi)).bit_length() > 52:
         _fail(name, layer, f"weight step {steps[0]!r} has {max_m.bit_length()} significant bits, so "
                            f"integer * step is rounded even in float64 (a min/max range step "
@@ -212,11 +213,10 @@ def _non_pow2_advice(steps, dtype, what):
 
 def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
     """Build a SynapseOp; returns (op, out_frac, current_log2_bound, allowed_input_max)."""
-    from ..nn.layers import QuantConv1d, QuantConv2d, QuantLinear
-
-    if not isinstance(layer, (QuantLinear, QuantConv1d, QuantConv2d)):
+    layer_kind = registry.layer_kind(layer)
+    if layer_kind is None or not isinstance(layer, layer_kind.quant_cls):
         _fail(name, layer, "unquantized synaptic layer; quantize it with quantize_model")
-    if isinstance(layer, (QuantConv1d, QuantConv2d)) and layer.padding_mode != "zeros":
+    if layer_kind.spatial_dims and layer.padding_mode != "zeros":
         _fail(name, layer, f"padding_mode={layer.padding_mode!r} is not supported (only 'zeros')")
     q, steps, parts, bits, (q_lo, q_hi) = _weight_integers(name, layer, dtype)
     c_out = q.shape[0]
@@ -287,10 +287,9 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
     if bias_vals is not None:
         bias_int = torch.tensor([int(Fraction(v) * (Fraction(2) ** out_frac)) for v in bias_vals],
                                 dtype=torch.int64)
-    kind = {QuantLinear: "linear", QuantConv1d: "conv1d", QuantConv2d: "conv2d"}[
-        next(k for k in (QuantLinear, QuantConv1d, QuantConv2d) if isinstance(layer, k))]
+    kind = layer_kind.name
     conv = {}
-    if kind != "linear":
+    if layer_kind.spatial_dims:
         padding = layer.padding if isinstance(layer.padding, str) else tuple(int(v) for v in layer.padding)
         conv = dict(stride=tuple(int(v) for v in layer.stride), padding=padding,
                     dilation=tuple(int(v) for v in layer.dilation), groups=int(layer.groups))
@@ -299,7 +298,8 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
         weight_scale=torch.tensor(steps, dtype=torch.float64),
         multiplier=torch.tensor([m for m, _ in parts], dtype=torch.int64),
         shift=torch.tensor(shift, dtype=torch.int64), bias=bias_int,
-        bias_bits=getattr(layer.bias_quant, "num_bits", None) if bias_int is not None else None,
+        bias_bits=layer.bias_quant.num_bits if bias_int is not None and layer.bias_quant is not None
+        else None,
         in_frac_bits=in_frac, out_frac_bits=out_frac, **conv)
     return op, out_frac, log2_cur, allowed
 
@@ -308,9 +308,8 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
 # neurons
 
 def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
-    from ..nn.neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode
-
-    if not isinstance(module, (QuantIFNode, QuantLIFNode, QuantParametricLIFNode)):
+    neuron_kind = registry.neuron_kind(module)
+    if neuron_kind is None or not isinstance(module, neuron_kind.quant_cls):
         _fail(name, module, "unquantized neuron; quantize it with quantize_model / "
                             "QuantConfig(v_bits=...)")
     vq = module.v_quant
@@ -343,11 +342,12 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
                             f"model's division by it rounds{hint}")
     # leak
     multiplier, round_shift, exact, tau_src = 1, 0, True, None
-    if isinstance(module, QuantIFNode):
-        kind, k, decay_input = "if", 0, True
+    kind = neuron_kind.name
+    if neuron_kind.leak is None:
+        k, decay_input = 0, True
     else:
         decay_input = bool(module.decay_input)
-        if isinstance(module, QuantParametricLIFNode):
+        if neuron_kind.leak == "sigmoid_w":
             kval = float(torch.sigmoid(module.w.detach()).to(dtype))
             tau_src = 1.0 / kval
             inv = pow2_exponent(kval)
@@ -381,7 +381,6 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
                 exact, round_shift = False, leak_bits - leak_bits // 2
             else:
                 k = e
-        kind = "lif"
     # threshold and reset, in membrane units, as the float model computes them
     step_f = Fraction(s_v)
     vth_values = {_as_dtype_float(module.v_threshold, dtype), float(module.v_threshold)}
@@ -414,8 +413,7 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
     h_bits = max(cur_log2 + input_shift + lm, math.log2(R) + d + lm) + 2
     if h_bits > _INT64_LIMIT_BITS:
         _fail(name, module, f"the integer charge needs {h_bits:.0f} bits, more than int64 holds")
-    return NeuronOp(name=name, kind=kind, v_bits=int(getattr(vq, "num_bits", None)
-                                                      or (qmax - qmin).bit_length()),
+    return NeuronOp(name=name, kind=kind, v_bits=int(grid.bits or (qmax - qmin).bit_length()),
                     v_min=qmin, v_max=qmax, membrane_scale=s_v, threshold=int(threshold),
                     reset_mode=reset_mode, v_reset=int(v_reset),
                     v_init=int(v_reset) if reset_mode == "hard" else 0, leak_shift=int(k),
@@ -586,8 +584,6 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     p = _MANTISSA_BITS[reference_dtype]
     work = copy_model(model).to(reference_dtype).cpu()
     _, sj_layer, sj_neuron = _sj()
-    from ..nn.layers import QuantConv1d, QuantConv2d, QuantLinear
-    from ..nn.neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode
 
     ops = []
     notes = []
@@ -599,8 +595,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     identity_types = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d,
                       sj_layer.Dropout)
     for name, module, lead in model_walk(work):
-        if isinstance(module, (QuantLinear, QuantConv1d, QuantConv2d, nn.Linear, nn.Conv1d,
-                               nn.Conv2d)):
+        if registry.layer_kind(module) is not None:
             if domain != "event":
                 _fail(name, module, "two synaptic layers follow each other without a neuron "
                                     "between them; not supported")
@@ -611,8 +606,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
             ops.append(op)
             domain = "current"
             seen_synapse = True
-        elif isinstance(module, (QuantIFNode, QuantLIFNode, QuantParametricLIFNode,
-                                 sj_neuron.BaseNode)):
+        elif registry.neuron_kind(module) is not None or isinstance(module, sj_neuron.BaseNode):
             if domain != "current":
                 _fail(name, module, "a neuron layer must follow a synaptic layer (its input must "
                                     "be a synaptic current)")
@@ -632,8 +626,8 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         elif isinstance(module, nn.Flatten):
             ops.append(_export_flatten(name, module, lead))
         elif isinstance(module, nn.modules.batchnorm._BatchNorm):
-            _fail(name, module, "BatchNorm must be folded into the preceding synaptic layer "
-                                "first: model = snnquant.export.fold_batchnorm(model)")
+            from .fold import batchnorm_refusal
+            _fail(name, module, batchnorm_refusal(work, name))
         elif isinstance(module, identity_types):
             notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")
         else:

@@ -1,9 +1,27 @@
-r"""Fold BatchNorm into the preceding synaptic layer: :func:`fold_batchnorm`."""
+r"""Fold BatchNorm into the preceding synaptic layer, anywhere in a module tree.
+
+:func:`fold_batchnorm` is the entry point.
+
+Where a BatchNorm sits is found in two ways, used together:
+
+* the forward pass as :mod:`torch.fx` sees it (``symbolic_trace`` with SpikingJelly's and
+  snnquant's layers, neurons and sequence containers as leaves), which finds ``conv -> bn`` edges
+  in residual blocks and other hand-written ``forward`` methods;
+* the execution order of sequence containers (``nn.Sequential``, SpikingJelly's
+  ``SeqToANNContainer`` / ``MultiStepContainer`` / ``StepModeContainer``), inside which the
+  tracer does not look, and for modules the tracer cannot trace.
+
+A BatchNorm is foldable when its input is the output of a ``Linear`` / ``Conv1d`` / ``Conv2d``
+layer that feeds nothing else, both are called once, and it has running statistics.
+"""
 
 from __future__ import annotations
 
 import math
-from typing import Optional
+import operator
+import warnings
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
@@ -14,7 +32,13 @@ from .description import ExportError
 from .exporter import model_walk
 from .integer_ops import pow2_exponent
 
-__all__ = ["fold_batchnorm"]
+__all__ = ["fold_batchnorm", "FoldWarning"]
+
+_FOLD_HINT = "model = snnquant.export.fold_batchnorm(model)"
+
+
+class FoldWarning(UserWarning):
+    """A BatchNorm that :func:`fold_batchnorm` left in place (``on_unfoldable="warn"``)."""
 
 
 def _is_synapse(m) -> bool:
@@ -79,21 +103,200 @@ def _reinit_weight_quantizer(layer) -> str:
     return f"{type(wq).__name__} statistics re-initialised from the folded weight"
 
 
-def _grid_bias_quantizer(layer, leaves, i, bias_bits):
-    """Give ``layer`` (leaf ``i``) a bias quantizer on the power-of-two grid min(s_w, s_v)."""
+def _is_batchnorm(m) -> bool:
+    return isinstance(m, nn.modules.batchnorm._BatchNorm)
+
+
+def _is_sequence(m) -> bool:
+    """A container whose children run one after the other (what :func:`model_walk` flattens)."""
+    from spikingjelly.activation_based import layer
+    if isinstance(m, (layer.SeqToANNContainer, layer.MultiStepContainer, layer.StepModeContainer)):
+        return True
+    return isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward
+
+
+# functions through which a bias still charges the next neuron's membrane
+_PASSTHROUGH_FUNCTIONS = {operator.add, operator.iadd, torch.add, torch.flatten, "add", "add_",
+                          "flatten", "view", "reshape"}
+
+
+class _Tracer(torch.fx.Tracer):
+    """torch.fx tracer that keeps layers, neurons and SpikingJelly containers whole."""
+
+    def is_leaf_module(self, m, module_qualified_name):
+        from spikingjelly.activation_based import base
+        if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
+            return False
+        if _is_sequence(m) or isinstance(m, (base.StepModule, base.MemoryModule)):
+            return True
+        return super().is_leaf_module(m, module_qualified_name)
+
+
+def _join(prefix: str, name: str) -> str:
+    return f"{prefix}.{name}" if prefix else name
+
+
+@dataclass
+class _FoldPlan:
+    """Where every BatchNorm of a model sits: foldable pairs and refusals with their reasons."""
+
+    pairs: List[Tuple[str, str]] = field(default_factory=list)   # (synapse name, bn name)
+    refused: Dict[str, str] = field(default_factory=dict)        # bn name -> reason
+    succ: Dict[str, List[str]] = field(default_factory=dict)     # unit -> units fed by it
+    pred: Dict[str, List[str]] = field(default_factory=dict)     # unit -> units feeding it
+    calls: Dict[str, int] = field(default_factory=dict)          # module name -> times called
+    ports: set = field(default_factory=set)                      # a traced module's input/output
+    passthrough: set = field(default_factory=set)                # add / flatten function nodes
+    untraced: Dict[str, str] = field(default_factory=dict)       # module name -> trace error
+
+    def link(self, a: str, b: str):
+        self.succ.setdefault(a, []).append(b)
+        self.pred.setdefault(b, []).append(a)
+
+
+def _plan(model: nn.Module) -> _FoldPlan:
+    """Trace ``model`` (see the module docstring) and decide for every BatchNorm."""
+    plan = _FoldPlan()
+    modules = dict(model.named_modules())
+
+    def unit(name: str, m: nn.Module) -> Tuple[str, str]:
+        """Register one more call of ``m``; return the units its input enters, its output leaves."""
+        if _is_sequence(m):
+            ends = [unit(_join(name, n), child) for n, child, _ in model_walk(m)]
+            if not ends:
+                plan.calls[name] = plan.calls.get(name, 0) + 1
+                return name, name
+            for (_, a_out), (b_in, _) in zip(ends, ends[1:]):
+                plan.link(a_out, b_in)
+            return ends[0][0], ends[-1][1]
+        if _Tracer().is_leaf_module(m, name):
+            plan.calls[name] = plan.calls.get(name, 0) + 1
+            return name, name
+        try:
+            graph = _Tracer().trace(m)
+        except Exception as err:  # untraceable forward: its children are looked at one by one
+            plan.untraced[name] = f"{type(err).__name__}: {err}"
+            plan.calls[name] = plan.calls.get(name, 0) + 1
+            for n, child in m.named_children():
+                if _is_sequence(child) or not _Tracer().is_leaf_module(child, _join(name, n)):
+                    unit(_join(name, n), child)
+            return name, name
+        port_in, port_out = f"{name}:<input>", f"{name}:<output>"
+        plan.ports.update((port_in, port_out))
+        ends = {}
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                ends[node] = (port_in, port_in)
+            elif node.op == "output":
+                ends[node] = (port_out, port_out)
+            elif node.op == "call_module":
+                target = _join(name, node.target)
+                ends[node] = unit(target, model.get_submodule(target))
+            elif node.op in ("call_function", "call_method"):
+                pseudo = f"{name}:<{node.name}>"
+                if node.target in _PASSTHROUGH_FUNCTIONS:
+                    plan.passthrough.add(pseudo)
+                ends[node] = (pseudo, pseudo)
+            else:
+                continue
+            for inp in node.all_input_nodes:
+                if inp in ends:
+                    plan.link(ends[inp][1], ends[node][0])
+        return port_in, port_out
+
+    unit("", model)
+    for name, m in modules.items():
+        if _is_batchnorm(m):
+            reason, synapse = _decide(plan, modules, name, m)
+            if reason is None:
+                plan.pairs.append((synapse, name))
+            else:
+                plan.refused[name] = reason
+    return plan
+
+
+def _describe(plan: _FoldPlan, modules, unit: str) -> str:
+    if unit in modules:
+        return f"layer {unit!r} ({type(modules[unit]).__name__})"
+    owner, _, op = unit.rpartition(":")
+    return f"the operation {op.strip('<>')} of {owner or 'the model'!r}"
+
+
+def _decide(plan: _FoldPlan, modules, name: str, bn) -> Tuple[Optional[str], Optional[str]]:
+    """``(None, synapse)`` when BatchNorm ``name`` folds into ``synapse``, else ``(reason, None)``.
+    """
+    calls = plan.calls.get(name, 0)
+    if calls == 0:
+        owner = next((a for a in _ancestors(name) if a in plan.untraced), None)
+        if owner is not None:
+            where = repr(owner) if owner else "the model"
+            return (f"it sits in {where}, whose forward torch.fx cannot trace "
+                    f"({plan.untraced[owner]})", None)
+        owner = next((a for a in _ancestors(name) if plan.calls.get(a)), None)
+        if owner is not None:
+            return (f"it sits inside layer {owner!r} ({type(modules[owner]).__name__}), which "
+                    f"fold_batchnorm treats as one layer and does not look into", None)
+        return "it is never called in the forward pass", None
+    if calls > 1:
+        return f"it is called {calls} times in the forward pass", None
+    node = name
+    while True:
+        feeding = plan.pred.get(node, [])
+        if len(feeding) != 1:
+            return ("its input is not the output of one layer: BatchNorm can only be folded "
+                    "when it directly follows a Linear/Conv layer"), None
+        src = feeding[0]
+        if len(plan.succ[src]) != 1:
+            others = [u for u in plan.succ[src] if u != node]
+            return (f"the output of {_describe(plan, modules, src)} also feeds "
+                    f"{_describe(plan, modules, others[0])}, which folding would change"), None
+        if src not in plan.ports:
+            break
+        node = src
+    if src not in modules or not _is_synapse(modules[src]):
+        return (f"its input comes from {_describe(plan, modules, src)}: BatchNorm can only be "
+                f"folded when it directly follows a Linear/Conv layer"), None
+    if plan.calls.get(src, 0) != 1:
+        return (f"layer {src!r} before it is called {plan.calls.get(src, 0)} times in the "
+                f"forward pass (its weight is shared)"), None
+    if bn.running_mean is None or bn.running_var is None:
+        return ("it has no running statistics (track_running_stats=False), so it normalises "
+                "with batch statistics and cannot be folded"), None
+    c = modules[src].weight.shape[0]
+    if bn.num_features != c:
+        return f"{bn.num_features} features after layer {src!r} with {c} outputs", None
+    return None, src
+
+
+def _ancestors(name: str) -> List[str]:
+    """``'a.b.c'`` -> ``['a.b', 'a', '']``, the innermost first."""
+    parts = name.split(".")
+    return [".".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)]
+
+
+def _next_membrane_step(plan: _FoldPlan, modules, name: str) -> Optional[float]:
+    """The membrane step of the neuron that ``name``'s output charges, if a chain leads to one."""
+    node = name
+    while True:
+        nxt = plan.succ.get(node, [])
+        if len(nxt) != 1:
+            return None
+        node = nxt[0]
+        if node in plan.ports or node in plan.passthrough:
+            continue
+        m = modules.get(node)
+        if m is None:
+            return None
+        if _is_neuron(m):
+            return _membrane_step(m)
+        if not (_is_batchnorm(m) or _passes_through(m)):
+            return None
+
+
+def _grid_bias_quantizer(layer, membrane_step: Optional[float], bias_bits):
+    """Give ``layer`` a bias quantizer on the power-of-two grid min(s_w, s_v)."""
     from ..nn.quantizers import UniformQuantizer
-    candidates = []
-    ws = _weight_step(layer)
-    if ws is not None:
-        candidates.append(ws)
-    for _, nxt, _ in leaves[i + 1:]:
-        if _is_neuron(nxt):
-            sv = _membrane_step(nxt)
-            if sv is not None:
-                candidates.append(sv)
-            break
-        if not _passes_through(nxt):
-            break
+    candidates = [s for s in (_weight_step(layer), membrane_step) if s is not None]
     if not candidates:
         layer.bias_quant = None
         return
@@ -105,8 +308,21 @@ def _grid_bias_quantizer(layer, leaves, i, bias_bits):
     layer.bias_quant = UniformQuantizer(bits, step=s_b).to(layer.weight.device)
 
 
+def batchnorm_refusal(model: nn.Module, name: str) -> str:
+    """Why BatchNorm ``name`` of ``model`` is still there: not folded yet, or why it cannot be."""
+    reason = _plan(model).refused.get(name)
+    if reason is None:
+        return f"BatchNorm must be folded into the preceding synaptic layer first: {_FOLD_HINT}"
+    return f"fold_batchnorm cannot fold this BatchNorm: {reason}"
+
+
+def _refusal_text(refused: Dict[str, str], modules) -> str:
+    return "; ".join(f"layer {n!r} ({type(modules[n]).__name__}): {r}" for n, r in refused.items())
+
+
 def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
-                   reinit_weight_step: bool = True, snap_biases: bool = True) -> nn.Module:
+                   reinit_weight_step: bool = True, snap_biases: bool = True,
+                   on_unfoldable: str = "raise") -> nn.Module:
     r"""Fold every BatchNorm (eval statistics) into the synaptic layer right before it.
 
     .. math::
@@ -115,7 +331,16 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
         b' = (b - \mu)\,\frac{\gamma}{\sqrt{\sigma^2 + \epsilon}} + \beta
 
     per output channel, computed in float64. The BatchNorm is replaced by ``nn.Identity`` (so
-    module names stay the same). For quantized layers:
+    module names stay the same). BatchNorms are found anywhere in the module tree: in
+    sequence containers nested freely and in hand-written ``forward`` methods (residual blocks,
+    SpikingJelly's ``spiking_resnet`` / ``sew_resnet`` / ``spiking_vgg`` / ``parametric_lif_net``
+    models), through :mod:`torch.fx` with SpikingJelly and snnquant layers, neurons and
+    containers kept whole (see the module docstring). A BatchNorm folds when its input is the
+    output of a ``Linear`` / ``Conv1d`` / ``Conv2d`` layer that feeds nothing else, both are called
+    once in the forward pass, and it has running statistics. On a float model the folded model's
+    output in eval mode equals the unfolded one's (up to float rounding).
+
+    For quantized layers:
 
     * the weight quantizer is kept (bits, per-channel, power-of-two restriction); with
       ``reinit_weight_step`` a learned per-channel binary/ternary :math:`\alpha` is multiplied by
@@ -127,9 +352,9 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
       weight; fixed grids (``UniformQuantizer``, ``QuantizedBits``) are kept;
     * the bias gets a ``UniformQuantizer`` with step :math:`s_b = \min(s_w, s_v)` over the
       power-of-two ones of the layer's weight step :math:`s_w` and the membrane step
-      :math:`s_v` of the next neuron layer, so that the bias is an integer on the grid the
-      integer network already uses (no extra bits); ``bias_bits`` bits, by default just enough
-      for :math:`\max|b'|` (at least 8).
+      :math:`s_v` of the neuron the layer charges (through pooling, flatten and residual adds),
+      so that the bias is an integer on the grid the integer network already uses (no extra
+      bits); ``bias_bits`` bits, by default just enough for :math:`\max|b'|` (at least 8).
 
     Accuracy: folding changes what the quantizers see; the folded model should be evaluated (or
     fine-tuned) before deployment. The fake-quantized folded model and its integer export agree
@@ -142,13 +367,17 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
         snap_biases: also give the same grid bias quantizer to every quantized layer whose bias
             is not quantized (a float bias is not an integer on any grid the integer network
             can use).
+        on_unfoldable: what to do about BatchNorms that cannot be folded: ``"raise"`` (default,
+            nothing is folded) or ``"warn"`` (one :class:`FoldWarning` naming each with its
+            reason; the others are folded). Either way every one is named with its reason.
 
     Returns:
         The folded copy of ``model``.
 
     Raises:
-        ExportError: a BatchNorm does not directly follow a synaptic layer, or uses batch
-            statistics (``track_running_stats=False``).
+        ExportError: with ``on_unfoldable="raise"``, a BatchNorm cannot be folded: the message
+            names each such layer and the reason (it does not directly follow a Linear/Conv
+            layer, that layer's output also feeds another, it has no running statistics, ...).
     """
     from spikingjelly.activation_based import functional as sjf
     from ..nn.quantizers import check_bits
@@ -157,23 +386,19 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if bias_bits is not None:
         check_bits(bias_bits, "bias_bits", 2, 32)
+    if on_unfoldable not in ("raise", "warn"):
+        raise ValueError(f"on_unfoldable must be 'raise' or 'warn', got {on_unfoldable!r}")
     model = copy_model(model)
-    leaves = model_walk(model)
-    for i, (name, bn, _) in enumerate(leaves):
-        if not isinstance(bn, nn.modules.batchnorm._BatchNorm):
-            continue
-        prev_name, layer = (leaves[i - 1][0], leaves[i - 1][1]) if i else (None, None)
-        if layer is None or not _is_synapse(layer):
-            raise ExportError(f"layer {name!r} ({type(bn).__name__}): BatchNorm can only be folded "
-                              f"when it directly follows a Linear/Conv layer")
-        if bn.running_mean is None or bn.running_var is None:
-            raise ExportError(f"layer {name!r} ({type(bn).__name__}): it has no running statistics "
-                              f"(track_running_stats=False), so it normalises with batch "
-                              f"statistics and cannot be folded")
-        c = layer.weight.shape[0]
-        if bn.num_features != c:
-            raise ExportError(f"layer {name!r}: {bn.num_features} features after layer "
-                              f"{prev_name!r} with {c} outputs")
+    plan = _plan(model)
+    modules = dict(model.named_modules())
+    if plan.refused:
+        text = ("BatchNorm layers fold_batchnorm cannot fold: "
+                + _refusal_text(plan.refused, modules))
+        if on_unfoldable == "raise":
+            raise ExportError(text)
+        warnings.warn(text, FoldWarning, stacklevel=2)
+    for synapse_name, bn_name in plan.pairs:
+        layer, bn = modules[synapse_name], modules[bn_name]
         with torch.no_grad():
             dtype = layer.weight.dtype
             mean = bn.running_mean.double()
@@ -193,18 +418,16 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
         if wq is not None and reinit_weight_step:
             # a scale-only quantizer (binary/ternary alpha) follows the BN scale exactly; the
             # others re-initialise their step from the folded weight
-            rescale = getattr(wq, "rescale_channels", None)
-            if rescale is None or not rescale(scale.to(layer.weight.dtype)):
+            if not wq.rescale_channels(scale.to(layer.weight.dtype)):
                 _reinit_weight_quantizer(layer)
         if hasattr(layer, "weight_quant"):
-            _grid_bias_quantizer(layer, leaves, i, bias_bits)
-        parent_name, _, child = name.rpartition(".")
-        parent = model.get_submodule(parent_name) if parent_name else model
-        setattr(parent, child, nn.Identity())
+            _grid_bias_quantizer(layer, _next_membrane_step(plan, modules, synapse_name), bias_bits)
+        parent_name, _, child = bn_name.rpartition(".")
+        setattr(model.get_submodule(parent_name), child, nn.Identity())
     if snap_biases:
-        for i, (name, layer, _) in enumerate(leaves):
+        for name, layer in modules.items():
             if _is_synapse(layer) and hasattr(layer, "weight_quant") and layer.bias is not None \
                     and layer.bias_quant is None:
-                _grid_bias_quantizer(layer, leaves, i, bias_bits)
+                _grid_bias_quantizer(layer, _next_membrane_step(plan, modules, name), bias_bits)
     sjf.invalidate_reset_cache(model)
     return model

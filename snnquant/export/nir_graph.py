@@ -147,7 +147,7 @@ def _neuron_meta(op: NeuronOp, unit: float, dt: float):
 
 def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int], *,
            units: str = "integer", dt: float = 1e-4, max_pool: str = "threshold",
-           path: Optional[Union[str, os.PathLike]] = None):
+           path: Optional[Union[str, os.PathLike]] = None, data: Optional[torch.Tensor] = None):
     r"""Build a NIR graph of a quantized network (and optionally write it to ``path``).
 
     .. math::
@@ -187,6 +187,11 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
             ``IF(v_threshold=1/2, v_reset=0)``, for consumers without ``SumPool2d`` or
             ``Threshold``); both give the same spikes.
         path: if given, write the graph there (``nir.write``, atomically).
+        data: optional input ``[T, N, ...]`` (the user's data) on which to check saturation: a
+            :class:`~snnquant.export.SaturationWarning` names every layer whose membrane reaches
+            ``v_min`` or ``v_max`` on it (:func:`~snnquant.export.saturation_report`; for an
+            :class:`~snnquant.export.IntegerNetwork`, where NIR's membrane leaves that range),
+            since NIR has no saturation and consumers cannot reproduce those steps.
 
     Returns:
         The ``nir.NIRGraph`` with nodes named after the source layers (dots replaced by ``_``),
@@ -330,6 +335,9 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
             "notes": "\n".join(desc.notes),
             "fire_condition": "v > v_threshold (NIR), equal to snnquant's v_int >= threshold_int"}
     graph = nir.NIRGraph(nodes=nodes, edges=edges, metadata=meta, type_check=False)
+    if data is not None:
+        from .saturation import nir_saturation_warning
+        nir_saturation_warning(source, graph, data)
     if path is not None:
         from .._io import atomic_write
         atomic_write(path, lambda tmp: nir.write(tmp, graph))

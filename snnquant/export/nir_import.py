@@ -22,6 +22,7 @@ NIR equations read, with no rounding or saturation:
 
 from __future__ import annotations
 
+import math
 import os
 from typing import Dict, List, Optional, Tuple
 
@@ -99,10 +100,6 @@ def _ints(v) -> Tuple[int, ...]:
     return tuple(int(x) for x in np.asarray(v).reshape(-1))
 
 
-def _int_dtype(bits: int) -> torch.dtype:
-    return torch.int8 if bits <= 8 else torch.int16 if bits <= 16 else torch.int32
-
-
 def _synapse(name, node, meta, nir) -> SynapseOp:
     _require(name, meta, _SYNAPSE_KEYS, "synapse")
     w_int = torch.as_tensor(np.asarray(meta["weight_int"]).astype(np.int64))
@@ -139,7 +136,8 @@ def _synapse(name, node, meta, nir) -> SynapseOp:
         raise NIRImportError(f"node {name!r}: a synapse must be Affine, Linear, Conv1d or "
                              f"Conv2d, got {type(node).__name__}")
     return SynapseOp(name=str(meta.get("snnquant_name", name)), kind=kind,
-                     weight=w_int.to(_int_dtype(bits)), weight_bits=bits,
+                     weight=w_int.to(_int_dtype(int(w_int.min()), int(w_int.max()))),
+                     weight_bits=bits,
                      weight_scale=scale.double(),
                      multiplier=torch.as_tensor(_ints(meta["weight_multiplier"]), dtype=torch.int64),
                      shift=torch.as_tensor(_ints(meta["weight_shift"]), dtype=torch.int64),
@@ -218,10 +216,12 @@ def _read(graph_or_path, nir):
         path = os.fspath(graph_or_path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no NIR file at {path!r}")
+        _prescan(path, nir)
         try:
             return nir.read(path, type_check=False)
         except Exception as exc:
-            raise NIRImportError(f"could not read the NIR file {path!r}: {exc}") from exc
+            raise NIRImportError(f"could not read the NIR file {path!r}: "
+                                 f"{str(exc) or type(exc).__name__}") from exc
     if isinstance(graph_or_path, nir.NIRGraph):
         return graph_or_path
     raise TypeError(f"graph_or_path must be a nir.NIRGraph or a path to a .nir file, got "
@@ -245,7 +245,15 @@ def from_nir(graph_or_path) -> IntegerNetwork:
     Raises:
         NIRImportError: the graph lacks snnquant's metadata (the message lists the missing keys and
             the node), uses a schema version this snnquant does not read, is not sequential, or
-            its NIR parameters disagree with its metadata.
+            its NIR parameters disagree with its metadata; or a field fails its check. Every
+            field is checked, before anything is allocated, against its type, its range and the
+            others: bit widths (each integer weight fits ``weight_bits``, the membrane range
+            ``v_bits``), shifts (``0 <= shift <= 62``, the charge fits int64), bounds
+            (``v_min < v_max``, reset and initial value inside), the fractional bits along the
+            edges, ``dt > 0``, and every shape against the shapes the graph's edges carry, with
+            at most ``nir_import.MAX_ELEMENTS`` (2**26) elements per array (in a file, checked
+            on the declared shapes before ``nir.read`` reads anything). The message names the
+            node, the field and the value.
         ImportError: ``nir`` is missing or older than 1.0.6.
     """
     nir = import_nir("from_nir")
@@ -264,16 +272,13 @@ def from_nir(graph_or_path) -> IntegerNetwork:
     if schema != SCHEMA_VERSION:
         raise NIRImportError(f"snnquant_schema {schema} is not readable (this snnquant reads "
                              f"schema {SCHEMA_VERSION})")
+    order = _chain(graph)
+    _validate(graph, nir, order)
     dt = float(gmeta["dt"])
     ops = []
-    for name in _chain(graph):
+    for name in order:
         node = graph.nodes[name]
-        meta = dict(getattr(node, "metadata", None) or {})
-        if "snnquant_op" not in meta:
-            raise NIRImportError(f"node {name!r} ({type(node).__name__}) lacks the snnquant "
-                                 f"metadata ['snnquant_op', ...]; from_nir reads graphs written "
-                                 f"by snnquant.export.to_nir")
-        role = str(meta["snnquant_op"])
+        meta, role = _node_meta(name, node)
         if role == "synapse":
             ops.append(_synapse(name, node, meta, nir))
         elif role == "neuron":
@@ -289,8 +294,6 @@ def from_nir(graph_or_path) -> IntegerNetwork:
             if not ops or not isinstance(ops[-1], PoolOp) or ops[-1].kind != "max":
                 raise NIRImportError(f"node {name!r}: a 'part' node must follow the max pooling "
                                      f"it belongs to")
-        else:
-            raise NIRImportError(f"node {name!r}: unknown snnquant_op {role!r}")
     if not ops:
         raise NIRImportError("the graph has no operations between 'input' and 'output'")
     notes = [line for line in str(gmeta.get("notes", "")).split("\n") if line]
@@ -300,6 +303,463 @@ def from_nir(graph_or_path) -> IntegerNetwork:
                           reference_dtype=str(gmeta["reference_dtype"]),
                           mantissa_bits=int(gmeta["mantissa_bits"]),
                           format_version=int(gmeta["format_version"]), notes=notes)
+
+
+# --- Validation: every field of the graph, before anything is allocated --------------------------
+
+#: The most elements one array of a graph (a weight, a layer's activation) may hold; a file that
+#: declares more is refused before it is read (about 512 MiB of float64).
+MAX_ELEMENTS = 1 << 26
+_INT64_BITS = 62          # head room the integer simulator keeps below int64
+_FRAC_LIMIT = 1022        # 2**-F must be a normal float64
+_SCALAR = object()
+
+
+def _where(name: Optional[str]) -> str:
+    return "graph metadata" if name is None else f"node {name!r}"
+
+
+def _bad(name: Optional[str], field: str, value, why: str) -> NIRImportError:
+    return NIRImportError(f"{_where(name)}: {field}={_show(value)} {why}")
+
+
+def _show(value) -> str:
+    if isinstance(value, (bytes, bytearray)):
+        value = value.decode("utf-8", "replace")
+    if isinstance(value, np.ndarray) and value.ndim > 0:
+        if value.size > 6:
+            return f"array of shape {tuple(value.shape)}"
+        return repr(value.tolist())
+    if isinstance(value, np.generic):
+        value = value.item()
+    return repr(value)
+
+
+def _as_int(value) -> Optional[int]:
+    """``value`` as a Python int if it is one integral scalar (not a bool), else ``None``."""
+    if isinstance(value, np.ndarray):
+        if value.ndim != 0:
+            return None
+        value = value[()]
+    if isinstance(value, (bool, np.bool_)):
+        return None
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) and np.isfinite(value) and float(value).is_integer():
+        return int(value)
+    return None
+
+
+def _int(name, field, value, low: int, high: int) -> int:
+    v = _as_int(value)
+    if v is None or not low <= v <= high:
+        raise _bad(name, field, value, f"must be an integer in [{low}, {high}]")
+    return v
+
+
+def _real(name, field, value, positive: bool = False) -> float:
+    v = value[()] if isinstance(value, np.ndarray) and value.ndim == 0 else value
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)) \
+            or not np.isfinite(v) or (positive and not v > 0):
+        raise _bad(name, field, value, "must be a finite number" + (" > 0" if positive else ""))
+    return float(v)
+
+
+def _flag(name, field, value) -> bool:
+    v = value[()] if isinstance(value, np.ndarray) and value.ndim == 0 else value
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if _as_int(v) in (0, 1):
+        return bool(_as_int(v))
+    raise _bad(name, field, value, "must be a bool")
+
+
+def _text(name, field, value, allowed) -> str:
+    v = value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+    if isinstance(v, np.ndarray) and v.ndim == 0:
+        v = v[()]
+    if not isinstance(v, str) or v not in allowed:
+        raise _bad(name, field, value, f"must be one of {list(allowed)}")
+    return v
+
+
+def _array(name, field, value, *, integer: bool, shape=None, low=None, high=None,
+           positive: bool = False) -> np.ndarray:
+    """A numeric array (int64 when ``integer``), checked for size, shape, finiteness and range."""
+    try:
+        a = np.asarray(value)
+    except Exception:  # noqa: BLE001 - anything that is not an array is refused below
+        a = np.asarray(None, dtype=object)
+    if a.dtype.kind not in "biuf":
+        raise _bad(name, field, value, "must be a numeric array")
+    if a.size > MAX_ELEMENTS:
+        raise _bad(name, field, value, f"has {a.size} elements, more than the {MAX_ELEMENTS} a "
+                                       f"snnquant graph may hold")
+    if shape is not None and tuple(a.shape) != tuple(shape):
+        raise _bad(name, field, value, f"has shape {tuple(a.shape)}, expected {tuple(shape)}")
+    a = a.astype(np.float64) if a.dtype.kind in "bf" else a
+    if a.dtype.kind == "f":
+        bad = ~np.isfinite(a)
+        if integer:
+            bad |= np.isfinite(a) & ((a != np.round(a)) | (np.abs(a) >= 2.0 ** 63))
+        if bad.any():
+            i = tuple(int(j) for j in np.argwhere(bad)[0])
+            raise _bad(name, field, value, f"holds {a[i]!r} at index {i}: it must hold finite "
+                                           f"{'integers' if integer else 'numbers'}")
+        if integer:
+            a = a.astype(np.int64)
+    elif a.dtype.kind == "u" and a.size and int(a.max()) >= 2 ** 63:
+        raise _bad(name, field, value, "holds values beyond int64")
+    else:
+        a = a.astype(np.int64) if integer else a.astype(np.float64)
+    for limit, out in ((low, a < low if low is not None else None),
+                       (high, a > high if high is not None else None)):
+        if out is not None and out.any():
+            i = tuple(int(j) for j in np.argwhere(out)[0])
+            raise _bad(name, field, value, f"holds {a[i].item()!r} at index {i}, outside "
+                                           f"[{low}, {high}]")
+    if positive and a.size and not (a > 0).all():
+        i = tuple(int(j) for j in np.argwhere(~(a > 0))[0])
+        raise _bad(name, field, value, f"holds {a[i].item()!r} at index {i}: it must be > 0")
+    return a
+
+
+def _fits_bits(a: np.ndarray, bits: int) -> Tuple[int, int]:
+    """The range of ``bits``-bit integers that ``a`` can be in: signed when it has a negative
+    value, else unsigned (an unsigned quantizer's levels); 1 bit: -1, 0 and +1."""
+    if bits == 1:
+        return -1, 1
+    if a.size and int(a.min()) < 0:
+        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
+    return 0, (1 << bits) - 1
+
+
+def _node_meta(name: str, node) -> Tuple[dict, str]:
+    """A node's snnquant metadata and its role (``snnquant_op``), or an error naming the node."""
+    meta = dict(getattr(node, "metadata", None) or {})
+    if "snnquant_op" not in meta:
+        raise NIRImportError(f"node {name!r} ({type(node).__name__}) lacks the snnquant "
+                             f"metadata ['snnquant_op', ...]; from_nir reads graphs written "
+                             f"by snnquant.export.to_nir")
+    role = meta["snnquant_op"]
+    role = role.decode("utf-8", "replace") if isinstance(role, bytes) else str(role)
+    if role not in ("synapse", "neuron", "pool", "flatten", "part"):
+        raise _bad(name, "snnquant_op", role, "is unknown (synapse, neuron, pool, flatten or part)")
+    return meta, role
+
+
+def _int_dtype(lo: int, hi: int) -> torch.dtype:
+    """The smallest integer dtype that holds ``[lo, hi]``."""
+    for dtype in (torch.int8, torch.int16, torch.int32, torch.int64):
+        info = torch.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return dtype
+    raise AssertionError("unreachable: values were checked to fit int64")
+
+
+def _size(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _shape(name, field, value) -> Tuple[int, ...]:
+    a = _array(name, field, value, integer=True, low=1)
+    if a.ndim != 1 or not 1 <= a.size <= 8:
+        raise _bad(name, field, value, "must be a per-sample shape (1 to 8 positive sizes)")
+    shape = tuple(int(v) for v in a)
+    if _size(shape) > MAX_ELEMENTS:
+        raise _bad(name, field, value, f"has {_size(shape)} elements per sample, more than "
+                                       f"{MAX_ELEMENTS}")
+    return shape
+
+
+def _per_dim(name, field, value, n: int, low: int) -> Tuple[int, ...]:
+    a = _array(name, field, value, integer=True, low=low, high=MAX_ELEMENTS)
+    if a.size == 1:
+        return (int(a.reshape(-1)[0]),) * n
+    if a.shape != (n,):
+        raise _bad(name, field, value, f"must hold 1 or {n} values")
+    return tuple(int(v) for v in a)
+
+
+def _window(name, shape, kernel, stride, padding, dilation, what: str) -> Tuple[int, ...]:
+    """Output sizes of a convolution or pooling window over ``shape``'s spatial sizes."""
+    out = []
+    for size, k, s, p, d in zip(shape, kernel, stride, padding, dilation):
+        o = (size + 2 * p - d * (k - 1) - 1) // s + 1
+        if o < 1:
+            raise NIRImportError(f"{_where(name)}: the {what} kernel_size={kernel} (stride "
+                                 f"{stride}, padding {padding}, dilation {dilation}) does not fit "
+                                 f"its input of spatial size {tuple(shape)}")
+        out.append(o)
+    return tuple(out)
+
+
+def _check_graph_metadata(gmeta) -> None:
+    from .description import READABLE_FORMAT_VERSIONS
+
+    _real(None, "dt", gmeta["dt"], positive=True)
+    _int(None, "input_max", gmeta["input_max"], 0, 1 << _INT64_BITS)
+    _text(None, "output_kind", gmeta["output_kind"], ("spikes", "current"))
+    _int(None, "output_frac_bits", gmeta["output_frac_bits"], -_FRAC_LIMIT, _FRAC_LIMIT)
+    ref = _text(None, "reference_dtype", gmeta["reference_dtype"], ("float32", "float64"))
+    mantissa = {"float32": 24, "float64": 53}[ref]
+    if _as_int(gmeta["mantissa_bits"]) != mantissa:
+        raise _bad(None, "mantissa_bits", gmeta["mantissa_bits"],
+                   f"must be {mantissa}, the significand of reference_dtype {ref!r}")
+    if _as_int(gmeta["format_version"]) not in READABLE_FORMAT_VERSIONS:
+        raise _bad(None, "format_version", gmeta["format_version"],
+                   f"must be one of {list(READABLE_FORMAT_VERSIONS)}")
+
+
+def _check_synapse(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
+    """Check a synapse node against its input ``shape``; return its output shape and the
+    fractional bits of its output."""
+    _require(name, meta, _SYNAPSE_KEYS, "synapse")
+    bits = _int(name, "weight_bits", meta["weight_bits"], 1, 32)
+    weight_nir = _array(name, "weight", node.weight, integer=False)
+    w = _array(name, "weight_int", meta["weight_int"], integer=True, shape=weight_nir.shape)
+    if w.size == 0:
+        raise _bad(name, "weight_int", w, "is empty")
+    lo, hi = _fits_bits(w, bits)
+    _array(name, "weight_int", w, integer=True, low=lo, high=hi)  # names the first one outside
+    if isinstance(node, (nir.Affine, nir.Linear)):
+        if w.ndim != 2 or len(shape) != 1 or w.shape[1] != shape[0]:
+            raise _bad(name, "weight", weight_nir, f"of shape {tuple(w.shape)} does not take the "
+                                                   f"input of shape {shape} on its edge")
+        out = (int(w.shape[0]),)
+    elif isinstance(node, (nir.Conv1d, nir.Conv2d)):
+        n = 1 if isinstance(node, nir.Conv1d) else 2
+        groups = _int(name, "groups", node.groups, 1, MAX_ELEMENTS)
+        if w.ndim != n + 2 or len(shape) != n + 1 or w.shape[1] * groups != shape[0] \
+                or w.shape[0] % groups:
+            raise _bad(name, "weight", weight_nir, f"of shape {tuple(w.shape)} with groups={groups} "
+                                                   f"does not take the input of shape {shape} on "
+                                                   f"its edge")
+        if getattr(node, "input_shape", None) is not None:
+            declared = _array(name, "input_shape", node.input_shape, integer=True)
+            if tuple(declared.reshape(-1)) != tuple(shape[1:]):
+                raise _bad(name, "input_shape", node.input_shape, f"differs from the spatial "
+                                                                  f"size {shape[1:]} on its edge")
+        stride = _per_dim(name, "stride", node.stride, n, 1)
+        dilation = _per_dim(name, "dilation", node.dilation, n, 1)
+        padding = node.padding.decode() if isinstance(node.padding, bytes) else node.padding
+        kernel = tuple(int(k) for k in w.shape[2:])
+        if isinstance(padding, str):
+            _text(name, "padding", padding, ("same", "valid"))
+            spatial = shape[1:] if padding == "same" else _window(
+                name, shape[1:], kernel, stride, (0,) * n, dilation, "convolution")
+        else:
+            pad = _per_dim(name, "padding", padding, n, 0)
+            spatial = _window(name, shape[1:], kernel, stride, pad, dilation, "convolution")
+        out = (int(w.shape[0]),) + tuple(spatial)
+    else:
+        raise NIRImportError(f"node {name!r}: a synapse must be Affine, Linear, Conv1d or "
+                             f"Conv2d, got {type(node).__name__}")
+    channels = (int(w.shape[0]),)
+    _array(name, "weight_scale", meta["weight_scale"], integer=False, positive=True,
+           shape=channels if np.asarray(meta["weight_scale"]).size != 1 else None)
+    _array(name, "weight_multiplier", meta["weight_multiplier"], integer=True, low=1,
+           high=1 << 52, shape=channels if np.asarray(meta["weight_multiplier"]).size != 1 else None)
+    _array(name, "weight_shift", meta["weight_shift"], integer=True, low=0, high=_INT64_BITS,
+           shape=channels if np.asarray(meta["weight_shift"]).size != 1 else None)
+    _real(name, "unit_factor", meta["unit_factor"], positive=True)
+    _int(name, "in_frac_bits", meta["in_frac_bits"], -_FRAC_LIMIT, _FRAC_LIMIT)
+    out_frac = _int(name, "out_frac_bits", meta["out_frac_bits"], -_FRAC_LIMIT, _FRAC_LIMIT)
+    if "bias_int" in meta:
+        bias_bits = None
+        if "bias_bits" in meta:
+            bias_bits = _int(name, "bias_bits", meta["bias_bits"], 1, 64)
+        high = (1 << _INT64_BITS) if bias_bits is None else (1 << (bias_bits - 1)) - 1
+        _array(name, "bias_int", meta["bias_int"], integer=True, shape=channels,
+               low=-high - 1, high=high)
+        _array(name, "bias", node.bias, integer=False, shape=channels)
+    if _size(out) > MAX_ELEMENTS:
+        raise NIRImportError(f"node {name!r}: its output of shape {out} has more than "
+                             f"{MAX_ELEMENTS} elements")
+    return out, out_frac
+
+
+def _check_neuron(name, node, meta, nir, shape) -> None:
+    _require(name, meta, _NEURON_KEYS, "neuron")
+    if not isinstance(node, (nir.IF, nir.LIF)):
+        raise NIRImportError(f"node {name!r}: a neuron must be IF or LIF, got {type(node).__name__}")
+    params = ("r", "v_threshold", "v_reset") + (("tau", "v_leak") if isinstance(node, nir.LIF)
+                                                 else ())
+    for field in params:
+        a = _array(name, field, getattr(node, field), integer=False)
+        if a.ndim and tuple(a.shape) != tuple(shape):
+            raise _bad(name, field, a, f"has shape {tuple(a.shape)}, but the edge into the node "
+                                       f"carries {shape}")
+    v_bits = _int(name, "v_bits", meta["v_bits"], 1, 32)
+    v_min = _int(name, "v_min", meta["v_min"], -(1 << (v_bits - 1)), (1 << v_bits) - 1)
+    v_max = _int(name, "v_max", meta["v_max"], -(1 << (v_bits - 1)), (1 << v_bits) - 1)
+    if v_min >= v_max or (v_min < 0 and v_max >= 1 << (v_bits - 1)):
+        raise _bad(name, "v_max", meta["v_max"], f"with v_min={v_min} is not a range of "
+                                                 f"{v_bits}-bit integers (v_min < v_max)")
+    for field in ("v_reset_int", "v_init_int"):
+        _int(name, field, meta[field], v_min, v_max)
+    theta = _int(name, "threshold_int", meta["threshold_int"], -(1 << 40), 1 << 40)
+    _real(name, "membrane_scale", meta["membrane_scale"], positive=True)
+    _real(name, "membrane_unit", meta["membrane_unit"], positive=True)
+    k = _int(name, "leak_shift", meta["leak_shift"], 0, _INT64_BITS)
+    m = _int(name, "leak_multiplier", meta["leak_multiplier"], 1, 1 << k)
+    _int(name, "leak_round_shift", meta["leak_round_shift"], 0, k)
+    _flag(name, "decay_input", meta["decay_input"])
+    exact = _flag(name, "exact", meta["exact"])
+    if isinstance(node, nir.IF) and (k, m) != (0, 1):
+        raise _bad(name, "leak_shift", meta["leak_shift"], f"and leak_multiplier={m} must be 0 "
+                                                           f"and 1 for an IF neuron")
+    if exact and (m != 1 or _as_int(meta["leak_round_shift"]) != 0):
+        raise _bad(name, "exact", meta["exact"], f"needs leak_multiplier 1 and leak_round_shift "
+                                                 f"0 (got {m} and {meta['leak_round_shift']!r})")
+    input_shift = _int(name, "input_shift", meta["input_shift"], 0, _INT64_BITS)
+    d = _int(name, "grid_shift", meta["grid_shift"], 0, _INT64_BITS)
+    in_frac = _int(name, "in_frac_bits", meta["in_frac_bits"], -_FRAC_LIMIT, _FRAC_LIMIT)
+    grid_frac = _int(name, "grid_frac_bits", meta["grid_frac_bits"], -_FRAC_LIMIT, _FRAC_LIMIT)
+    if grid_frac != in_frac + input_shift:
+        raise _bad(name, "input_shift", meta["input_shift"], f"must be grid_frac_bits - "
+                                                             f"in_frac_bits = {grid_frac - in_frac}")
+    # the simulator's bound (the exporter's): the largest charge term fits int64
+    reach = max(abs(v_min), abs(v_max)) + abs(theta) + 1
+    if math.log2(reach) + d + max(k, math.log2(m)) + 2 > _INT64_BITS:
+        raise _bad(name, "grid_shift", meta["grid_shift"], f"with leak_shift={k} and the "
+                                                           f"membrane range [{v_min}, {v_max}] "
+                                                           f"overflows int64 in the charge")
+
+
+def _check_pool(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
+    _require(name, meta, _POOL_KEYS, "pool")
+    kind = _text(name, "pool_kind", meta["pool_kind"], ("max", "sum"))
+    ks = _per_dim(name, "kernel_size", meta["kernel_size"], 2, 1)
+    stride = _per_dim(name, "stride", meta["stride"], 2, 1)
+    padding = _per_dim(name, "padding", meta["padding"], 2, 0)
+    if any(p > k // 2 for p, k in zip(padding, ks)):
+        raise _bad(name, "padding", meta["padding"], f"must be at most half the kernel {ks}")
+    added = _int(name, "frac_bits_added", meta["frac_bits_added"], 0, _INT64_BITS)
+    if (kind == "max" and added) or (kind == "sum" and 1 << added != ks[0] * ks[1]):
+        raise _bad(name, "frac_bits_added", meta["frac_bits_added"],
+                   f"does not match {kind} pooling over a {ks} window")
+    if len(shape) != 3:
+        raise NIRImportError(f"node {name!r}: 2-d pooling needs an input [C, H, W], the edge "
+                             f"into it carries {shape}")
+    if isinstance(node, nir.Conv2d):
+        _array(name, "weight", node.weight, integer=False,
+               shape=(shape[0], shape[0]) + tuple(ks))
+    spatial = _window(name, shape[1:], ks, stride, padding, (1, 1), "pooling")
+    return (shape[0],) + spatial, added
+
+
+def _check_flatten(name, node, shape) -> Tuple[int, ...]:
+    n = len(shape)
+    start = _int(name, "start_dim", node.start_dim, -n, n - 1)
+    end = _int(name, "end_dim", node.end_dim, -n, n - 1)
+    start, end = start % n, end % n
+    if start > end:
+        raise _bad(name, "end_dim", node.end_dim, f"is before start_dim={start} for an input "
+                                                  f"of shape {shape}")
+    return shape[:start] + (_size(shape[start:end + 1]),) + shape[end + 1:]
+
+
+def _edge_shape(graph, node_name: str, key: str, field: str):
+    types = getattr(graph.nodes[node_name], field, None) or {}
+    value = types.get(key) if isinstance(types, dict) else None
+    return None if value is None else _shape(node_name, f"{field}[{key!r}]", value)
+
+
+def _validate(graph, nir, order: List[str]) -> None:
+    """Check every field of the graph against its type, its range and the others (bit widths,
+    shifts, bounds, the dtypes that will hold the values, shapes along the edges), raising one
+    :class:`NIRImportError` that names the node, the field and the value."""
+    gmeta = dict(graph.metadata or {})
+    _check_graph_metadata(gmeta)
+    shape = _edge_shape(graph, "input", "input", "input_type")
+    if shape is None:
+        shape = _edge_shape(graph, "input", "output", "output_type")
+    if shape is None:
+        raise NIRImportError("node 'input': input_type holds no shape")
+    frac = 0
+    for name in order:
+        node = graph.nodes[name]
+        meta, role = _node_meta(name, node)
+        if role == "synapse":
+            if _as_int(meta.get("in_frac_bits")) != frac and "in_frac_bits" in meta:
+                raise _bad(name, "in_frac_bits", meta["in_frac_bits"],
+                           f"must be {frac}, the fractional bits of the edge into it")
+            shape, frac = _check_synapse(name, node, meta, nir, shape)
+        elif role == "neuron":
+            _check_neuron(name, node, meta, nir, shape)
+            if _as_int(meta["in_frac_bits"]) != frac:
+                raise _bad(name, "in_frac_bits", meta["in_frac_bits"],
+                           f"must be {frac}, the fractional bits of the edge into it")
+            frac = 0
+        elif role == "pool":
+            shape, added = _check_pool(name, node, meta, nir, shape)
+            frac += added
+        elif role == "flatten":
+            if not isinstance(node, nir.Flatten):
+                raise NIRImportError(f"node {name!r}: flatten must be a Flatten node")
+            shape = _check_flatten(name, node, shape)
+        elif role == "part":
+            for field in ("threshold", "v_threshold", "v_reset", "r"):
+                if hasattr(node, field):
+                    a = _array(name, field, getattr(node, field), integer=False)
+                    if a.ndim and tuple(a.shape) != tuple(shape):
+                        raise _bad(name, field, a, f"has shape {tuple(a.shape)}, but the edge "
+                                                   f"into the node carries {shape}")
+    out = _edge_shape(graph, "output", "output", "output_type")
+    if out is not None and out != shape:
+        raise NIRImportError(f"node 'output': output_type {out} differs from the shape {shape} "
+                             f"that the last node gives")
+
+
+def _node_types(nir) -> set:
+    todo, seen = [nir.NIRNode], set()
+    while todo:
+        cls = todo.pop()
+        seen.add(cls.__name__)
+        todo.extend(cls.__subclasses__())
+    return seen
+
+
+def _prescan(path: str, nir) -> None:
+    """Check a ``.nir`` file's declared dataset sizes and node types before ``nir.read`` reads
+    it: an array declared with a huge shape (stored compressed or as a fill value, the file stays
+    small) would otherwise be allocated first and fail with ``MemoryError``."""
+    import h5py
+
+    known = _node_types(nir)
+    problems: List[NIRImportError] = []
+
+    def visit(key, obj):
+        if problems or not isinstance(obj, h5py.Dataset):
+            return
+        parts = key.split("/")
+        name = parts[2] if len(parts) > 3 and parts[1] == "nodes" else None
+        field = parts[-1] if name is None else "/".join(parts[3:])
+        field = field[len("metadata/"):] if field.startswith("metadata/") else field
+        if obj.size is not None and obj.size > MAX_ELEMENTS:
+            problems.append(NIRImportError(
+                f"{_where(name)}: {field} declares shape {tuple(obj.shape)} ({obj.size} "
+                f"elements), more than the {MAX_ELEMENTS} a snnquant graph may hold"))
+        elif name is not None and field == "type" and obj.shape == ():
+            value = obj[()]
+            value = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+            if value not in known:
+                problems.append(_bad(name, "type", value, f"is not a NIR node type (nir "
+                                                          f"{nir.__version__} knows "
+                                                          f"{sorted(known)})"))
+
+    try:
+        with h5py.File(path, "r") as handle:
+            handle.visititems(visit)
+    except (OSError, ValueError) as exc:
+        raise NIRImportError(f"could not read the NIR file {path!r}: {exc or type(exc).__name__}") \
+            from exc
+    if problems:
+        raise NIRImportError(f"{problems[0]} (in {path!r})")
 
 
 def _t(v) -> torch.Tensor:

@@ -15,13 +15,9 @@ import torch.nn.functional as F
 
 from .description import FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
 from .integer_ops import round_half_even_shift
+from .program import SynapseRescale, neuron_program
 
 __all__ = ["IntegerSNN", "op_shapes"]
-
-
-def _channel_view(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """Reshape a per-channel vector to broadcast over ``[B, C, *spatial]`` with ``dim`` total dims."""
-    return t.reshape([1, -1] + [1] * (dim - 2))
 
 
 class IntegerSNN:
@@ -56,13 +52,10 @@ class IntegerSNN:
         self._params = []
         for op in desc.ops:
             if isinstance(op, SynapseOp):
-                self._params.append(dict(
-                    weight=op.weight.to(self.device, torch.int64),
-                    multiplier=op.multiplier.to(self.device, torch.int64),
-                    shift=op.shift.to(self.device, torch.int64),
-                    bias=None if op.bias is None else op.bias.to(self.device, torch.int64),
-                    pow2=bool((op.multiplier == 1).all()),
-                    const_shift=int(op.shift[0]) if bool((op.shift == op.shift[0]).all()) else None))
+                self._params.append(dict(weight=op.weight.to(self.device, torch.int64),
+                                         rescale=SynapseRescale.of(op).torch_fn()))
+            elif isinstance(op, NeuronOp):
+                self._params.append(neuron_program(op))
             else:
                 self._params.append(None)
 
@@ -87,17 +80,7 @@ class IntegerSNN:
             acc = F.conv1d(x, w, None, op.stride, op.padding, op.dilation, op.groups)
         else:
             acc = F.conv2d(x, w, None, op.stride, op.padding, op.dilation, op.groups)
-        ch = (lambda t: t) if acc.dim() == 2 else (lambda t: _channel_view(t, acc.dim()))
-        if not prm["pow2"]:
-            acc = acc * ch(prm["multiplier"])
-        if prm["const_shift"] is not None:
-            if prm["const_shift"]:
-                acc = acc << prm["const_shift"]
-        else:
-            acc = acc << ch(prm["shift"])
-        if prm["bias"] is not None:
-            acc = acc + ch(prm["bias"])
-        return acc
+        return prm["rescale"](acc)
 
     @staticmethod
     def _pool(op: PoolOp, x: torch.Tensor) -> torch.Tensor:
@@ -114,35 +97,13 @@ class IntegerSNN:
         return conv(x, ones, None, op.stride, op.padding, 1, c)
 
     @staticmethod
-    def _neuron(op: NeuronOp, x_seq: torch.Tensor) -> torch.Tensor:
-        d, k, m, r = op.grid_shift, op.leak_shift, op.leak_multiplier, op.leak_round_shift
-        total = d + k - r
-        vr = op.v_reset if op.reset_mode == "hard" else 0
-        v = torch.full(x_seq.shape[1:], op.v_init, dtype=torch.int64, device=x_seq.device)
+    def _neuron(program, x_seq: torch.Tensor) -> torch.Tensor:
+        """Run the neuron layer's :class:`~snnquant.export.program.NeuronProgram` over time."""
+        v = torch.full(x_seq.shape[1:], program.v_init, dtype=torch.int64, device=x_seq.device)
         spikes = torch.empty(x_seq.shape, dtype=torch.int8, device=x_seq.device)
         for t in range(x_seq.shape[0]):
-            x = x_seq[t]
-            if op.input_shift:
-                x = x << op.input_shift
-            if op.kind == "if":
-                h = (v << d) + x
-            else:
-                leak = x - ((v - vr) << d) if op.decay_input else (v - vr) << d
-                if m != 1:
-                    leak = leak * m
-                if r:
-                    leak = round_half_even_shift(leak, r)
-                if op.decay_input:
-                    h = (v << total) + leak
-                else:
-                    h = (v << total) - leak + (x << (k - r))
-            q = torch.clamp(round_half_even_shift(h, total), op.v_min, op.v_max)
-            s = q >= op.threshold
-            if op.reset_mode == "hard":
-                v = torch.where(s, torch.full_like(q, op.v_reset), q)
-            else:
-                v = q - s.to(torch.int64) * op.threshold
-            spikes[t] = s.to(torch.int8)
+            v, s = program.run(v, x_seq[t], round_half_even_shift)
+            spikes[t] = s
         return spikes
 
     # ---- call -------------------------------------------------------------------------------
@@ -181,7 +142,7 @@ class IntegerSNN:
             if not isinstance(op, NeuronOp):
                 x = self._stateless(op, prm, x)
             else:
-                s = self._neuron(op, x.reshape((T, N) + tuple(x.shape[1:])))
+                s = self._neuron(prm, x.reshape((T, N) + tuple(x.shape[1:])))
                 if record:
                     layers[op.name] = s
                 x = s.reshape((T * N,) + tuple(s.shape[2:])).to(torch.int64)

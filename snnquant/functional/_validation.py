@@ -220,6 +220,26 @@ def bits_argument(value):
     return value
 
 
+def check_step_shape(fn: str, name: str, step, x: torch.Tensor) -> None:
+    """Raise ``ValueError`` unless a tensor ``step`` broadcasts against ``x`` and, for a non-empty
+    ``x``, holds at least one value (an empty step would turn ``x`` into an empty result). Looks at
+    shapes only."""
+    if not isinstance(step, torch.Tensor):
+        return
+    try:
+        shape = torch.broadcast_shapes(x.shape, step.shape)
+    except RuntimeError:
+        raise ValueError(
+            f"{fn}: {name} of shape {tuple(step.shape)} does not broadcast against x of shape "
+            f"{tuple(x.shape)}"
+        ) from None
+    if step.numel() == 0 and x.numel() != 0:
+        raise ValueError(
+            f"{fn}: {name} is an empty tensor (shape {tuple(step.shape)}); it needs one value, or "
+            f"one per channel (x has shape {tuple(x.shape)}, the result would have {tuple(shape)})"
+        )
+
+
 def check_step_fits_dtype(fn: str, name: str, step, dtype: torch.dtype, largest_level=None) -> None:
     """Raise ``ValueError`` unless every ``step`` is a normal number of ``dtype`` (not rounded to
     0, a subnormal or infinity when the computation casts it) and, when given,
@@ -247,32 +267,28 @@ def check_step_fits_dtype(fn: str, name: str, step, dtype: torch.dtype, largest_
         )
 
 
-def check_quotient_finite(fn: str, name: str, x: torch.Tensor, step, dtype: torch.dtype) -> None:
-    """Raise ``ValueError`` if ``x / step`` overflows ``dtype`` for a finite element of ``x``.
+def check_quotient_finite(fn: str, name: str, x: torch.Tensor, quotient: torch.Tensor, step,
+                          dtype: torch.dtype) -> None:
+    """Raise ``ValueError`` if ``quotient = x / step`` overflowed ``dtype`` for a finite element of
+    ``x``.
 
-    Only a step below 1 can make the quotient overflow; then ``x`` is scanned once (a device
-    synchronisation on CUDA), and the exact quotient is computed only when the largest finite
-    ``|x|`` comes near the limit ``max(dtype) * step``.
+    Called on the quotient the operation computes anyway, so the common case costs one read-only
+    reduction and no extra tensor: a finite sum proves every element finite (an infinity or NaN
+    makes the sum infinite or NaN; float16/bfloat16 sum in float32). Only a non-finite sum (an infinity or NaN in ``x``, or a real
+    overflow) looks at the elements.
     """
-    if x.numel() == 0:
+    if quotient.numel() == 0:
         return
-    info = torch.finfo(dtype)
-    if isinstance(step, torch.Tensor):
-        with torch.no_grad():
-            low = float(step.detach().min())
-    else:
-        low = float(step)
-    if low >= 1.0:
-        return
-    limit = info.max * low
     with torch.no_grad():
-        largest = float(torch.where(torch.isfinite(x), x.detach().abs(), 0).amax())
-        if largest <= limit * (1 - 4 * info.eps):
+        if math.isfinite(float(quotient.sum(dtype=compute_dtype(quotient.dtype)))):
             return
-        quotient = x.detach().to(dtype) / (step.detach() if isinstance(step, torch.Tensor) else step)
-        overflow = bool((torch.isinf(quotient) & torch.isfinite(x.detach())).any())
-    if overflow:
-        raise ValueError(
-            f"{fn}: x / {name} overflows {dtype} for {name}={low!r} (|x| up to {largest!r}; "
-            f"this {name} allows |x| up to about {limit!r}); use a larger {name} or a wider dtype"
-        )
+        overflow = torch.isinf(quotient) & torch.isfinite(x)
+        if not bool(overflow.any()):
+            return
+        largest = float(torch.where(torch.isfinite(x), x.abs(), 0).amax())
+    low = float(step.detach().min()) if isinstance(step, torch.Tensor) else float(step)
+    limit = torch.finfo(dtype).max * low
+    raise ValueError(
+        f"{fn}: x / {name} overflows {dtype} for {name}={low!r} (|x| up to {largest!r}; "
+        f"this {name} allows |x| up to about {limit!r}); use a larger {name} or a wider dtype"
+    )

@@ -206,7 +206,9 @@ def clamp_by_linear(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     The gradient is the true gradient of this formula (autograd), including the terms through
     :math:`\min(x)` and :math:`\max(x)` (shared evenly between tied extrema, as :func:`torch.max`
     does). Any NaN in ``x`` makes the whole output NaN; an infinite entry makes the output follow the
-    formula (NaN or 0). An empty ``x`` gives an empty result.
+    formula (NaN or 0). An empty ``x`` gives an empty result. Where the denominator is 0 (a
+    constant ``x`` with ``eps=0``, or an ``eps`` lost in rounding next to a large maximum) the
+    denominator 1 is used instead, so a constant ``x`` maps to 0, not to NaN.
 
     Args:
         x: Input tensor, floating point or integer. An integer tensor gives a floating-point result
@@ -231,4 +233,7 @@ def clamp_by_linear(x: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
     # bitwise equal (torch.aminmax saves a pass forward but not backward, where the time goes).
     x_max = torch.max(x) + eps
     x_min = torch.min(x)
-    return (x - x_min) / (x_max - x_min)
+    denominator = x_max - x_min
+    # A 0-dim where: no host synchronisation, and the same value (and gradient) when it is not 0.
+    denominator = torch.where(denominator == 0, torch.ones_like(denominator), denominator)
+    return (x - x_min) / denominator

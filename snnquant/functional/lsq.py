@@ -11,6 +11,7 @@ from ._validation import (
     check_int,
     check_positive,
     check_step_fits_dtype,
+    check_step_shape,
 )
 
 __all__ = ["lsq_quantize"]
@@ -105,8 +106,8 @@ def lsq_quantize(x: torch.Tensor, step, qmin, qmax, grad_scale=1.0) -> torch.Ten
 
     Raises:
         TypeError: ``x`` is not a floating-point tensor.
-        ValueError: ``step`` not positive or not representable in the dtype (the message names
-            ``step`` and the dtype), ``qmin``/``qmax`` not integers, ``qmin >= qmax``, or
+        ValueError: ``step`` not positive, not representable in the dtype (the message names
+            ``step`` and the dtype), empty or not broadcastable to ``x``, ``qmin``/``qmax`` not integers, ``qmin >= qmax``, or
             ``grad_scale`` not finite.
     """
     fn = "lsq_quantize"
@@ -118,6 +119,7 @@ def lsq_quantize(x: torch.Tensor, step, qmin, qmax, grad_scale=1.0) -> torch.Ten
     if qmin >= qmax:
         raise ValueError(f"{fn}: qmin must be < qmax, got qmin={qmin} and qmax={qmax}")
     grad_scale = check_finite_real(fn, "grad_scale", grad_scale)
+    check_step_shape(fn, "step", step, x)
     check_step_fits_dtype(fn, "step", step, torch.result_type(x, step),
                           largest_level=max(abs(qmin), abs(qmax)))
     return _LSQQuantize.apply(x, step, qmin, qmax, grad_scale)

@@ -53,32 +53,35 @@ __all__ = [
     "NeuronParams",
     "check_real",
     "membrane_reset_values",
+    "quantized_threshold",
     "neuron_charge",
     "neuron_fire",
     "neuron_reset",
     "surrogate_derivative",
     "quant_neuron_step_reference",
     "quant_neuron_multi_step",
+    "quant_neuron_sequence",
     "QuantNeuronFunction",
 ]
 
 NEURON_KINDS = ("if", "lif", "plif")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NeuronParams:
-    """The Python constants of a quantized neuron, validated once when built.
+    """The constants of a quantized neuron, validated once when built (immutable).
 
-    One object carries them to the reference step, :class:`QuantNeuronFunction` (forward and
-    backward) and the fused kernels' launcher.
+    The module builds one per forward and passes it, with the tensors, to the step function of
+    its backend (the torch loop :func:`quant_neuron_sequence` or a fused kernel's); the keyword
+    functions (:func:`quant_neuron_multi_step` and the kernels') take these fields as keywords.
 
     Attributes:
         neuron: ``'if'``, ``'lif'`` or ``'plif'``.
-        tau: membrane time constant of ``'lif'`` (``None`` otherwise).
+        tau: membrane time constant of ``'lif'`` (``None`` for the others, whatever was given).
         decay_input: whether the input decays with the membrane (LIF/PLIF).
         v_threshold: firing threshold :math:`V_{th}`.
         v_reset: hard-reset value, or ``None`` for soft reset.
-        surrogate_function: SpikingJelly surrogate module.
+        surrogate_function: SpikingJelly surrogate module (``None``: ``surrogate.Sigmoid()``).
         detach_reset: cut the gradient through the spike in the reset.
         qmin: lowest integer level of the membrane grid.
         qmax: highest integer level of the membrane grid.
@@ -87,12 +90,12 @@ class NeuronParams:
     """
 
     neuron: str
-    tau: Optional[float]
-    decay_input: bool
-    v_threshold: float
-    v_reset: Optional[float]
-    surrogate_function: Any
-    detach_reset: bool
+    tau: Optional[float] = 2.0
+    decay_input: bool = True
+    v_threshold: float = 1.0
+    v_reset: Optional[float] = 0.0
+    surrogate_function: Any = None
+    detach_reset: bool = False
     qmin: int
     qmax: int
     step_grad_scale: float = 1.0
@@ -117,8 +120,11 @@ class NeuronParams:
         object.__setattr__(self, "step_grad_scale", check_real("step_grad_scale", self.step_grad_scale))
         if self.v_reset is not None:
             object.__setattr__(self, "v_reset", check_real("v_reset", self.v_reset))
-        if self.neuron == "lif":
-            object.__setattr__(self, "tau", check_real("tau", self.tau, positive=True))
+        object.__setattr__(self, "tau", check_real("tau", self.tau, positive=True)
+                           if self.neuron == "lif" else None)
+        if self.surrogate_function is None:
+            from spikingjelly.activation_based import surrogate
+            object.__setattr__(self, "surrogate_function", surrogate.Sigmoid())
 
 
 def check_real(name: str, value, positive: bool = False) -> float:
@@ -200,8 +206,18 @@ def membrane_reset_values(step: torch.Tensor, qmin: int, qmax: int, v_threshold:
         vr = torch.zeros((), dtype=step.dtype, device=step.device)
     else:
         vr = torch.clamp(torch.round(v_reset / step), qmin, qmax) * step
-    theta = torch.ceil(v_threshold / step) * step
-    return vr, theta
+    return vr, quantized_threshold(step, v_threshold)
+
+
+def quantized_threshold(step: torch.Tensor, v_threshold: float) -> torch.Tensor:
+    r"""The soft-reset amount :math:`\theta_q = s \lceil V_{th} / s \rceil`, the smallest grid value
+    :math:`\ge V_{th}` (computed as the kernels compute it: ``float / tensor``).
+
+    Args:
+        step: positive step tensor :math:`s` (its dtype and device are the result's).
+        v_threshold: firing threshold :math:`V_{th}`.
+    """
+    return torch.ceil(v_threshold / step) * step
 
 
 
@@ -249,28 +265,17 @@ def neuron_charge(neuron: str, v, x, tau, k, decay_input: bool, vr, out=None,
     without allocating; ``vr_zero=True`` says that :math:`V_r = 0`, so :math:`V - V_r = V` is not
     computed.
     """
-    # The operation order follows SpikingJelly's torch neurons, so that spikes agree bit for bit.
-    if out is not None:
-        h, tmp = out
-        if neuron == "if":
-            return torch.add(v, x, out=h)
-        dv = v if vr_zero else torch.sub(v, vr, out=tmp)             # V - V_r
-        if decay_input:                                              # V + (X - (V - V_r)) / tau
-            torch.sub(x, dv, out=tmp)
-            tmp.div_(tau) if neuron == "lif" else tmp.mul_(k)
-            return torch.add(v, tmp, out=h)
-        torch.div(dv, tau, out=tmp) if neuron == "lif" else torch.mul(dv, k, out=tmp)
-        torch.sub(v, tmp, out=h)                                     # V - (V - V_r) / tau + X
-        return h.add_(x)
+    # The operation order follows SpikingJelly's torch neurons, so that spikes agree bit for bit;
+    # written once: without ``out`` every ``out=`` below is None and each operation allocates
+    h, tmp = (None, None) if out is None else out
     if neuron == "if":
-        return v + x
-    if neuron == "lif":
-        if decay_input:
-            return v + (x - (v - vr)) / tau
-        return v - (v - vr) / tau + x
-    if decay_input:
-        return v + (x - (v - vr)) * k
-    return v - (v - vr) * k + x
+        return torch.add(v, x, out=h)
+    leak, factor = (torch.div, tau) if neuron == "lif" else (torch.mul, k)
+    dv = v if vr_zero else torch.sub(v, vr, out=tmp)                 # V - V_r
+    if decay_input:                                                  # V + (X - (V - V_r)) / tau
+        return torch.add(v, leak(torch.sub(x, dv, out=tmp), factor, out=tmp), out=h)
+    decayed = torch.sub(v, leak(dv, factor, out=tmp), out=h)         # V - (V - V_r) / tau + X
+    return torch.add(decayed, x, out=h)
 
 
 def _check_tensors(x_seq, neuron, w, step):
@@ -286,37 +291,41 @@ def _check_tensors(x_seq, neuron, w, step):
             raise ValueError(f"step must be > 0, got {step!r}")
 
 
-def quant_neuron_step_reference(x: torch.Tensor, v: torch.Tensor, *, neuron: str, tau: float = 2.0,
-                                w: Optional[torch.Tensor] = None, decay_input: bool = True,
-                                v_threshold: float = 1.0, v_reset: Optional[float] = 0.0,
-                                surrogate_function=None, detach_reset: bool = False,
-                                step, qmin: int, qmax: int, step_grad_scale: float = 1.0):
+def quant_neuron_step_reference(x: torch.Tensor, v: torch.Tensor, *, step,
+                                w: Optional[torch.Tensor] = None, **params):
     r"""One time step of the quantized neuron, written with plain differentiable torch operations.
 
     The dynamics and gradients are those of the module docstring; autograd builds the graph. It is
     the slow, obviously-correct definition that :class:`QuantNeuronFunction` is tested against.
 
+    Args:
+        x: input of the step.
+        v: membrane before the step.
+        step: membrane step :math:`s` (positive float or scalar tensor).
+        w: PLIF parameter (scalar tensor).
+        **params: the fields of :class:`NeuronParams` (``neuron``, ``qmin``, ``qmax``, ...).
+
     Returns:
         ``(spike, v_next)``.
     """
-    if surrogate_function is None:
-        from spikingjelly.activation_based import surrogate
-        surrogate_function = surrogate.Sigmoid()
+    p = NeuronParams(**params)
     step = torch.as_tensor(step, dtype=x.dtype, device=x.device)
-    vr_q, theta_q = membrane_reset_values(step, qmin, qmax, v_threshold, v_reset)
+    vr_q, theta_q = membrane_reset_values(step, p.qmin, p.qmax, p.v_threshold, p.v_reset)
     vr_q, theta_q = vr_q.to(x.dtype), theta_q.to(x.dtype)
-    k = torch.sigmoid(w).to(x.dtype) if neuron == "plif" else None
-    h = neuron_charge(neuron, v, x, tau, k, decay_input, vr_q)
+    k = torch.sigmoid(w).to(x.dtype) if p.neuron == "plif" else None
+    h = neuron_charge(p.neuron, v, x, p.tau, k, p.decay_input, vr_q)
     hs = h / step
-    q = torch.clamp(torch.round(hs), qmin, qmax)
-    inside = ((hs >= qmin) & (hs <= qmax)).to(x.dtype)
+    q = torch.clamp(torch.round(hs), p.qmin, p.qmax)
+    inside = ((hs >= p.qmin) & (hs <= p.qmax)).to(x.dtype)
     # Esser et al. 2020, eq. 3: the clamped level at and beyond the end points.
-    dstep = torch.where(hs <= qmin, float(qmin), torch.where(hs >= qmax, float(qmax), q - hs)).detach()
+    dstep = torch.where(hs <= p.qmin, float(p.qmin),
+                        torch.where(hs >= p.qmax, float(p.qmax), q - hs)).detach()
     # value = q * s; d/dh = inside; d/ds = dstep * step_grad_scale
-    hq = (q * step).detach() + (h - h.detach()) * inside + (step - step.detach()) * dstep * step_grad_scale
-    spike = surrogate_function(hq - v_threshold)
-    spike_r = spike.detach() if detach_reset else spike
-    return spike, neuron_reset(hq, spike_r, v_reset, vr_q, theta_q)
+    hq = (q * step).detach() + (h - h.detach()) * inside + \
+        (step - step.detach()) * dstep * p.step_grad_scale
+    spike = p.surrogate_function(hq - p.v_threshold)
+    spike_r = spike.detach() if p.detach_reset else spike
+    return spike, neuron_reset(hq, spike_r, p.v_reset, vr_q, theta_q)
 
 
 _BLOCK_VALUES = 1 << 20  # values per block of time steps in QuantNeuronFunction.backward
@@ -527,43 +536,26 @@ class QuantNeuronFunction(torch.autograd.Function):
         return g_x, g_v_init, g_step_out, g_w, None, None
 
 
-def quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau: float = 2.0,
-                            w: Optional[torch.Tensor] = None, decay_input: bool = True,
-                            v_threshold: float = 1.0, v_reset: Optional[float] = 0.0,
-                            surrogate_function=None, detach_reset: bool = False, step,
-                            qmin: int, qmax: int, step_grad_scale: float = 1.0,
-                            store_v_seq: bool = False):
-    r"""Run a quantized-membrane neuron over a whole sequence (torch backend, one autograd node).
+def quant_neuron_sequence(x_seq: torch.Tensor, v_init, step, w: Optional[torch.Tensor],
+                          params: NeuronParams):
+    r"""The torch backend's step function: a quantized neuron over a whole sequence, one autograd
+    node (:class:`QuantNeuronFunction`).
 
-    Dynamics and gradients: see :mod:`snnquant.functional.neuron`.
+    Every backend's step function takes these arguments (see
+    :func:`snnquant.kernels.dispatch.select_backend`). Dynamics and gradients: see
+    :mod:`snnquant.functional.neuron`.
 
     Args:
         x_seq: input current, shape ``[T, N, ...]``, floating point.
         v_init: membrane potential before step 0 (tensor or float, broadcastable to ``x_seq[0]``).
-        neuron: ``'if'``, ``'lif'`` or ``'plif'``.
-        tau: membrane time constant of ``'lif'``.
-        w: PLIF parameter, :math:`1/\tau = \mathrm{sigmoid}(w)` (scalar tensor).
-        decay_input: whether the input decays with the membrane (LIF/PLIF).
-        v_threshold: firing threshold.
-        v_reset: hard-reset value, or ``None`` for soft reset.
-        surrogate_function: SpikingJelly surrogate module (default ``surrogate.Sigmoid()``).
-        detach_reset: cut the gradient through the spike in the reset.
-        step: membrane step :math:`s` (positive float or scalar tensor; a tensor that requires grad
-            receives the LSQ step gradient).
-        qmin, qmax: integer range of the membrane grid.
-        step_grad_scale: factor on the step gradient (LSQ's :math:`1/\sqrt{N q_{max}}`).
-        store_v_seq: also return the membrane after reset at every step.
+        step: membrane step :math:`s` (positive float or scalar tensor).
+        w: PLIF parameter (scalar tensor), ``None`` for the others.
+        params: the neuron's constants.
 
     Returns:
-        ``(spike_seq, v_last, v_seq)`` with ``v_seq`` ``None`` unless ``store_v_seq``.
+        ``(spike_seq, v_last, v_seq)`` with ``v_seq`` ``None`` unless ``params.store_v_seq``.
     """
-    if surrogate_function is None:
-        from spikingjelly.activation_based import surrogate
-        surrogate_function = surrogate.Sigmoid()
-    cfg = NeuronParams(neuron, tau if neuron == "lif" else None, decay_input, v_threshold,
-                       v_reset, surrogate_function, detach_reset, qmin, qmax, step_grad_scale,
-                       store_v_seq)
-    _check_tensors(x_seq, neuron, w, step)
+    _check_tensors(x_seq, params.neuron, w, step)
     dev = x_seq.device
     if not isinstance(step, torch.Tensor):
         step = torch.tensor(float(step), dtype=x_seq.dtype, device=dev)
@@ -573,5 +565,34 @@ def quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau: fl
         w = torch.zeros((), device=dev)
     needs_grad = torch.is_grad_enabled() and any(
         t.requires_grad for t in (x_seq, v_init, step, w))
-    spike_seq, v_last, v_seq = QuantNeuronFunction.apply(x_seq, v_init, step, w, cfg, needs_grad)
-    return spike_seq, v_last, (v_seq if store_v_seq else None)
+    spike_seq, v_last, v_seq = QuantNeuronFunction.apply(x_seq, v_init, step, w, params,
+                                                         needs_grad)
+    return spike_seq, v_last, (v_seq if params.store_v_seq else None)
+
+
+def quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, step,
+                            w: Optional[torch.Tensor] = None, **params):
+    r"""Run a quantized-membrane neuron over a whole sequence (torch backend, one autograd node).
+
+    Dynamics and gradients: see :mod:`snnquant.functional.neuron`. The keyword form of
+    :func:`quant_neuron_sequence`; the fused kernels' keyword functions
+    (:func:`snnquant.kernels.cpp_quant_neuron_multi_step`,
+    :func:`snnquant.kernels.fused_quant_neuron_multi_step`) take the same arguments.
+
+    Args:
+        x_seq: input current, shape ``[T, N, ...]``, floating point.
+        v_init: membrane potential before step 0 (tensor or float, broadcastable to ``x_seq[0]``).
+        step: membrane step :math:`s` (positive float or scalar tensor; a tensor that requires grad
+            receives the LSQ step gradient).
+        w: PLIF parameter, :math:`1/\tau = \mathrm{sigmoid}(w)` (scalar tensor).
+        **params: the fields of :class:`NeuronParams`: ``neuron`` (``'if'``, ``'lif'`` or
+            ``'plif'``), ``qmin``, ``qmax`` (integer range of the membrane grid), and optionally
+            ``tau=2.0`` (``'lif'``), ``decay_input=True``, ``v_threshold=1.0``, ``v_reset=0.0``
+            (``None``: soft reset), ``surrogate_function`` (default ``surrogate.Sigmoid()``),
+            ``detach_reset=False``, ``step_grad_scale=1.0`` (LSQ's :math:`1/\sqrt{N q_{max}}`),
+            ``store_v_seq=False`` (also return the membrane after reset at every step).
+
+    Returns:
+        ``(spike_seq, v_last, v_seq)`` with ``v_seq`` ``None`` unless ``store_v_seq``.
+    """
+    return quant_neuron_sequence(x_seq, v_init, step, w, NeuronParams(**params))

@@ -22,6 +22,7 @@ from ._validation import (
     check_quotient_finite,
     check_real_tensor,
     check_step_fits_dtype,
+    check_step_shape,
     float_from_integer,
 )
 
@@ -236,7 +237,8 @@ def step_quantize(x: torch.Tensor, step=1.0) -> torch.Tensor:
     ``step`` must fit the dtype the computation runs in (``x``'s dtype, or the promoted dtype for a
     tensor ``step``): a normal number of that dtype (``1e300`` for float32 x would become
     infinity, ``1e-45`` a subnormal), and, for a step below 1, small enough that :math:`x / s` does
-    not overflow for any finite element of ``x`` (checked with one pass over ``x``).
+    not overflow for any finite element of ``x`` (checked on the quotient the function computes
+    anyway, with one read-only reduction).
 
     Args:
         x: Input tensor, floating point or integer. Integer tensors give a floating-point result
@@ -251,16 +253,39 @@ def step_quantize(x: torch.Tensor, step=1.0) -> torch.Tensor:
     Raises:
         TypeError: ``x`` is a bool or complex tensor.
         ValueError: ``step`` is not finite and positive, is not representable in the dtype, or
-            makes ``x / step`` overflow; the message names ``step`` and the dtype.
+            makes ``x / step`` overflow; the message names ``step`` and the dtype. A tensor
+            ``step`` that is empty (for a non-empty ``x``) or does not broadcast to ``x``.
     """
     fn = "step_quantize"
     x = as_tensor_input(x)
     step = check_positive(fn, "step", step)
     x = float_from_integer(fn, x, step)
-    dtype = torch.result_type(x, step)
-    check_step_fits_dtype(fn, "step", step, dtype)
-    check_quotient_finite(fn, "step", x, step, dtype)
-    return StepQuantizeSTE.apply(x, step)
+    check_step_shape(fn, "step", step, x)
+    check_step_fits_dtype(fn, "step", step, torch.result_type(x, step))
+    return CheckedStepQuantizeSTE.apply(x, step, fn)
+
+
+class CheckedStepQuantizeSTE(torch.autograd.Function):
+    """:class:`StepQuantizeSTE` that checks its own quotient for overflow (see
+    :func:`check_quotient_finite`) and rounds and scales it in place: the check reads the
+    quotient once, and the two tensors the in-place steps do not allocate pay for it.
+
+    Used as ``CheckedStepQuantizeSTE.apply(x, step, fn)``, ``fn`` the public function's name for
+    the error message; the other checks of :func:`step_quantize` are the caller's.
+    """
+
+    @staticmethod
+    def forward(ctx, x, step, fn):
+        quotient = x / step
+        # Only a step below 1 can make a finite x overflow; a tensor step is not looked at here.
+        if isinstance(step, torch.Tensor) or step < 1.0:
+            check_quotient_finite(fn, "step", x, quotient, step, quotient.dtype)
+        torch.round(quotient, out=quotient)
+        return quotient.mul_(step)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        return grad_output, None, None
 
 
 def pass_round(x: torch.Tensor) -> torch.Tensor:

@@ -4,8 +4,17 @@ from __future__ import annotations
 
 import torch
 
-from ._validation import as_tensor_input, check_flag, check_float_tensor, check_positive, compute_dtype
-from .rounding import StepQuantizeSTE
+from ._validation import (
+    as_tensor_input,
+    check_flag,
+    check_float_tensor,
+    check_positive,
+    check_quotient_finite,
+    check_step_fits_dtype,
+    check_step_shape,
+    compute_dtype,
+)
+from .rounding import CheckedStepQuantizeSTE
 
 __all__ = ["stochastic_round", "round_through"]
 
@@ -31,18 +40,31 @@ def _sum_to(grad: torch.Tensor, shape: torch.Size) -> torch.Tensor:
 
 class _StochasticRoundSTE(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, step, generator):
+    def forward(ctx, x, step, generator, fn):
         ctx.x_shape = x.shape
         ctx.x_dtype = x.dtype
         work = x.to(compute_dtype(x.dtype))
         if isinstance(step, torch.Tensor):
             step = step.to(work.dtype)
-        out = stochastic_round_integers(work / step, generator) * step
+        quotient = work / step
+        check_quotient_finite(fn, "step", work, quotient, step, work.dtype)
+        out = stochastic_round_integers(quotient, generator) * step
         return out.to(x.dtype)
 
     @staticmethod
     def backward(ctx, grad_output):
-        return _sum_to(grad_output, ctx.x_shape).to(ctx.x_dtype), None, None
+        return _sum_to(grad_output, ctx.x_shape).to(ctx.x_dtype), None, None, None
+
+
+def _check_step(fn: str, x: torch.Tensor, step, stochastic: bool):
+    """The step checks of :func:`step_quantize`, in the dtype the computation runs in: float32
+    for float16/bfloat16 ``x`` on the stochastic path, the promoted dtype on the deterministic one.
+    Returns ``step`` (a Python number as ``float``)."""
+    step = check_positive(fn, "step", step)
+    check_step_shape(fn, "step", step, x)
+    dtype = compute_dtype(x.dtype) if stochastic else torch.result_type(x, step)
+    check_step_fits_dtype(fn, "step", step, dtype)
+    return step
 
 
 def stochastic_round(x: torch.Tensor, step=1.0, generator=None) -> torch.Tensor:
@@ -55,7 +77,9 @@ def stochastic_round(x: torch.Tensor, step=1.0, generator=None) -> torch.Tensor:
             \\ \lfloor v \rfloor & \text{otherwise} \end{cases}, \qquad
         \mathbb{E}[y] = x, \qquad \frac{\partial y}{\partial x} = 1
 
-    with :math:`s` = ``step``. Multiples of ``step`` are returned unchanged. The uniform samples
+    with :math:`s` = ``step``. Multiples of ``step`` are returned unchanged. ``step`` must be a
+    normal number of the dtype the computation runs in (``1e300`` or ``1e-45`` for float32 would
+    give NaN or infinity), and :math:`x / s` must not overflow it for a finite element of ``x``. The uniform samples
     come from :func:`torch.rand` with ``generator``, so a seeded :class:`torch.Generator` (on the
     device of ``x``) makes the result reproducible. float16 and bfloat16 inputs are computed in
     float32 and cast back. NaN stays NaN, :math:`\pm\infty` stays :math:`\pm\infty`.
@@ -71,12 +95,15 @@ def stochastic_round(x: torch.Tensor, step=1.0, generator=None) -> torch.Tensor:
 
     Raises:
         TypeError: ``x`` is not a floating-point tensor.
-        ValueError: ``step`` is not finite and positive.
+        ValueError: ``step`` is not finite and positive, not representable in the dtype of the
+            computation, empty or not broadcastable to ``x``, or makes ``x / step`` overflow;
+            the message names ``step``.
     """
+    fn = "stochastic_round"
     x = as_tensor_input(x)
-    check_float_tensor("stochastic_round", x)
-    step = check_positive("stochastic_round", "step", step)
-    return _StochasticRoundSTE.apply(x, step, generator)
+    check_float_tensor(fn, x)
+    step = _check_step(fn, x, step, stochastic=True)
+    return _StochasticRoundSTE.apply(x, step, generator, fn)
 
 
 def round_through(x: torch.Tensor, stochastic=False, step=1.0, generator=None) -> torch.Tensor:
@@ -104,12 +131,13 @@ def round_through(x: torch.Tensor, stochastic=False, step=1.0, generator=None) -
 
     Raises:
         TypeError: ``x`` is not a floating-point tensor or ``stochastic`` is not a bool.
-        ValueError: ``step`` is not finite and positive.
+        ValueError: ``step`` fails the checks of :func:`stochastic_round`.
     """
+    fn = "round_through"
     x = as_tensor_input(x)
-    check_float_tensor("round_through", x)
-    stochastic = check_flag("round_through", "stochastic", stochastic)
-    step = check_positive("round_through", "step", step)
+    check_float_tensor(fn, x)
+    stochastic = check_flag(fn, "stochastic", stochastic)
+    step = _check_step(fn, x, step, stochastic)
     if stochastic:
-        return _StochasticRoundSTE.apply(x, step, generator)
-    return StepQuantizeSTE.apply(x, step)
+        return _StochasticRoundSTE.apply(x, step, generator, fn)
+    return CheckedStepQuantizeSTE.apply(x, step, fn)

@@ -1,18 +1,21 @@
-"""Shared core of the fused neuron kernels: configuration, argument checks, autograd Function.
+"""Shared core of the fused neuron kernels: configuration, argument checks, autograd Function,
+the cache of compiled kernels.
 
-The GPU launcher (:mod:`snnquant.kernels.cupy_backend`) and the CPU build used by the tests
-(:mod:`snnquant.kernels.host`) both run :func:`run_fused`; they differ only in the object that
-launches the two kernels of ``neuron.cu``. So the host tests exercise this module as it runs on the
-GPU: argument preparation, the autograd Function, the reductions of the partial gradients.
+The GPU launcher (:mod:`snnquant.kernels.cupy_backend`), the cpp backend and its test build
+(:mod:`snnquant.kernels.cpp_backend`, :mod:`snnquant.kernels.host`) all run :func:`run_fused`;
+they differ only in the object that launches the two kernels of ``neuron.cu``. So the host tests
+exercise this module as it runs on the GPU: argument preparation, the autograd Function, the
+reductions of the partial gradients.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
+import threading
 from dataclasses import dataclass
 from importlib import resources
-from typing import Any, Optional, Protocol
+from typing import Any, Callable, Generic, Hashable, Optional, Protocol, TypeVar
 
 import torch
 from torch.autograd.function import once_differentiable
@@ -172,15 +175,51 @@ class KernelScalars:
     step_grad_scale: float
 
 
+Compiled = TypeVar("Compiled")
+
+
+class KernelCache(Generic[Compiled]):
+    """What a process has compiled or loaded, one entry per key (a :class:`KernelConfig`).
+
+    Thread-safe; an entry is built once, on first use, by the function :meth:`get` is given. The
+    cpp backend keeps its loaded libraries here and the cupy backend its compiled modules.
+    """
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._entries: dict = {}
+
+    def get(self, key: Hashable, build: Callable[[], Compiled]) -> Compiled:
+        """The entry of ``key``, built by ``build()`` when there is none yet.
+
+        Args:
+            key: what identifies the entry.
+            build: makes the entry (called at most once per key, under the cache's lock).
+        """
+        entry = self._entries.get(key)
+        if entry is None:
+            with self._lock:
+                entry = self._entries.get(key)
+                if entry is None:
+                    entry = build()
+                    self._entries[key] = entry
+        return entry
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        """Forget every entry (the next :meth:`get` builds again)."""
+        with self._lock:
+            self._entries.clear()
+
+
 class Launcher(Protocol):
     """What :func:`run_fused` needs from a backend: the two kernel launches.
 
     Every tensor argument is contiguous (``[T, N]`` sequences, ``[N]`` states, one-element step and
     ``k``) or ``None`` where the kernel takes a null pointer.
     """
-
-    def check_device(self, name: str, tensor: torch.Tensor) -> None:
-        """Raise ValueError when ``tensor`` (argument ``name``) is not on a device it runs on."""
 
     def forward(self, config: KernelConfig, T: int, N: int, x_seq, v_init, step, k, spike_seq,
                 v_last, v_seq, h_seq, scalars: KernelScalars) -> None:
@@ -281,21 +320,38 @@ def _check_same_device(name: str, tensor: torch.Tensor, x_seq: torch.Tensor) -> 
                          f"tensors to {x_seq.device}")
 
 
-def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, *, neuron: str, tau: float,
-              w: Optional[torch.Tensor], decay_input: bool, v_threshold: float,
-              v_reset: Optional[float], surrogate_function, detach_reset: bool,
-              step, qmin: int, qmax: int, step_grad_scale: float,
-              store_v_seq: bool):
-    """Check the arguments, prepare contiguous tensors and run :class:`FusedQuantNeuronFunction`.
+def pointer(tensor: Optional[torch.Tensor]) -> Optional[int]:
+    """The data pointer of ``tensor`` for a kernel argument (``None``: a null pointer)."""
+    return None if tensor is None else tensor.data_ptr()
+
+
+def check_devices(check: Callable[[str, torch.Tensor], None], x_seq, v_init, step, w,
+                  neuron) -> None:
+    """Run ``check(name, tensor)`` on every tensor argument of a kernel's keyword function (``w``
+    for ``'plif'`` only): the device check of the public entry points, before anything else."""
+    for name, tensor in (("x_seq", x_seq), ("v_init", v_init), ("step", step),
+                         ("w", w if neuron == "plif" else None)):
+        if isinstance(tensor, torch.Tensor):
+            check(name, tensor)
+
+
+def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, step, w: Optional[torch.Tensor],
+              params: NeuronParams):
+    """Check the tensors, prepare contiguous ones and run :class:`FusedQuantNeuronFunction`.
+
+    The step function of the fused backends (with their launcher); the devices are checked by
+    the caller (:func:`snnquant.kernels.dispatch.select_backend` or a keyword function).
 
     .. math::
         (S_{0..T-1}, V_{T-1}, V_{0..T-1}) = \\mathrm{QuantNeuron}(X_{0..T-1}, V_{-1})
 
     Args:
         launcher: the backend that launches the kernels (CuPy on the GPU, ctypes on the CPU).
-        x_seq, v_init, neuron, tau, w, decay_input, v_threshold, v_reset, surrogate_function,
-        detach_reset, step, qmin, qmax, step_grad_scale, store_v_seq: as
-            :func:`snnquant.kernels.fused_quant_neuron_multi_step`.
+        x_seq: input ``[T, N, ...]``.
+        v_init: initial membrane, a tensor broadcastable to ``x_seq[0]`` or a number.
+        step: quantization step (positive float or one-element tensor).
+        w: PLIF parameter (one-element tensor), unused by the others.
+        params: the neuron's constants.
 
     Returns:
         ``(spike_seq, v_last, v_seq or None)``.
@@ -308,27 +364,12 @@ def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, *, neuron: str, t
     if x_seq.dim() < 1:
         raise ValueError(f"x_seq must have a leading time dimension [T, ...], got shape "
                          f"{tuple(x_seq.shape)}")
-    launcher.check_device("x_seq", x_seq)
-    if surrogate_function is None:
-        from spikingjelly.activation_based import surrogate
-
-        surrogate_function = surrogate.Sigmoid()
-    # the neuron's constants, validated once by the object every path shares
-    params = NeuronParams(neuron, tau if neuron == "lif" else None, decay_input, v_threshold,
-                          v_reset, surrogate_function, detach_reset, qmin, qmax,
-                          step_grad_scale, store_v_seq)
-    neuron_code = NEURON_CODES[params.neuron]
-    decay_input, detach_reset = params.decay_input, params.detach_reset
-    store_v_seq, v_threshold = params.store_v_seq, params.v_threshold
-    hard_reset = params.v_reset is not None
-    v_reset_value = params.v_reset if hard_reset else 0.0
-    tau_value = params.tau if neuron == "lif" else 1.0
-    step_grad_scale, qmin, qmax = params.step_grad_scale, params.qmin, params.qmax
-    kind = _surrogate_kind(surrogate_function)
+    neuron = params.neuron
+    kind = _surrogate_kind(params.surrogate_function)
     if kind is None:
         raise ValueError(f"the fused kernels support the surrogate functions "
                          f"{', '.join(SUPPORTED_SURROGATES)} (spiking=True, real alpha); got "
-                         f"{surrogate_function!r}; use backend='torch' for others")
+                         f"{params.surrogate_function!r}; use backend='torch' for others")
     surrogate_code, alpha = kind
     if isinstance(step, numbers.Real) and not isinstance(step, bool):
         step = torch.tensor(check_real("step", step, positive=True), dtype=x_seq.dtype,
@@ -354,18 +395,21 @@ def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, *, neuron: str, t
         raise ValueError(f"v_init of shape {tuple(v_init.shape)} does not broadcast to x_seq[0] "
                          f"of shape {shape[1:]}") from error
 
+    hard_reset = params.v_reset is not None
     config = KernelConfig(
         dtype=x_seq.dtype,
-        neuron=neuron_code,
-        decay_input=decay_input if neuron != "if" else False,
+        neuron=NEURON_CODES[neuron],
+        decay_input=params.decay_input if neuron != "if" else False,
         hard_reset=hard_reset,
-        detach_reset=detach_reset,
+        detach_reset=params.detach_reset,
         surrogate=surrogate_code,
-        store_v_seq=store_v_seq,
+        store_v_seq=params.store_v_seq,
     )
-    scalars = KernelScalars(tau=tau_value, v_threshold=v_threshold, v_reset=v_reset_value,
-                            qmin=float(qmin), qmax=float(qmax), alpha=alpha,
-                            step_grad_scale=step_grad_scale)
+    scalars = KernelScalars(tau=params.tau if neuron == "lif" else 1.0,
+                            v_threshold=params.v_threshold,
+                            v_reset=params.v_reset if hard_reset else 0.0,
+                            qmin=float(params.qmin), qmax=float(params.qmax), alpha=alpha,
+                            step_grad_scale=params.step_grad_scale)
     real = config.compute_dtype
     x_flat = x_seq.reshape(T, N).contiguous()
     v_flat = v_start.to(x_seq.dtype).reshape(N).contiguous()
@@ -379,5 +423,5 @@ def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, *, neuron: str, t
                                              v_flat, step_flat, k_flat)
     spike_seq = outputs[0].reshape(shape)
     v_last = outputs[1].reshape(shape[1:])
-    v_seq = outputs[2].reshape(shape) if store_v_seq else None
+    v_seq = outputs[2].reshape(shape) if params.store_v_seq else None
     return spike_seq, v_last, v_seq

@@ -9,11 +9,19 @@ built per :class:`~snnquant.kernels._fused.KernelConfig` (one template instantia
 second) and loaded with :mod:`ctypes`; tensors are passed as raw data pointers, so nothing is
 copied and there is no Python loop over neurons or steps.
 
+The same build has a test mode, ``mode='host'`` (:mod:`snnquant.kernels.host`): one library with
+every configuration, ``-O1``, ``host_entry.h`` instead of ``cpu_entry.h``, which runs the GPU
+kernels themselves once per neuron; both modes have the same compiler, flags and entry points.
+
 Built libraries are cached on disk, per user, in :func:`cache_dir`, under a name that hashes the
 kernel sources, the compiler's identity (``--version`` and what ``-march=native`` means on this
 machine), the flags and the configuration. Several processes (DDP ranks) may build at once: a
-build holds a file lock and writes to a temporary file that is renamed into place, so a library is
-either absent or complete.
+build holds a file lock and writes to a temporary file that is fsynced and renamed into place
+(:func:`snnquant._io.atomic_write`), then records the library's SHA-256 beside it
+(``<library>.sha256``). A library is loaded only when its bytes match that record, so a damaged
+(cut) or foreign file is rebuilt, never loaded; what killed builds left behind is removed by the
+next build. A cache folder that cannot be written is refused with :class:`KernelCacheError`
+(``backend='cpp'``) or makes ``backend='auto'`` run the torch backend, with one warning.
 
 Flags (:data:`CXX_FLAGS`): ``-O3 -march=native -fopenmp`` (without ``-fopenmp`` when the
 compiler has no OpenMP, e.g. Apple's clang: then one thread), no fast math and
@@ -30,27 +38,47 @@ import ctypes
 import functools
 import hashlib
 import os
+import re
 import shutil
 import subprocess
 import tempfile
-import threading
+import time
+import warnings
 from pathlib import Path
 from typing import Optional
 
 import torch
 
 from .._filelock import file_lock
-from ._fused import KernelConfig, KernelScalars, run_fused
+from .._io import atomic_write, host_name, pid_alive, remove_stale_temporaries
+from .._paths import user_cache_home
+from ..functional.neuron import NeuronParams
+from ._fused import (KernelCache, KernelConfig, KernelScalars, check_devices, pointer,
+                     run_fused)
 
-#: compiler flags of every build (``-march=native`` is added when the compiler accepts it)
+#: compiler flags of every build (``-march=native`` is added when the compiler accepts it); the
+#: test mode replaces ``-O3`` by ``-O1`` (see :data:`MODES`)
 CXX_FLAGS = ("-std=c++14", "-O3", "-fPIC", "-shared", "-fopenmp", "-ffp-contract=off",
              "-fno-fast-math", "-fno-math-errno", "-fno-trapping-math")
 NATIVE_FLAG = "-march=native"
 #: left out (the kernels then run on one thread) when the compiler has no OpenMP
 OPENMP_FLAG = "-fopenmp"
 
-#: sources compiled into every library, in this order
-SOURCES = ("host_shim.h", "neuron.cu", "cpu_entry.h")
+#: per build mode: the optimisation level and the sources compiled into the library, in order.
+#: ``'cpp'``: one configuration (the backend); ``'host'``: every configuration in one library,
+#: each GPU kernel run once per neuron (the tests of the kernel arithmetic; -O1 keeps the build
+#: of all 240 instantiations at a few seconds)
+MODES = {"cpp": ("-O3", ("host_shim.h", "neuron.cu", "cpu_entry.h")),
+         "host": ("-O1", ("host_shim.h", "neuron.cu", "host_entry.h"))}
+
+#: sources compiled into every library of the cpp backend, in this order
+SOURCES = MODES["cpp"][1]
+
+#: the environment variable that names the kernel cache folder
+CACHE_VARIABLE = "SNNQUANT_CACHE_DIR"
+
+#: a build folder or temporary file older than this (seconds) is a killed build's
+STALE_SECONDS = 600.0
 
 INSTALL_HINT = ("the cpp backend compiles snnquant's neuron kernels for the CPU at first use and "
                 "needs a C++ compiler with OpenMP: install g++ (Debian/Ubuntu: apt-get install "
@@ -77,8 +105,20 @@ class CppBuildError(RuntimeError):
     """
 
 
+class KernelCacheError(RuntimeError):
+    """Raised when the kernel cache folder cannot be created or written (``backend='cpp'``).
+
+    The message names the folder, why it failed and the variable to set
+    (:data:`CACHE_VARIABLE`).
+
+    Args:
+        message: the folder, the reason and what to do.
+    """
+
+
 def cpp_compiler() -> Optional[str]:
-    """Path of the C++ compiler the cpp backend uses, or ``None`` when there is none.
+    """Path of the C++ compiler of every CPU build (the cpp backend and its test mode), or
+    ``None`` when there is none.
 
     ``$CXX`` when set (and then only it), else the first of ``g++``, ``c++``, ``clang++`` on the
     ``PATH``.
@@ -92,7 +132,7 @@ def cpp_compiler() -> Optional[str]:
 
 @functools.lru_cache(maxsize=16)
 def _find_compiler(cxx: Optional[str], search_path: Optional[str]) -> Optional[str]:
-    # cached per ($CXX, $PATH): backend='auto' asks on every forward
+    # cached per ($CXX, $PATH): backend='auto' asks whenever it resolves
     if cxx:
         return shutil.which(cxx, path=search_path)
     for name in ("g++", "c++", "clang++"):
@@ -105,7 +145,8 @@ def _find_compiler(cxx: Optional[str], search_path: Optional[str]) -> Optional[s
 def cpp_available() -> bool:
     """Whether a C++ compiler is there, i.e. whether the cpp backend can run on CPU tensors.
 
-    ``backend='auto'`` picks ``'cpp'`` for CPU tensors when this is ``True``.
+    ``backend='auto'`` picks ``'cpp'`` for CPU tensors when this is ``True`` (and the kernel
+    cache folder can be written, see :func:`cache_problem`).
 
 
     Returns:
@@ -124,16 +165,89 @@ def cache_dir() -> Path:
     Returns:
         The directory (not created here).
     """
-    explicit = os.environ.get("SNNQUANT_CACHE_DIR")
+    explicit = os.environ.get(CACHE_VARIABLE)
     if explicit:
         return Path(explicit)
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "snnquant" / "kernels"
+    return user_cache_home() / "snnquant" / "kernels"
+
+
+def _cache_message(directory: Path, reason: str) -> str:
+    return (f"the kernel cache folder {directory} cannot be written ({reason}); set "
+            f"{CACHE_VARIABLE} to a writable folder")
+
+
+def cache_problem(directory: Optional[Path] = None) -> Optional[str]:
+    """Why the kernel cache folder cannot be used, or ``None`` when it can.
+
+    Creates the folder when absent and writes (and removes) a file in it. A usable folder is
+    remembered for the process, so the check costs nothing after the first time.
+
+    Args:
+        directory: the folder (default: :func:`cache_dir`).
+
+    Returns:
+        ``None``, or a message naming the folder, the reason and :data:`CACHE_VARIABLE`.
+    """
+    directory = cache_dir() if directory is None else Path(directory)
+    try:
+        _writable(str(directory))
+    except OSError as error:
+        return _cache_message(directory, f"{type(error).__name__}: {error.strerror or error}")
+    return None
+
+
+@functools.lru_cache(maxsize=64)
+def _writable(directory: str) -> bool:
+    # raises OSError when the folder cannot be written; lru_cache keeps only the successes
+    Path(directory).mkdir(parents=True, exist_ok=True, mode=0o700)
+    with tempfile.TemporaryFile(dir=directory, prefix=".probe-"):
+        pass
+    return True
+
+
+def require_cache(directory: Optional[Path] = None) -> Path:
+    """Return the kernel cache folder, or raise :class:`KernelCacheError` saying why it cannot be
+    written and which variable to set.
+
+    Args:
+        directory: the folder (default: :func:`cache_dir`).
+
+    Returns:
+        The folder.
+    """
+    directory = cache_dir() if directory is None else Path(directory)
+    problem = cache_problem(directory)
+    if problem is not None:
+        raise KernelCacheError(f"backend='cpp': {problem}, or use backend='torch'")
+    return directory
+
+
+@functools.lru_cache(maxsize=None)
+def _warn_once(message: str) -> None:
+    warnings.warn(message, RuntimeWarning, stacklevel=4)
+
+
+def usable_for_auto() -> bool:
+    """Whether ``backend='auto'`` may pick the cpp backend: a compiler is found and the kernel
+    cache folder can be written. An unwritable folder gives one warning per process and folder
+    (naming the folder and :data:`CACHE_VARIABLE`); a missing compiler is silent.
+
+    Returns:
+        ``True`` when the cpp backend can run here.
+    """
+    if not cpp_available():
+        return False
+    problem = cache_problem()
+    if problem is None:
+        return True
+    _warn_once(f"snnquant: {problem}; backend='auto' runs the quantized neurons with the torch "
+               "backend instead of the cpp kernels")
+    return False
 
 
 def _run(command, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run(command, capture_output=True, text=True, check=False,
-                          stdin=subprocess.DEVNULL, **kwargs)
+    kwargs.setdefault("stdin", subprocess.DEVNULL)
+    return subprocess.run(command, capture_output=True, text=True, check=False, **kwargs)
 
 
 @functools.lru_cache(maxsize=None)
@@ -143,9 +257,8 @@ def _compiler_identity(compiler: str) -> tuple[tuple[str, ...], str]:
     identity = version.stdout + version.stderr
     flags = CXX_FLAGS
     # a compiler without OpenMP (Apple's clang): build single-threaded rather than fail
-    openmp = subprocess.run([compiler, OPENMP_FLAG, "-E", "-x", "c++", "-"],
-                            input="#include <omp.h>\n", capture_output=True, text=True,
-                            check=False)
+    openmp = _run([compiler, OPENMP_FLAG, "-E", "-x", "c++", "-"], input="#include <omp.h>\n",
+                  stdin=None)
     if openmp.returncode != 0:
         flags = tuple(f for f in flags if f != OPENMP_FLAG)
         identity += "\nno OpenMP"
@@ -156,33 +269,52 @@ def _compiler_identity(compiler: str) -> tuple[tuple[str, ...], str]:
     return flags, identity
 
 
-def _config_defines(config: KernelConfig) -> list[str]:
-    return [f"-DSNQ_SCALAR={_SCALAR_NAMES[config.dtype]}", f"-DSNQ_NEURON={config.neuron}",
+def _mode_flags(compiler: str, mode: str) -> tuple[str, ...]:
+    level = MODES[mode][0]
+    return tuple(level if flag == "-O3" else flag for flag in _compiler_identity(compiler)[0])
+
+
+def _config_defines(config: Optional[KernelConfig]) -> list[str]:
+    if config is None:  # the test mode: every configuration
+        return []
+    return [f"-DSNQ_SCALAR={_SCALAR_NAMES[config.dtype]}", f"-DSNQ_DTYPE_CODE={config.dtype_code}",
+            f"-DSNQ_NEURON={config.neuron}",
             f"-DSNQ_DECAY_INPUT={int(config.decay_input)}",
             f"-DSNQ_HARD_RESET={int(config.hard_reset)}",
             f"-DSNQ_DETACH_RESET={int(config.detach_reset)}",
             f"-DSNQ_SURROGATE={config.surrogate}", f"-DSNQ_STORE_V_SEQ={int(config.store_v_seq)}"]
 
 
-def _config_tag(config: KernelConfig) -> str:
+def _config_tag(config: Optional[KernelConfig]) -> str:
+    if config is None:
+        return "host"
     return (f"{_SCALAR_NAMES[config.dtype]}_n{config.neuron}d{int(config.decay_input)}"
             f"h{int(config.hard_reset)}r{int(config.detach_reset)}s{config.surrogate}"
             f"v{int(config.store_v_seq)}")
 
 
-def _sources() -> dict[str, bytes]:
+def _sources(mode: str) -> dict[str, bytes]:
     kernel_dir = Path(__file__).resolve().parent
-    return {name: (kernel_dir / name).read_bytes() for name in SOURCES}
+    return {name: (kernel_dir / name).read_bytes() for name in MODES[mode][1]}
 
 
-def library_path(config: KernelConfig, compiler: Optional[str] = None,
-                 directory: Optional[Path] = None) -> Path:
+def _check_mode(mode: str, config: Optional[KernelConfig]) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
+    if (config is None) != (mode == "host"):
+        raise ValueError(f"mode {mode!r} takes {'no' if mode == 'host' else 'a'} KernelConfig, "
+                         f"got {config!r}")
+
+
+def library_path(config: Optional[KernelConfig], compiler: Optional[str] = None,
+                 directory: Optional[Path] = None, mode: str = "cpp") -> Path:
     """Where the library of ``config`` is (or will be) cached.
 
     Args:
-        config: the kernel configuration.
+        config: the kernel configuration (``None`` in the test mode: every configuration).
         compiler: the C++ compiler (default: :func:`cpp_compiler`).
         directory: the cache directory (default: :func:`cache_dir`).
+        mode: ``'cpp'`` or ``'host'`` (:data:`MODES`).
 
     Returns:
         The path of the shared library.
@@ -190,31 +322,105 @@ def library_path(config: KernelConfig, compiler: Optional[str] = None,
     Raises:
         CppCompilerUnavailableError: no compiler.
     """
+    _check_mode(mode, config)
     compiler = compiler or cpp_compiler()
     if compiler is None:
         raise CppCompilerUnavailableError(f"no C++ compiler found: {INSTALL_HINT}")
-    flags, identity = _compiler_identity(compiler)
     digest = hashlib.sha256()
-    for name, text in sorted(_sources().items()):
+    for name, text in sorted(_sources(mode).items()):
         digest.update(name.encode() + b"\0" + text + b"\0")
-    for part in (compiler, identity, *flags, *_config_defines(config)):
+    identity = _compiler_identity(compiler)[1]
+    for part in (compiler, identity, *_mode_flags(compiler, mode), *_config_defines(config)):
         digest.update(part.encode() + b"\0")
     directory = cache_dir() if directory is None else Path(directory)
     return directory / f"snnquant_neuron_{_config_tag(config)}_{digest.hexdigest()[:24]}.so"
 
 
-def build_library(config: KernelConfig, compiler: Optional[str] = None,
-                  directory: Optional[Path] = None) -> Path:
-    """Compile the library of ``config`` into the cache unless it is there already.
+def _checksum_path(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
 
-    Safe when several processes call it at once: the build runs under a lock file next to the
-    library, into a temporary file that is then renamed into place.
 
+def library_is_intact(library: Path) -> bool:
+    """Whether ``library`` exists and its bytes have the SHA-256 recorded when it was built.
+
+    A cut, damaged or foreign file (or one without a record) is not: it is rebuilt, never loaded.
 
     Args:
-        config: the kernel configuration.
+        library: the path of a cached library.
+    """
+    try:
+        recorded = _checksum_path(library).read_text(encoding="ascii").strip()
+        actual = hashlib.sha256(library.read_bytes()).hexdigest()
+    except (OSError, UnicodeDecodeError):
+        return False
+    return recorded == actual
+
+
+_STALE_BUILD = re.compile(r"^\.build-(?:(?P<host>[^-]+)-(?P<pid>\d+)-)?")
+
+
+def remove_stale_builds(directory: Path) -> list:
+    """Remove what killed builds left in the cache folder; return the removed paths.
+
+    That is: the temporaries of libraries (``<library>.tmp-<host>-<pid>-<token>``) whose process
+    is gone (:func:`snnquant._io.remove_stale_temporaries`), and build folders (``.build-*``)
+    whose process is gone or that are older than :data:`STALE_SECONDS`.
+
+    Args:
+        directory: the cache folder.
+    """
+    removed = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return removed
+    now = time.time()
+    for entry in entries:
+        if ".tmp-" in entry.name:
+            removed += remove_stale_temporaries(Path(directory) / entry.name.split(".tmp-")[0])
+            continue
+        match = _STALE_BUILD.match(entry.name)
+        if match is None:
+            continue
+        try:
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        dead = (match.group("pid") is not None and match.group("host") == host_name()
+                and not pid_alive(int(match.group("pid"))))
+        if dead or age > STALE_SECONDS:
+            shutil.rmtree(entry.path, ignore_errors=True)
+            removed.append(entry.path)
+    return removed
+
+
+def _compile(compiler: str, mode: str, config: Optional[KernelConfig], output: str) -> None:
+    # the sources are concatenated on stdin (no build folder to leave behind); #line keeps the
+    # compiler's messages pointing at the real files
+    source = "".join(f'#line 1 "{name}"\n' + text.decode("utf-8") + "\n"
+                     for name, text in _sources(mode).items())
+    command = [compiler, *_mode_flags(compiler, mode), *_config_defines(config), "-x", "c++", "-",
+               "-o", output]
+    result = _run(command, input=source, stdin=None)
+    if result.returncode != 0:
+        raise CppBuildError(f"the cpp backend could not compile neuron.cu ({compiler}, "
+                            f"exit {result.returncode}): {' '.join(command)}\n{result.stderr}")
+
+
+def build_library(config: Optional[KernelConfig], compiler: Optional[str] = None,
+                  directory: Optional[Path] = None, mode: str = "cpp") -> Path:
+    """Compile the library of ``config`` into the cache unless an intact one is there already.
+
+    Safe when several processes call it at once: the build runs under a lock file next to the
+    library, into a temporary file that is fsynced and renamed into place; then the library's
+    SHA-256 is recorded beside it. A library whose bytes do not match the record (cut, damaged,
+    foreign, or never recorded) is rebuilt.
+
+    Args:
+        config: the kernel configuration (``None`` in the test mode).
         compiler: the C++ compiler (default: :func:`cpp_compiler`).
         directory: the cache directory (default: :func:`cache_dir`).
+        mode: ``'cpp'`` or ``'host'`` (:data:`MODES`).
 
     Returns:
         The path of the library.
@@ -222,84 +428,80 @@ def build_library(config: KernelConfig, compiler: Optional[str] = None,
     Raises:
         CppCompilerUnavailableError: no compiler.
         CppBuildError: the compilation failed (with the compiler's output).
+        KernelCacheError: the cache folder cannot be created or written.
     """
     compiler = compiler or cpp_compiler()
-    target = library_path(config, compiler, directory)
-    if target.exists():
+    target = library_path(config, compiler, directory, mode)
+    if library_is_intact(target):
         return target
-    target.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-    # without flock (Windows) the atomic rename alone keeps concurrent builds safe
-    with file_lock(target.with_name(target.name + ".lock")):
-        if target.exists():  # another process built it while this one waited
-            return target
-        flags, _ = _compiler_identity(compiler)
-        with tempfile.TemporaryDirectory(dir=target.parent, prefix=".build-") as work:
-            work = Path(work)
-            # compile exactly the sources that were hashed into the name
-            for name, text in _sources().items():
-                (work / name).write_bytes(text)
-            entry = work / "entry.cpp"
-            entry.write_text("".join(f'#include "{name}"\n' for name in SOURCES),
-                             encoding="utf-8")
-            partial = work / "library.so"
-            command = [compiler, *flags, *_config_defines(config), "-I", str(work), str(entry),
-                       "-o", str(partial)]
-            result = _run(command)
-            if result.returncode != 0:
-                raise CppBuildError(f"the cpp backend could not compile neuron.cu ({compiler}, "
-                                    f"exit {result.returncode}): {' '.join(command)}\n"
-                                    f"{result.stderr}")
-            os.replace(partial, target)
+    folder = require_cache(target.parent)
+    try:
+        # without flock (Windows) the atomic rename alone keeps concurrent builds safe
+        with file_lock(target.with_name(target.name + ".lock")):
+            if library_is_intact(target):  # another process built it while this one waited
+                return target
+            remove_stale_builds(folder)
+            atomic_write(target, lambda partial: _compile(compiler, mode, config, partial))
+            digest = hashlib.sha256(target.read_bytes()).hexdigest()
+            atomic_write(_checksum_path(target), digest + "\n")
+    except OSError as error:
+        raise KernelCacheError(_cache_message(folder, f"{type(error).__name__}: {error}")) \
+            from error
     return target
 
 
-class _CppLibrary:
-    """One loaded library: the forward and backward entry points of one configuration."""
+class KernelLibrary:
+    """One loaded library of the CPU build: its two entry points, with the one ctypes argument
+    list of both modes (the configuration codes, the kernel's arguments, the thread count).
+
+    Args:
+        path: the library (from :func:`build_library`).
+    """
 
     def __init__(self, path: Path):
-        self.path = path
-        lib = ctypes.CDLL(str(path))
+        self.path = Path(path)
+        lib = ctypes.CDLL(str(self.path))
         p, d, i, ll = ctypes.c_void_p, ctypes.c_double, ctypes.c_int, ctypes.c_longlong
-        lib.snq_cpu_forward.argtypes = [p] * 8 + [d] * 5 + [i, ll, i]
-        lib.snq_cpu_forward.restype = None
-        lib.snq_cpu_backward.argtypes = [p] * 12 + [d] * 6 + [i, ll, i]
-        lib.snq_cpu_backward.restype = None
-        self.forward = lib.snq_cpu_forward
-        self.backward = lib.snq_cpu_backward
+        lib.snq_cpu_forward.argtypes = [i] * 7 + [p] * 8 + [d] * 5 + [i, ll, i]
+        lib.snq_cpu_forward.restype = i
+        lib.snq_cpu_backward.argtypes = [i] * 7 + [p] * 12 + [d] * 6 + [i, ll, i]
+        lib.snq_cpu_backward.restype = i
         self._lib = lib
 
+    @staticmethod
+    def _codes(config: KernelConfig) -> tuple[int, ...]:
+        return (config.dtype_code, config.neuron, int(config.decay_input), int(config.hard_reset),
+                int(config.detach_reset), config.surrogate, int(config.store_v_seq))
 
-class _LibraryCache:
-    """Loaded libraries of this process, one per :class:`KernelConfig`."""
+    def _check(self, status: int, which: str, config: KernelConfig) -> None:
+        if status != 0:
+            raise RuntimeError(f"{which} of {self.path.name} rejected the configuration {config}")
 
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._libraries: dict[KernelConfig, _CppLibrary] = {}
+    def forward(self, config: KernelConfig, T: int, N: int, x_seq, v_init, step, k, spike_seq,
+                v_last, v_seq, h_seq, scalars: KernelScalars) -> None:
+        """Run the forward of ``config`` (arguments as in :class:`~._fused.Launcher`)."""
+        status = self._lib.snq_cpu_forward(
+            *self._codes(config), *map(pointer, (x_seq, v_init, step, k, spike_seq, v_last,
+                                                 v_seq, h_seq)),
+            scalars.tau, scalars.v_threshold, scalars.v_reset, scalars.qmin, scalars.qmax, T, N,
+            torch.get_num_threads())
+        self._check(status, "snq_cpu_forward", config)
 
-    def get(self, config: KernelConfig) -> _CppLibrary:
-        library = self._libraries.get(config)
-        if library is None:
-            with self._lock:
-                library = self._libraries.get(config)
-                if library is None:
-                    library = _CppLibrary(build_library(config))
-                    self._libraries[config] = library
-        return library
-
-    def __len__(self) -> int:
-        return len(self._libraries)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._libraries.clear()
-
-
-#: the libraries loaded by this process
-LIBRARY_CACHE = _LibraryCache()
+    def backward(self, config: KernelConfig, T: int, N: int, h_seq, x_seq, v_init, step, k,
+                 grad_spike_seq, grad_v_seq, grad_v_last, grad_x_seq, grad_v_init,
+                 grad_step_partial, grad_k_partial, scalars: KernelScalars) -> None:
+        """Run the backward of ``config`` (arguments as in :class:`~._fused.Launcher`)."""
+        status = self._lib.snq_cpu_backward(
+            *self._codes(config), *map(pointer, (h_seq, x_seq, v_init, step, k, grad_spike_seq,
+                                                 grad_v_seq, grad_v_last, grad_x_seq, grad_v_init,
+                                                 grad_step_partial, grad_k_partial)),
+            scalars.tau, scalars.v_threshold, scalars.v_reset, scalars.qmin, scalars.qmax,
+            scalars.alpha, T, N, torch.get_num_threads())
+        self._check(status, "snq_cpu_backward", config)
 
 
-def _pointer(tensor: Optional[torch.Tensor]) -> Optional[int]:
-    return None if tensor is None else tensor.data_ptr()
+#: the libraries loaded by this process, one per configuration
+LIBRARY_CACHE: KernelCache = KernelCache()
 
 
 def check_cpu(name: str, tensor: torch.Tensor) -> None:
@@ -314,38 +516,28 @@ class CppLauncher:
 
     Each launch is one call into the library of its configuration, with
     ``torch.get_num_threads()`` OpenMP threads (one thread for fewer than 32,768 elements).
+
+    Args:
+        cache: where loaded libraries are kept (default: the process-wide :data:`LIBRARY_CACHE`).
     """
 
-    def __init__(self, cache: Optional[_LibraryCache] = None):
+    def __init__(self, cache: Optional[KernelCache] = None):
         self._cache = LIBRARY_CACHE if cache is None else cache
 
-    def check_device(self, name: str, tensor: torch.Tensor) -> None:
-        """Raise ValueError unless ``tensor`` is on the CPU.
+    def library(self, config: KernelConfig) -> KernelLibrary:
+        """The loaded library of ``config`` (built first when the cache has none)."""
+        return self._cache.get(config, lambda: KernelLibrary(build_library(config)))
 
-        Args:
-            name: argument name for the message.
-            tensor: the tensor to check.
-        """
-        check_cpu(name, tensor)
-
-    def forward(self, config: KernelConfig, T: int, N: int, x_seq, v_init, step, k, spike_seq,
-                v_last, v_seq, h_seq, scalars: KernelScalars) -> None:
+    def forward(self, config: KernelConfig, T: int, N: int, *tensors_and_scalars) -> None:
         """Run the forward of ``config`` (arguments as in :class:`~._fused.Launcher`)."""
-        self._cache.get(config).forward(
-            _pointer(x_seq), _pointer(v_init), _pointer(step), _pointer(k), _pointer(spike_seq),
-            _pointer(v_last), _pointer(v_seq), _pointer(h_seq), scalars.tau, scalars.v_threshold,
-            scalars.v_reset, scalars.qmin, scalars.qmax, T, N, torch.get_num_threads())
+        self.library(config).forward(config, T, N, *tensors_and_scalars)
 
-    def backward(self, config: KernelConfig, T: int, N: int, h_seq, x_seq, v_init, step, k,
-                 grad_spike_seq, grad_v_seq, grad_v_last, grad_x_seq, grad_v_init,
-                 grad_step_partial, grad_k_partial, scalars: KernelScalars) -> None:
+    def backward(self, config: KernelConfig, T: int, N: int, *tensors_and_scalars) -> None:
         """Run the backward of ``config`` (arguments as in :class:`~._fused.Launcher`)."""
-        self._cache.get(config).backward(
-            _pointer(h_seq), _pointer(x_seq), _pointer(v_init), _pointer(step), _pointer(k),
-            _pointer(grad_spike_seq), _pointer(grad_v_seq), _pointer(grad_v_last),
-            _pointer(grad_x_seq), _pointer(grad_v_init), _pointer(grad_step_partial),
-            _pointer(grad_k_partial), scalars.tau, scalars.v_threshold, scalars.v_reset,
-            scalars.qmin, scalars.qmax, scalars.alpha, T, N, torch.get_num_threads())
+        self.library(config).backward(config, T, N, *tensors_and_scalars)
+
+
+_LAUNCHER = CppLauncher()
 
 
 def require_cpp() -> str:
@@ -365,16 +557,30 @@ def require_cpp() -> str:
     return compiler
 
 
-def cpp_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau: float = 2.0,
-                                w: Optional[torch.Tensor] = None, decay_input: bool = True,
-                                v_threshold: float = 1.0, v_reset: Optional[float] = 0.0,
-                                surrogate_function=None, detach_reset: bool = False, step,
-                                qmin: int, qmax: int, step_grad_scale: float = 1.0,
-                                store_v_seq: bool = False):
+def cpp_step(x_seq: torch.Tensor, v_init, step, w: Optional[torch.Tensor],
+             params: NeuronParams):
+    """The cpp backend's step function (see :func:`snnquant.kernels.dispatch.select_backend`,
+    which checks the device, the compiler and the cache first).
+
+    Args:
+        x_seq: input ``[T, N, ...]`` on the CPU.
+        v_init: initial membrane, a tensor broadcastable to ``x_seq[0]`` or a number.
+        step: quantization step (positive float or one-element tensor).
+        w: PLIF parameter (one-element tensor).
+        params: the neuron's constants.
+
+    Returns:
+        ``(spike_seq, v_last, v_seq or None)``.
+    """
+    return run_fused(_LAUNCHER, x_seq, v_init, step, w, params)
+
+
+def cpp_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, step,
+                                w: Optional[torch.Tensor] = None, **params):
     """Multi-step IF/LIF/PLIF neurons with a quantized membrane, fused, on CPU tensors.
 
     The CPU counterpart of :func:`snnquant.kernels.fused_quant_neuron_multi_step`: same
-    signature, dynamics and gradients (see there and
+    arguments, dynamics and gradients (see there and
     ``snnquant.functional.neuron.quant_neuron_multi_step``), run by the CPU build of the same
     kernels. With :math:`Q(h) = \\mathrm{clamp}(\\mathrm{round}(h/s), q_{min}, q_{max})\\,s`:
 
@@ -388,19 +594,12 @@ def cpp_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau
     Args:
         x_seq: input ``[T, N, ...]`` on the CPU; float16, bfloat16, float32 or float64.
         v_init: initial membrane, a tensor broadcastable to ``x_seq[0]`` or a number.
-        neuron: ``'if'``, ``'lif'`` or ``'plif'``.
-        tau: LIF time constant.
-        w: PLIF parameter (one-element tensor).
-        decay_input: LIF/PLIF input decay.
-        v_threshold: firing threshold.
-        v_reset: hard reset value or ``None`` (soft reset).
-        surrogate_function: ``surrogate.Sigmoid`` or ``surrogate.ATan`` (``None``: Sigmoid()).
-        detach_reset: no gradient through the reset.
         step: quantization step (positive float or one-element tensor).
-        qmin: lowest grid index.
-        qmax: highest grid index.
-        step_grad_scale: factor on the step's gradient.
-        store_v_seq: also return the membrane after every step.
+        w: PLIF parameter (one-element tensor).
+        **params: the fields of :class:`~snnquant.functional.neuron.NeuronParams` (``neuron``,
+            ``qmin``, ``qmax``, ``tau``, ``decay_input``, ``v_threshold``, ``v_reset``,
+            ``surrogate_function`` (``surrogate.Sigmoid`` or ``surrogate.ATan``),
+            ``detach_reset``, ``step_grad_scale``, ``store_v_seq``).
 
     Returns:
         ``(spike_seq, v_last, v_seq or None)``.
@@ -408,15 +607,9 @@ def cpp_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau
     Raises:
         CppCompilerUnavailableError: no C++ compiler (the message says what to install).
         CppBuildError: the compiler failed.
+        KernelCacheError: the kernel cache folder cannot be written.
         ValueError: a tensor not on the CPU, an unsupported surrogate or another bad argument.
     """
-    for name, tensor in (("x_seq", x_seq), ("v_init", v_init), ("step", step),
-                         ("w", w if neuron == "plif" else None)):
-        if isinstance(tensor, torch.Tensor):
-            check_cpu(name, tensor)
+    check_devices(check_cpu, x_seq, v_init, step, w, params.get("neuron"))
     require_cpp()
-    return run_fused(CppLauncher(), x_seq, v_init, neuron=neuron, tau=tau, w=w,
-                     decay_input=decay_input, v_threshold=v_threshold, v_reset=v_reset,
-                     surrogate_function=surrogate_function, detach_reset=detach_reset,
-                     step=step, qmin=qmin, qmax=qmax, step_grad_scale=step_grad_scale,
-                     store_v_seq=store_v_seq)
+    return cpp_step(x_seq, v_init, step, w, NeuronParams(**params))

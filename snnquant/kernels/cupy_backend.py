@@ -7,13 +7,14 @@ CuPy is optional: nothing here imports it before a kernel is actually launched, 
 from __future__ import annotations
 
 import functools
-import threading
 from typing import Optional
 
 import numpy
 import torch
 
-from ._fused import KernelConfig, KernelScalars, kernel_source, run_fused
+from ..functional.neuron import NeuronParams
+from ._fused import (KernelCache, KernelConfig, KernelScalars, check_devices, kernel_source,
+                     pointer, run_fused)
 
 #: threads per block; one thread per neuron
 BLOCK_SIZE = 256
@@ -71,37 +72,15 @@ def import_cupy():
     return cupy
 
 
-class _KernelCache:
-    """Compiled kernels, one CuPy ``RawModule`` per :class:`KernelConfig` (compiled on first use)."""
-
-    def __init__(self):
-        self._lock = threading.Lock()
-        self._kernels: dict[KernelConfig, tuple] = {}
-
-    def get(self, cupy, config: KernelConfig) -> tuple:
-        kernels = self._kernels.get(config)
-        if kernels is None:
-            with self._lock:
-                kernels = self._kernels.get(config)
-                if kernels is None:
-                    module = cupy.RawModule(code=kernel_source(), options=NVRTC_OPTIONS,
-                                            name_expressions=(config.forward_name,
-                                                              config.backward_name))
-                    kernels = (module.get_function(config.forward_name),
-                               module.get_function(config.backward_name))
-                    self._kernels[config] = kernels
-        return kernels
-
-    def __len__(self) -> int:
-        return len(self._kernels)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._kernels.clear()
+def _compile(cupy, config: KernelConfig) -> tuple:
+    """The forward and backward kernels of ``config``, compiled by NVRTC."""
+    module = cupy.RawModule(code=kernel_source(), options=NVRTC_OPTIONS,
+                            name_expressions=(config.forward_name, config.backward_name))
+    return module.get_function(config.forward_name), module.get_function(config.backward_name)
 
 
 #: the process-wide cache of compiled kernels (CuPy compiles per device on first launch there)
-KERNEL_CACHE = _KernelCache()
+KERNEL_CACHE: KernelCache = KernelCache()
 
 
 def _stream_for(cupy, device: torch.device):
@@ -134,7 +113,7 @@ def check_cuda(name: str, tensor: torch.Tensor) -> None:
 
 
 def _pointer(tensor: Optional[torch.Tensor]) -> int:
-    return 0 if tensor is None else tensor.data_ptr()
+    return pointer(tensor) or 0  # CuPy takes 0 for a null pointer
 
 
 class CuPyLauncher:
@@ -150,18 +129,9 @@ class CuPyLauncher:
         cache: where compiled kernels are kept (default: the process-wide :data:`KERNEL_CACHE`).
     """
 
-    def __init__(self, cupy, cache: Optional[_KernelCache] = None):
+    def __init__(self, cupy, cache: Optional[KernelCache] = None):
         self._cupy = cupy
         self._cache = KERNEL_CACHE if cache is None else cache
-
-    def check_device(self, name: str, tensor: torch.Tensor) -> None:
-        """Raise ValueError unless ``tensor`` is a CUDA tensor.
-
-        Args:
-            name: argument name for the message.
-            tensor: the tensor to check.
-        """
-        check_cuda(name, tensor)
 
     def _launch(self, config: KernelConfig, which: int, device: torch.device, n: int,
                 args: tuple) -> None:
@@ -170,7 +140,7 @@ class CuPyLauncher:
         cupy = self._cupy
         grid = ((n + BLOCK_SIZE - 1) // BLOCK_SIZE,)
         with cupy.cuda.Device(device.index):
-            kernel = self._cache.get(cupy, config)[which]
+            kernel = self._cache.get(config, lambda: _compile(cupy, config))[which]
             kernel(grid, (BLOCK_SIZE,), args, stream=_stream_for(cupy, device))
 
     def forward(self, config: KernelConfig, T: int, N: int, x_seq, v_init, step, k, spike_seq,
@@ -202,16 +172,29 @@ class CuPyLauncher:
         self._launch(config, 1, h_seq.device, N, args)
 
 
-def fused_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, tau: float = 2.0,
-                                  w: Optional[torch.Tensor] = None, decay_input: bool = True,
-                                  v_threshold: float = 1.0, v_reset: Optional[float] = 0.0,
-                                  surrogate_function=None,
-                                  detach_reset: bool = False, step, qmin: int,
-                                  qmax: int, step_grad_scale: float = 1.0,
-                                  store_v_seq: bool = False):
+def cupy_step(x_seq: torch.Tensor, v_init, step, w: Optional[torch.Tensor],
+              params: NeuronParams):
+    """The cupy backend's step function (see :func:`snnquant.kernels.dispatch.select_backend`,
+    which checks the device and CuPy first).
+
+    Args:
+        x_seq: input ``[T, N, ...]`` on a CUDA device.
+        v_init: initial membrane, a tensor broadcastable to ``x_seq[0]`` or a number.
+        step: quantization step (positive float or one-element tensor).
+        w: PLIF parameter (one-element tensor).
+        params: the neuron's constants.
+
+    Returns:
+        ``(spike_seq, v_last, v_seq or None)``.
+    """
+    return run_fused(CuPyLauncher(import_cupy()), x_seq, v_init, step, w, params)
+
+
+def fused_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, step,
+                                  w: Optional[torch.Tensor] = None, **params):
     """Multi-step IF/LIF/PLIF neurons with a quantized membrane, as two fused CUDA kernels.
 
-    Same signature and semantics as the torch reference
+    Same arguments and semantics as the torch reference
     ``snnquant.functional.neuron.quant_neuron_multi_step``, on CUDA tensors: one kernel runs all
     ``T`` steps forward (charge, quantize, fire, reset), one runs the gradient backwards in time.
     Per step, with :math:`Q(h) = \\mathrm{clamp}(\\mathrm{round}(h/s), q_{min}, q_{max})\\,s`,
@@ -252,22 +235,16 @@ def fused_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, t
         x_seq: input ``[T, N, ...]`` on a CUDA device, float16, bfloat16, float32 or float64;
             made contiguous once if it is not.
         v_init: initial membrane, a tensor broadcastable to ``x_seq[0]`` (or a number).
-        neuron: ``'if'``, ``'lif'`` or ``'plif'``.
-        tau: LIF time constant (used for ``'lif'`` only).
-        w: PLIF parameter, a one-element tensor; :math:`k = \\sigma(w)` replaces :math:`1/\\tau`.
-        decay_input: whether the input is divided by tau (multiplied by ``k``) too.
-        v_threshold: firing threshold.
-        v_reset: hard reset value, or ``None`` for soft reset.
-        surrogate_function: SpikingJelly ``surrogate.Sigmoid`` or ``surrogate.ATan`` (``None``:
-            ``surrogate.Sigmoid()``); others raise ValueError (see
-            :func:`snnquant.kernels.supports`).
-        detach_reset: no gradient through the reset.
         step: quantization step :math:`s`, a positive float or one-element tensor (may require
             grad); like the reference, it is rounded to ``x_seq.dtype`` (as is ``k``).
-        qmin: lowest grid index.
-        qmax: highest grid index (> ``qmin``).
-        step_grad_scale: factor on the step's gradient (as in LSQ).
-        store_v_seq: also return the membrane after every step.
+        w: PLIF parameter, a one-element tensor; :math:`k = \\sigma(w)` replaces :math:`1/\\tau`.
+        **params: the fields of :class:`~snnquant.functional.neuron.NeuronParams`: ``neuron``
+            (``'if'``, ``'lif'`` or ``'plif'``), ``qmin``, ``qmax`` (> ``qmin``), ``tau``
+            (LIF), ``decay_input``, ``v_threshold``, ``v_reset`` (``None``: soft reset),
+            ``surrogate_function`` (SpikingJelly ``surrogate.Sigmoid`` or ``surrogate.ATan``,
+            default ``Sigmoid()``; others raise ValueError, see
+            :func:`snnquant.kernels.supports`), ``detach_reset``, ``step_grad_scale`` (as in
+            LSQ) and ``store_v_seq`` (also return the membrane after every step).
 
     Returns:
         ``(spike_seq, v_last, v_seq)``: spikes ``[T, N, ...]`` (0/1 in ``x_seq.dtype``), membrane
@@ -281,13 +258,6 @@ def fused_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, neuron: str, t
         TypeError: an argument of the wrong type or dtype.
         CuPyUnavailableError: CuPy cannot be imported (an ImportError that says what to install).
     """
-    for name, tensor in (("x_seq", x_seq), ("v_init", v_init), ("step", step),
-                         ("w", w if neuron == "plif" else None)):
-        if isinstance(tensor, torch.Tensor):
-            check_cuda(name, tensor)
-    cupy = import_cupy()
-    return run_fused(CuPyLauncher(cupy), x_seq, v_init, neuron=neuron, tau=tau, w=w,
-                     decay_input=decay_input, v_threshold=v_threshold, v_reset=v_reset,
-                     surrogate_function=surrogate_function, detach_reset=detach_reset,
-                     step=step, qmin=qmin, qmax=qmax, step_grad_scale=step_grad_scale,
-                     store_v_seq=store_v_seq)
+    check_devices(check_cuda, x_seq, v_init, step, w, params.get("neuron"))
+    import_cupy()
+    return cupy_step(x_seq, v_init, step, w, NeuronParams(**params))

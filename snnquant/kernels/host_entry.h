@@ -1,10 +1,12 @@
-// Host entry points for the CPU build of neuron.cu (included after host_shim.h and neuron.cu).
+// Entry points of the test ("host") mode of the CPU build (included after host_shim.h and
+// neuron.cu instead of cpu_entry.h; see cpp_backend.py).
 //
-// snq_host_forward / snq_host_backward pick the template instantiation from integer codes (the
-// same configuration the CuPy launcher turns into a name expression) and run the kernel body once
-// per neuron, as the GPU would run one thread per neuron. Codes:
-//   dtype: 0 float32, 1 float64, 2 float16, 3 bfloat16;   neuron: 0 if, 1 lif, 2 plif;
-//   surrogate: 0 sigmoid, 1 atan.
+// snq_cpu_forward / snq_cpu_backward take the arguments of cpu_entry.h's (one ctypes argument
+// list for both modes), pick the template instantiation from the configuration codes (the same
+// configuration the CuPy launcher turns into a name expression) and run the GPU kernel itself
+// once per neuron, as the GPU would run one thread per neuron (the thread count is unused).
+// Codes: dtype: 0 float32, 1 float64, 2 float16, 3 bfloat16;   neuron: 0 if, 1 lif, 2 plif;
+//   surrogate: 0 sigmoid, 1 atan; the others 0 | 1.
 // They return 0 on success and -1 (running nothing) for a code out of range.
 #ifndef SNQ_HOST_ENTRY_H
 #define SNQ_HOST_ENTRY_H
@@ -66,12 +68,15 @@ static inline void set_thread(long long i) {
 
 }  // namespace snq_host
 
-extern "C" int snq_host_forward(int dtype, int neuron, int decay_input, int hard_reset,
-                                int store_v_seq, const void* x_seq, const void* v_init,
-                                const void* step, const void* k, void* spike_seq, void* v_last,
-                                void* v_seq, void* h_seq, double tau, double v_threshold,
-                                double v_reset, double qmin, double qmax, int T, long long N) {
-    if (!snq_host::valid_codes(dtype, neuron, 0)) {
+extern "C" int snq_cpu_forward(int dtype, int neuron, int decay_input, int hard_reset,
+                               int detach_reset, int surrogate, int store_v_seq,
+                               const void* x_seq, const void* v_init, const void* step,
+                               const void* k, void* spike_seq, void* v_last, void* v_seq,
+                               void* h_seq, double tau, double v_threshold, double v_reset,
+                               double qmin, double qmax, int T, long long N, int num_threads) {
+    (void)detach_reset;
+    (void)num_threads;
+    if (!snq_host::valid_codes(dtype, neuron, surrogate)) {
         return -1;
     }
     snq_host::with_dtype(dtype, [&](auto dtype_tag) {
@@ -99,15 +104,17 @@ extern "C" int snq_host_forward(int dtype, int neuron, int decay_input, int hard
     return 0;
 }
 
-extern "C" int snq_host_backward(int dtype, int neuron, int decay_input, int hard_reset,
-                                 int detach_reset, int surrogate, const void* h_seq,
-                                 const void* x_seq, const void* v_init, const void* step,
-                                 const void* k, const void* grad_spike_seq,
-                                 const void* grad_v_seq, const void* grad_v_last,
-                                 void* grad_x_seq, void* grad_v_init, void* grad_step_partial,
-                                 void* grad_k_partial, double tau, double v_threshold,
-                                 double v_reset, double qmin, double qmax, double alpha, int T,
-                                 long long N) {
+extern "C" int snq_cpu_backward(int dtype, int neuron, int decay_input, int hard_reset,
+                                int detach_reset, int surrogate, int store_v_seq,
+                                const void* h_seq, const void* x_seq, const void* v_init,
+                                const void* step, const void* k, const void* grad_spike_seq,
+                                const void* grad_v_seq, const void* grad_v_last,
+                                void* grad_x_seq, void* grad_v_init, void* grad_step_partial,
+                                void* grad_k_partial, double tau, double v_threshold,
+                                double v_reset, double qmin, double qmax, double alpha, int T,
+                                long long N, int num_threads) {
+    (void)store_v_seq;
+    (void)num_threads;
     if (!snq_host::valid_codes(dtype, neuron, surrogate)) {
         return -1;
     }

@@ -283,6 +283,112 @@ __device__ __forceinline__ real snq_surrogate_grad(real x, real alpha) {
 }
 
 // ---------------------------------------------------------------------------------------------
+// The constants of one launch and the per-element steps, shared by the GPU kernels below and the
+// CPU loops of cpu_entry.h: the neuron's arithmetic is written here once.
+// ---------------------------------------------------------------------------------------------
+template <typename real>
+struct snq_params {
+    real step;         // s
+    real k;            // sigmoid(w) (PLIF), else 0
+    real v_threshold;  // V_th
+    real qmin, qmax;   // grid index range
+    real v_reset_q;    // Vr_q (hard reset), else 0
+    real theta_q;      // theta_q (soft reset), else 0
+    real v_rest;       // the charge decays towards Vr_q (hard reset) or 0 (soft reset)
+    real tau;          // LIF time constant
+    real alpha;        // the surrogate's alpha (backward only)
+    real dh_dx;        // dH/dX
+    real dh_dv;        // dH/dV[t-1]
+};
+
+template <int NEURON, bool DECAY_INPUT, bool HARD_RESET, typename real>
+__device__ __forceinline__ snq_params<real> snq_make_params(real step, real k, real tau,
+                                                            real v_threshold, real v_reset,
+                                                            real qmin, real qmax, real alpha) {
+    snq_params<real> p;
+    p.step = step;
+    p.k = (NEURON == SNQ_NEURON_PLIF) ? k : (real)0;
+    p.v_threshold = v_threshold;
+    p.qmin = qmin;
+    p.qmax = qmax;
+    p.v_reset_q = HARD_RESET ? snq_reset_level(v_reset, step, qmin, qmax) : (real)0;
+    p.theta_q = HARD_RESET ? (real)0 : snq_theta_level(v_threshold, step);
+    p.v_rest = p.v_reset_q;
+    p.tau = tau;
+    p.alpha = alpha;
+    p.dh_dx = (real)1;
+    p.dh_dv = (real)1;
+    if (NEURON == SNQ_NEURON_LIF) {
+        const real inv_tau = (real)1 / tau;
+        p.dh_dx = DECAY_INPUT ? inv_tau : (real)1;
+        p.dh_dv = (real)1 - inv_tau;
+    } else if (NEURON == SNQ_NEURON_PLIF) {
+        p.dh_dx = DECAY_INPUT ? p.k : (real)1;
+        p.dh_dv = (real)1 - p.k;
+    }
+    return p;
+}
+
+// One forward step of one neuron: charge H from V[t-1] (v, updated to V[t]) and X[t]; returns the
+// spike and writes H (kept for the backward).
+template <int NEURON, bool DECAY_INPUT, bool HARD_RESET, typename real>
+__device__ __forceinline__ real snq_forward_step(const snq_params<real>& p, real x, real& v,
+                                                 real& h) {
+    h = snq_charge<NEURON, DECAY_INPUT>(v, x, p.v_rest, p.tau, p.k);
+    const snq_quantized<real> q = snq_quantize_fire(h, p.step, p.qmin, p.qmax, p.v_threshold);
+    v = snq_reset<HARD_RESET>(q.value, q.spike, p.v_reset_q, p.theta_q);
+    return q.spike;
+}
+
+// The membrane after the step whose charge was h (the backward's V[t-1], recomputed from H).
+template <bool HARD_RESET, typename real>
+__device__ __forceinline__ real snq_membrane_after(const snq_params<real>& p, real h) {
+    const snq_quantized<real> q = snq_quantize_fire(h, p.step, p.qmin, p.qmax, p.v_threshold);
+    return snq_reset<HARD_RESET>(q.value, q.spike, p.v_reset_q, p.theta_q);
+}
+
+// dH/dk of PLIF: X - V[t-1] + Vr (decay_input) | -(V[t-1] - Vr)
+template <bool DECAY_INPUT, typename real>
+__device__ __forceinline__ real snq_dh_dk(const snq_params<real>& p, real x, real v_before) {
+    return DECAY_INPUT ? (x - v_before + p.v_rest) : -(v_before - p.v_rest);
+}
+
+// The gradients of one backward step of one neuron.
+template <typename real>
+struct snq_step_grads {
+    real x;     // dL/dX[t]
+    real v;     // dL/dV[t-1]
+    real h;     // dL/dH[t] (PLIF's k gradient is h * dH/dk)
+    real step;  // this step's term of dL/ds (before step_grad_scale)
+};
+
+// One backward step of one neuron: from its charge h, dL/dS[t] (grad_spike) and dL/dV[t]
+// (grad_v, the stored membrane's gradient included).
+template <int NEURON, bool HARD_RESET, bool DETACH_RESET, int SURROGATE, typename real>
+__device__ __forceinline__ snq_step_grads<real> snq_backward_step(const snq_params<real>& p,
+                                                                 real h, real grad_spike,
+                                                                 real grad_v) {
+    const snq_quantized<real> q = snq_quantize_fire(h, p.step, p.qmin, p.qmax, p.v_threshold);
+    const bool inside = (q.ratio >= p.qmin) && (q.ratio <= p.qmax);
+    if (!DETACH_RESET) {
+        // dV/dS = Vr_q - Hq (hard) | -theta_q (soft)
+        grad_spike = grad_spike + grad_v * (HARD_RESET ? (p.v_reset_q - q.value) : -p.theta_q);
+    }
+    // dV/dHq at fixed S = 1 - S (hard) | 1 (soft)
+    const real grad_hq = grad_v * (HARD_RESET ? ((real)1 - q.spike) : (real)1) +
+                         grad_spike * snq_surrogate_grad<SURROGATE>(q.distance, p.alpha);
+    snq_step_grads<real> g;
+    g.h = inside ? grad_hq : (real)0;
+    // dHq/ds = rint(H/s) - H/s strictly inside the range, else the clamped level (qmin or qmax),
+    // the end points included (Esser et al. 2020, eq. 3)
+    const bool strictly_inside = (q.ratio > p.qmin) && (q.ratio < p.qmax);
+    g.step = grad_hq * (strictly_inside ? (q.level - q.ratio) : q.level);
+    g.x = g.h * p.dh_dx;
+    g.v = g.h * p.dh_dv;
+    return g;
+}
+
+// ---------------------------------------------------------------------------------------------
 // Forward: all T steps of one neuron per thread.
 //   x_seq, spike_seq, v_seq: [T, N] storage type; v_init, v_last: [N] storage type;
 //   step, k: one compute-type value in device memory (k = sigmoid(w), PLIF only);
@@ -308,12 +414,9 @@ __global__ void snq_forward(const scalar_t* __restrict__ x_seq,
     if (i >= N) {
         return;
     }
-    const real step = step_ptr[0];
-    const real k = (NEURON == SNQ_NEURON_PLIF) ? k_ptr[0] : (real)0;
-    const real v_reset_q = HARD_RESET ? snq_reset_level(v_reset, step, qmin, qmax) : (real)0;
-    const real theta_q = HARD_RESET ? (real)0 : snq_theta_level(v_threshold, step);
-    // the charge decays towards Vr_q (hard reset) or 0 (soft reset)
-    const real v_rest = v_reset_q;
+    const snq_params<real> p = snq_make_params<NEURON, DECAY_INPUT, HARD_RESET>(
+        step_ptr[0], (NEURON == SNQ_NEURON_PLIF) ? k_ptr[0] : (real)0, tau, v_threshold, v_reset,
+        qmin, qmax, (real)0);
 
     real v = snq_load(v_init, i);
     long long j = i;
@@ -325,10 +428,8 @@ __global__ void snq_forward(const scalar_t* __restrict__ x_seq,
         if (t + 1 < T) {
             x_next = snq_load(x_seq, j + N);
         }
-        const real h = snq_charge<NEURON, DECAY_INPUT>(v, x, v_rest, tau, k);
-        const snq_quantized<real> q = snq_quantize_fire(h, step, qmin, qmax, v_threshold);
-        v = snq_reset<HARD_RESET>(q.value, q.spike, v_reset_q, theta_q);
-        snq_store(spike_seq, j, q.spike);
+        real h;
+        snq_store(spike_seq, j, snq_forward_step<NEURON, DECAY_INPUT, HARD_RESET>(p, x, v, h));
         if (h_seq != 0) {
             h_seq[j] = h;
         }
@@ -376,22 +477,9 @@ __global__ void snq_backward(const typename snq_compute<scalar_t>::type* __restr
     if (i >= N) {
         return;
     }
-    const real step = step_ptr[0];
-    const real k = (NEURON == SNQ_NEURON_PLIF) ? k_ptr[0] : (real)0;
-    const real v_reset_q = HARD_RESET ? snq_reset_level(v_reset, step, qmin, qmax) : (real)0;
-    const real theta_q = HARD_RESET ? (real)0 : snq_theta_level(v_threshold, step);
-    const real v_rest = v_reset_q;
-    // dH/dX and dH/dV[t-1]
-    real dh_dx = (real)1;
-    real dh_dv = (real)1;
-    if (NEURON == SNQ_NEURON_LIF) {
-        const real inv_tau = (real)1 / tau;
-        dh_dx = DECAY_INPUT ? inv_tau : (real)1;
-        dh_dv = (real)1 - inv_tau;
-    } else if (NEURON == SNQ_NEURON_PLIF) {
-        dh_dx = DECAY_INPUT ? k : (real)1;
-        dh_dv = (real)1 - k;
-    }
+    const snq_params<real> p = snq_make_params<NEURON, DECAY_INPUT, HARD_RESET>(
+        step_ptr[0], (NEURON == SNQ_NEURON_PLIF) ? k_ptr[0] : (real)0, tau, v_threshold, v_reset,
+        qmin, qmax, alpha);
 
     real grad_v = (grad_v_last != 0) ? snq_load(grad_v_last, i) : (real)0;
     real grad_step = (real)0;
@@ -403,7 +491,7 @@ __global__ void snq_backward(const typename snq_compute<scalar_t>::type* __restr
     real grad_v_seq_next = (T > 0 && grad_v_seq != 0) ? snq_load(grad_v_seq, j) : (real)0;
     SNQ_UNROLL
     for (int t = T - 1; t >= 0; --t, j -= N) {
-        real grad_spike = grad_spike_next;
+        const real grad_spike = grad_spike_next;
         grad_v = grad_v + grad_v_seq_next;
         // the charge one step earlier, needed next iteration (and now for PLIF's V[t-1])
         real h_before = (real)0;
@@ -416,39 +504,20 @@ __global__ void snq_backward(const typename snq_compute<scalar_t>::type* __restr
                 grad_v_seq_next = snq_load(grad_v_seq, j - N);
             }
         }
-        const snq_quantized<real> q = snq_quantize_fire(h, step, qmin, qmax, v_threshold);
-        const bool inside = (q.ratio >= qmin) && (q.ratio <= qmax);
-
-        if (!DETACH_RESET) {
-            // dV/dS = Vr_q - Hq (hard) | -theta_q (soft)
-            grad_spike = grad_spike + grad_v * (HARD_RESET ? (v_reset_q - q.value) : -theta_q);
-        }
-        // dV/dHq at fixed S = 1 - S (hard) | 1 (soft)
-        const real grad_hq = grad_v * (HARD_RESET ? ((real)1 - q.spike) : (real)1) +
-                             grad_spike * snq_surrogate_grad<SURROGATE>(q.distance, alpha);
-        const real grad_h = inside ? grad_hq : (real)0;
+        const snq_step_grads<real> g =
+            snq_backward_step<NEURON, HARD_RESET, DETACH_RESET, SURROGATE>(p, h, grad_spike,
+                                                                           grad_v);
         if (grad_step_partial != 0) {
-            // dHq/ds = rint(H/s) - H/s strictly inside the range, else the clamped level (qmin or
-            // qmax), the end points included (Esser et al. 2020, eq. 3)
-            const bool strictly_inside = (q.ratio > qmin) && (q.ratio < qmax);
-            grad_step = grad_step + grad_hq * (strictly_inside ? (q.level - q.ratio) : q.level);
+            grad_step = grad_step + g.step;
         }
-        snq_store(grad_x_seq, j, grad_h * dh_dx);
+        snq_store(grad_x_seq, j, g.x);
         if (NEURON == SNQ_NEURON_PLIF && grad_k_partial != 0) {
-            real v_before;
-            if (t > 0) {
-                const snq_quantized<real> qb =
-                    snq_quantize_fire(h_before, step, qmin, qmax, v_threshold);
-                v_before = snq_reset<HARD_RESET>(qb.value, qb.spike, v_reset_q, theta_q);
-            } else {
-                v_before = snq_load(v_init, i);
-            }
-            // dH/dk = X - V[t-1] + Vr (decay_input) | -(V[t-1] - Vr)
-            const real dh_dk = DECAY_INPUT ? (snq_load(x_seq, j) - v_before + v_rest)
-                                           : -(v_before - v_rest);
-            grad_k = grad_k + grad_h * dh_dk;
+            const real v_before = (t > 0) ? snq_membrane_after<HARD_RESET>(p, h_before)
+                                          : snq_load(v_init, i);
+            const real x = DECAY_INPUT ? snq_load(x_seq, j) : (real)0;
+            grad_k = grad_k + g.h * snq_dh_dk<DECAY_INPUT>(p, x, v_before);
         }
-        grad_v = grad_h * dh_dv;
+        grad_v = g.v;
         h = h_before;
     }
     snq_store(grad_v_init, i, grad_v);

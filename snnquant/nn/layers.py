@@ -196,6 +196,7 @@ class _QuantConvNd(_QuantLayerMixin):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.step_mode == "s":
+            self._check_single_step_input(x)
             return self._conv(x)
         if x.dim() != self._expected_dim:
             raise ValueError(f"{type(self).__name__} in step_mode='m' expects x with shape "
@@ -203,6 +204,19 @@ class _QuantConvNd(_QuantLayerMixin):
         T, N = x.shape[0], x.shape[1]
         y = self._conv(x.flatten(0, 1))
         return y.view(T, N, *y.shape[1:])
+
+    def _check_single_step_input(self, x: torch.Tensor) -> None:
+        """Refuse an input that is neither ``[N, C, ...]`` nor ``[C, ...]`` in step mode 's',
+        pointing a ``[T, N, C, ...]`` sequence to step mode 'm' (shapes only, no data read)."""
+        if x.dim() in (self._expected_dim - 1, self._expected_dim - 2):
+            return
+        name = type(self).__name__
+        batched = "[N, " + self._shape_text[len("[T, N, "):]
+        hint = (f"; a sequence {self._shape_text} needs step_mode='m' (for example "
+                f"spikingjelly's functional.set_step_mode(net, 'm'))"
+                if x.dim() == self._expected_dim else "")
+        raise ValueError(f"{name} in step_mode='s' expects x with shape {batched} (or without "
+                         f"N), got shape {tuple(x.shape)}{hint}")
 
     def extra_repr(self):
         return super().extra_repr() + self._quant_extra_repr()

@@ -40,9 +40,10 @@ import torch
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import neuron, surrogate
 
-from ..functional.neuron import (membrane_reset_values, neuron_charge, neuron_reset,
-                                 quant_neuron_multi_step)
-from ..kernels.dispatch import BACKENDS, DEFAULT_BACKEND, check_backend_name, resolve_backend
+from ..functional.neuron import (NeuronParams, membrane_reset_values, neuron_charge,
+                                 neuron_reset, quantized_threshold)
+from ..kernels.dispatch import BACKENDS, DEFAULT_BACKEND, check_backend_name, select_backend
+from ._neuron_config import NeuronConfigCheckMixin
 from .custom import refuse_ignored_overrides
 from .quantizers import QuantizerBase
 from .quantizers.membrane import make_membrane_quantizer, uniform_membrane_step
@@ -57,7 +58,7 @@ def _has_trainable(module: torch.nn.Module) -> bool:
     return any(p.requires_grad for p in module.parameters())
 
 
-class _QuantNeuronMixin:
+class _QuantNeuronMixin(NeuronConfigCheckMixin):
     _kind = ""
 
     def __init_subclass__(cls, **kwargs):
@@ -72,6 +73,8 @@ class _QuantNeuronMixin:
             # an observed membrane range must reach the threshold, or the neuron can never fire
             self.v_quant.include_values = (self.v_reset or 0.0, self.v_threshold)
         self.backend = backend
+        self._backend_key = None  # what the backend was last resolved for (see _resolved_backend)
+        self._resolved = None
 
     # ---- parameters of the charge -------------------------------------------------------------
     def _tau(self):
@@ -117,8 +120,17 @@ class _QuantNeuronMixin:
     def decay_input_(self):
         return getattr(self, "decay_input", True)
 
-    def _choose_backend(self, x_seq) -> str:
-        return resolve_backend(self.backend, x_seq, self.surrogate_function)
+    def _resolved_backend(self, x):
+        """The backend for ``x`` (its step function), resolved and checked by
+        :func:`snnquant.kernels.dispatch.select_backend` once per requested backend, device,
+        dtype and surrogate function (again after ``.to(...)`` or a change of ``backend``)."""
+        key = (self.backend, x.device, x.dtype, self.surrogate_function)
+        if torch.compiler.is_compiling():
+            return select_backend(self.backend, x, self.surrogate_function, "x")
+        if getattr(self, "_backend_key", None) != key:
+            self._resolved = select_backend(self.backend, x, self.surrogate_function, "x")
+            self._backend_key = key
+        return self._resolved
 
     def _quant_multi(self, x_seq, v, store_v_seq):
         self._prime_quantizer(x_seq, v)
@@ -131,19 +143,12 @@ class _QuantNeuronMixin:
             vr_q, _ = membrane_reset_values(step.to(x_seq.dtype), qmin, qmax, self.v_threshold,
                                             self.v_reset)
             v = vr_q
-        kwargs = dict(neuron=self._kind, tau=self._tau(), w=self._w(),
-                      decay_input=self.decay_input_, v_threshold=self.v_threshold,
-                      v_reset=self.v_reset, surrogate_function=self.surrogate_function,
-                      detach_reset=self.detach_reset, step=step, qmin=qmin, qmax=qmax,
-                      step_grad_scale=grad_scale, store_v_seq=store_v_seq)
-        backend = self._choose_backend(x_seq)
-        if backend == "cupy":
-            from .. import kernels
-            return kernels.fused_quant_neuron_multi_step(x_seq, v, **kwargs)
-        if backend == "cpp":
-            from ..kernels.cpp_backend import cpp_quant_neuron_multi_step
-            return cpp_quant_neuron_multi_step(x_seq, v, **kwargs)
-        return quant_neuron_multi_step(x_seq, v, **kwargs)
+        params = NeuronParams(neuron=self._kind, tau=self._tau(), decay_input=self.decay_input_,
+                              v_threshold=self.v_threshold, v_reset=self.v_reset,
+                              surrogate_function=self.surrogate_function,
+                              detach_reset=self.detach_reset, qmin=qmin, qmax=qmax,
+                              step_grad_scale=grad_scale, store_v_seq=store_v_seq)
+        return self._resolved_backend(x_seq).step(x_seq, v, step, self._w(), params)
 
     def _quantize_membrane(self, h):
         q = self.v_quant
@@ -175,8 +180,8 @@ class _QuantNeuronMixin:
                 step = step.detach().to(device=like.device, dtype=like.dtype)
                 vr_q = torch.zeros((), dtype=like.dtype, device=like.device) \
                     if self.v_reset is None else self._on_grid(self.v_reset, like)
-                return vr_q, torch.ceil(self.v_threshold / step) * step
-        grid = None if q.observing else q.grid()
+                return vr_q, quantized_threshold(step, self.v_threshold)
+        grid = q.sequence_grid()
         if grid is not None and grid.per_tensor:
             return membrane_reset_values(grid.step.to(device=like.device, dtype=like.dtype),
                                          grid.qmin, grid.qmax, self.v_threshold, self.v_reset)
@@ -214,17 +219,9 @@ class _QuantNeuronMixin:
         return torch.stack(spikes), v, (torch.stack(v_seq) if store_v_seq else None)
 
     def _check_backend(self, x: torch.Tensor) -> None:
-        """``backend='cupy'`` or ``'cpp'`` is a request for the fused kernel: refuse what it
-        cannot run."""
-        if self.backend == "cupy":
-            from ..kernels.cupy_backend import check_cuda, import_cupy
-            check_cuda("x", x)
-            import_cupy()
-        elif self.backend == "cpp":
-            from ..kernels.cpp_backend import check_cpu, require_cpp
-            check_cpu("x", x)
-            require_cpp()
-        else:
+        """Resolve the backend for ``x`` (the kernels check the device and what the backend
+        needs); a request for the fused kernels by name also needs a membrane they can run."""
+        if not self._resolved_backend(x).fused_requested:
             return
         if self.v_quant is None:
             raise ValueError(f"{type(self).__name__}(backend={self.backend!r}) needs a quantized "

@@ -61,6 +61,8 @@ class Grid:
         power_of_two: whether every step value is a power of two by construction (then integer
             export needs no rescaling).
         levels: the sorted level values of a non-uniform quantizer, else ``None``.
+        bits: the bit width the integer levels are stored in (the quantizer's ``num_bits``: 1 for
+            binary :math:`\pm 1`, 2 for ternary), or ``None`` when the quantizer has none.
     """
 
     step: Optional[torch.Tensor]
@@ -69,6 +71,7 @@ class Grid:
     channel_dim: Optional[int]
     power_of_two: bool
     levels: Optional[torch.Tensor] = None
+    bits: Optional[int] = None
 
     @property
     def is_uniform(self) -> bool:
@@ -178,6 +181,18 @@ class QuantizerBase(nn.Module, base.StepModule):
     def value_range(self):
         """``(low, high)`` of the output levels of a fixed level set, else ``None``."""
         return None
+
+    def rescale_channels(self, scale: torch.Tensor) -> bool:
+        r"""Follow a per-output-channel rescaling of the weights, :math:`w'_c = a_c w_c` (folding
+        BatchNorm into the layer), so that the quantized folded weights are the quantized weights
+        rescaled. Returns whether it did; the default returns ``False`` (nothing changed), and
+        :func:`~snnquant.export.fold_batchnorm` then re-initialises the step from the folded
+        weights.
+
+        Args:
+            scale: one factor :math:`a_c` per output channel.
+        """
+        return False
 
     def config(self) -> dict:
         """The configuration that gives the meaning of the saved state (checked by

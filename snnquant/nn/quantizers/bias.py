@@ -65,7 +65,7 @@ class WeightGridBiasQuantizer(ConfigCheckMixin, QuantizerBase):
 
     def grid(self) -> Grid:
         r"""The power-of-two grid :math:`s_w \cdot [q_{min}, q_{max}]`."""
-        return Grid(self.weight_step(), self.qmin, self.qmax, None, True)
+        return Grid(self.weight_step(), self.qmin, self.qmax, None, True, bits=self.bits)
 
     def config(self):
         return dict(super().config(), bits=self.bits, signed=True, per_channel=False,

@@ -179,7 +179,8 @@ class _ScaledSignQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
         if not self.is_initialized:
             return None
         return Grid(self.effective_alpha(), self.qmin, self.qmax,
-                    self.channel_dim if self.per_channel else None, self.power_of_two)
+                    self.channel_dim if self.per_channel else None, self.power_of_two,
+                    bits=self.bits)
 
     def grad_scale(self, x: torch.Tensor) -> float:
         r"""LSQ's :math:`g = 1/\sqrt{n}` (:math:`q_{max} = 1`), :math:`n` elements per :math:`\alpha`."""

@@ -65,7 +65,7 @@ class UniformQuantizer(ConfigCheckMixin, QuantizerBase):
 
     def grid(self) -> Grid:
         """The fixed grid ``step * [qmin, qmax]``."""
-        return Grid(self.step, self.qmin, self.qmax, None, self._step_is_pow2)
+        return Grid(self.step, self.qmin, self.qmax, None, self._step_is_pow2, bits=self.bits)
 
     @property
     def can_set_step(self) -> bool:
@@ -131,7 +131,7 @@ class QuantizedBits(ConfigCheckMixin, QuantizerBase):
         m = 2 ** (self.bits - int(self.keep_negative))
         step = 2.0 ** self.integer / m
         qmin = int(self.keep_negative) * (-m + int(self.symmetric))
-        return Grid(torch.tensor(step), qmin, m - 1, None, True)
+        return Grid(torch.tensor(step), qmin, m - 1, None, True, bits=self.bits)
 
     def value_range(self):
         g = self.grid()
@@ -184,7 +184,7 @@ class StateQuant(ConfigCheckMixin, QuantizerBase):
     def grid(self) -> Grid:
         """The level table (not a uniform grid): ``Grid(step=None, levels=...)``."""
         lv = self.levels
-        return Grid(None, 0, lv.numel() - 1, None, False, levels=lv)
+        return Grid(None, 0, lv.numel() - 1, None, False, levels=lv, bits=self.bits)
 
     def value_range(self):
         lv = self.levels

@@ -143,7 +143,8 @@ class LSQQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
     def grid(self) -> Grid:
         """The current grid: the effective step (with its gradient path), ``[qmin, qmax]``."""
         return Grid(self.effective_step(), self.qmin, self.qmax,
-                    self.channel_dim if self.per_channel else None, self.power_of_two)
+                    self.channel_dim if self.per_channel else None, self.power_of_two,
+                    bits=self.bits)
 
     def ensure_initialized(self, x: torch.Tensor) -> None:
         """Initialise the step from ``x`` (see :meth:`initialize`) unless it already is."""

@@ -147,7 +147,8 @@ class MinMaxObserver(InitFlagMixin, ConfigCheckMixin, nn.Module):
             if lo_all.numel() and not bool((lo_all == lo_all[0]).all()):
                 return None
             qmin, qmax = int(lo_all[0]), int(qmax.reshape(-1)[0])
-        return Grid(step, qmin, qmax, self.channel_dim if self.per_channel else None, False)
+        return Grid(step, qmin, qmax, self.channel_dim if self.per_channel else None, False,
+                    bits=self.bits)
 
     def current_step(self) -> Optional[torch.Tensor]:
         """The step of the current range (tensor arithmetic only), ``None`` per channel."""

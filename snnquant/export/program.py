@@ -1,0 +1,321 @@
+r"""The integer arithmetic of an exported network, written once: what :class:`IntegerSNN` runs and
+what :func:`~snnquant.export.to_c` prints.
+
+A neuron layer's step is an operation list (:class:`NeuronProgram`, built by
+:func:`neuron_program` from a :class:`~snnquant.export.NeuronOp`): instructions such as
+``h = add(shl(v, d), x)``, ``q = rhe(h, d)``, ``q = clamp(q, v_min, v_max)``. Every opcode is
+defined once in :data:`OPCODES`, with its three readings side by side:
+
+* ``torch``: the tensor operation :class:`~snnquant.export.IntegerSNN` executes;
+* ``c``: the C99 expression :func:`~snnquant.export.to_c` writes;
+* ``interval``: the range of the result given the ranges of the arguments, from which the C
+  generator proves every intermediate fits ``int64_t`` and picks the membrane's C type.
+
+A synaptic layer is two parts: the accumulation :math:`A = \mathrm{conv}(x, w)` (dense in
+PyTorch and in C today; a backend may emit it event-driven, one weight column per nonzero input,
+without touching the rest), then the rescale :class:`SynapseRescale`
+:math:`X_c = A_c f_c + b_c` with :math:`f_c = m_c 2^{\sigma_c}`, also defined once here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+
+from . import integer_ops
+from .description import NeuronOp, SynapseOp
+
+__all__ = ["Instr", "NeuronProgram", "neuron_program", "SynapseRescale", "OPCODES",
+           "c_literal", "c_rhe_helper"]
+
+Arg = Union[str, int]
+Interval = Tuple[int, int]
+
+
+def c_literal(v: int) -> str:
+    """A C literal of ``v`` that keeps its value in every integer context."""
+    v = int(v)
+    if -(1 << 31) < v < (1 << 31):
+        return str(v)
+    if v == -(1 << 63):
+        return "INT64_MIN"
+    return f"INT64_C({v})"
+
+
+def c_rhe_helper(prefix: str) -> str:
+    """The C99 function ``<prefix>_rhe(d, k)``: the C reading of the ``rhe`` opcode
+    (:func:`~snnquant.export.round_half_even_shift`)."""
+    return f"""/* round(d / 2^k), ties to even (k >= 1), as torch.round and IntegerSNN;
+ * ~(~d >> k) is floor(d / 2^k) for d < 0 without shifting a negative number */
+static int64_t {prefix}_rhe(int64_t d, int k)
+{{
+    const int64_t f = d >= 0 ? d >> k : ~((~d) >> k);
+    const int64_t rest = d & ((((int64_t)1) << k) - 1);
+    const int64_t half = ((int64_t)1) << (k - 1);
+    return f + ((rest > half || (rest == half && (f & 1) != 0)) ? 1 : 0);
+}}
+"""
+
+
+def _hull(*ranges: Interval) -> Interval:
+    return min(r[0] for r in ranges), max(r[1] for r in ranges)
+
+
+def _rhe_interval(a: Interval, k: int) -> Interval:
+    rhe = integer_ops.round_half_even_shift
+    return rhe(a[0], k), rhe(a[1], k)
+
+
+def _soft_reset_interval(q: Interval, s: Interval, th: int) -> Interval:
+    # a spike means q >= th: the value after subtracting th lies in [max(th, q_lo) - th, q_hi - th]
+    fire_lo = max(th, q[0])
+    return _hull(q, (fire_lo - th, q[1] - th)) if fire_lo <= q[1] else q
+
+
+@dataclass(frozen=True)
+class Opcode:
+    """One integer operation in its three readings (see the module documentation).
+
+    Attributes:
+        torch: ``f(rhe, *args)`` on tensors or ints (``rhe`` is the rounding function to use).
+        c: ``f(prefix, *args)`` -> C expression (arguments already C text; ``prefix`` names the
+            generated ``<prefix>_rhe`` helper).
+        interval: ``f(*args)`` on ``(lo, hi)`` ranges (constants as ``(c, c)``) -> ``(lo, hi)``.
+        c_type: C type of the result.
+    """
+
+    torch: Callable
+    c: Callable
+    interval: Callable
+    c_type: str = "int64_t"
+
+
+#: The opcodes of a :class:`NeuronProgram`. Arguments are registers (names) or int constants;
+#: ``shl``/``rhe`` take a constant shift ``k`` and ``mul`` a constant factor ``m >= 1``.
+OPCODES: Dict[str, Opcode] = {
+    # a * 2^k; C multiplies, so that no negative number is shifted
+    "shl": Opcode(lambda rhe, a, k: a << k,
+                  lambda p, a, k: f"{a} * {c_literal(1 << int(k))}",
+                  lambda a, k: (a[0] << k[0], a[1] << k[0])),
+    "mul": Opcode(lambda rhe, a, m: a * m,
+                  lambda p, a, m: f"{a} * {m}",
+                  lambda a, m: (a[0] * m[0], a[1] * m[0])),
+    "add": Opcode(lambda rhe, a, b: a + b,
+                  lambda p, a, b: f"{a} + {b}",
+                  lambda a, b: (a[0] + b[0], a[1] + b[1])),
+    "sub": Opcode(lambda rhe, a, b: a - b,
+                  lambda p, a, b: f"{a} - {b}",
+                  lambda a, b: (a[0] - b[1], a[1] - b[0])),
+    # round(a / 2^k), ties to even (integer_ops.round_half_even_shift)
+    "rhe": Opcode(lambda rhe, a, k: rhe(a, k),
+                  lambda p, a, k: f"{p}_rhe({a}, {k})",
+                  lambda a, k: _rhe_interval(a, k[0])),
+    # the stored membrane's range is the whole clamp range, whatever the charge's bound
+    "clamp": Opcode(lambda rhe, a, lo, hi: torch.clamp(a, lo, hi),
+                    lambda p, a, lo, hi: f"{a} < {lo} ? {lo} : ({a} > {hi} ? {hi} : {a})",
+                    lambda a, lo, hi: (lo[0], hi[0])),
+    "ge": Opcode(lambda rhe, a, b: a >= b,
+                 lambda p, a, b: f"{a} >= {b}",
+                 lambda a, b: (0, 1), c_type="int"),
+    # hard reset: v_reset where s, else q
+    "hard_reset": Opcode(lambda rhe, q, s, vr: q.masked_fill(s, vr),
+                         lambda p, q, s, vr: f"{s} ? {vr} : {q}",
+                         lambda q, s, vr: _hull(q, vr)),
+    # soft reset: q - theta where s, else q
+    "soft_reset": Opcode(lambda rhe, q, s, th: q - s.to(q.dtype) * th,
+                         lambda p, q, s, th: f"{s} ? {q} - {th} : {q}",
+                         lambda q, s, th: _soft_reset_interval(q, s, th[0])),
+}
+
+
+@dataclass(frozen=True)
+class Instr:
+    """``dst = code(*args)``: one instruction of a :class:`NeuronProgram`."""
+
+    dst: str
+    code: str
+    args: Tuple[Arg, ...]
+
+
+@dataclass(frozen=True)
+class NeuronProgram:
+    r"""The step of one integer neuron layer as an operation list (see :func:`neuron_program`).
+
+    Inputs are the registers ``v`` (membrane before the step) and ``xin`` (synaptic current);
+    outputs ``v_next`` (membrane after the step) and ``spike``.
+
+    Attributes:
+        instrs: the instructions, in order (each register is assigned once).
+        v_init: the membrane before the first step.
+        v_min, v_max: the clamp range of the membrane.
+    """
+
+    instrs: Tuple[Instr, ...]
+    v_init: int
+    v_min: int
+    v_max: int
+
+    def run(self, v, xin, rhe: Optional[Callable] = None, trace: Optional[dict] = None):
+        """One step on tensors (or ints): ``(v_next, spike)``; ``rhe`` defaults to
+        :func:`~snnquant.export.round_half_even_shift`; ``trace``, a dict, receives every
+        register."""
+        rhe = rhe or integer_ops.round_half_even_shift
+        env = {"v": v, "xin": xin} if trace is None else trace
+        env.update(v=v, xin=xin)
+        for ins in self.instrs:
+            env[ins.dst] = OPCODES[ins.code].torch(
+                rhe, *[env[a] if isinstance(a, str) else a for a in ins.args])
+        return env["v_next"], env["spike"]
+
+    def c_lines(self, prefix: str) -> List[str]:
+        """The step as C99 statements declaring one local per register (``v`` and ``xin`` must be
+        ``int64_t`` locals already)."""
+        out = []
+        for ins in self.instrs:
+            op = OPCODES[ins.code]
+            args = [a if isinstance(a, str) else c_literal(a) for a in ins.args]
+            out.append(f"const {op.c_type} {ins.dst} = {op.c(prefix, *args)};")
+        return out
+
+    def intervals(self, x_range: Interval) -> Tuple[Dict[str, Interval], Interval]:
+        """Ranges of every register when the current lies in ``x_range``, for every membrane the
+        layer can hold; and that membrane range (initial value, reset values, clamp range)."""
+        v = (self.v_init, self.v_init)
+        for _ in range(2):  # the output range does not depend on v (clamp): two passes suffice
+            env = self._interval_pass(v, x_range)
+            v = _hull((self.v_init, self.v_init), env["v_next"])
+        return self._interval_pass(v, x_range), v
+
+    def _interval_pass(self, v: Interval, x: Interval) -> Dict[str, Interval]:
+        env = {"v": v, "xin": x}
+        for ins in self.instrs:
+            env[ins.dst] = OPCODES[ins.code].interval(
+                *[env[a] if isinstance(a, str) else (a, a) for a in ins.args])
+        return env
+
+    def shifts(self) -> List[int]:
+        """Every shift amount the program uses (``shl``, ``rhe``)."""
+        return [int(i.args[1]) for i in self.instrs if i.code in ("shl", "rhe")]
+
+
+def neuron_program(op: NeuronOp) -> NeuronProgram:
+    r"""The step of :class:`~snnquant.export.NeuronOp` ``op`` as an operation list.
+
+    .. math::
+
+        x &= X \ll \mathrm{input\_shift},\quad D = x - ((v - v_r) \ll d)\ \text{or}\
+            (v - v_r) \ll d,\quad L = \mathrm{rhe}(M D, r)\\
+        h &= (v \ll d) + x\ \text{(IF)},\quad (v \ll t) + L\ \text{or}\
+            (v \ll t) - L + (x \ll (k - r))\ \text{(LIF)},\quad t = d + k - r\\
+        q &= \mathrm{clamp}(\mathrm{rhe}(h, t), v_{min}, v_{max}),\quad S = [q \ge \theta],
+            \quad v' = \text{reset}(q, S)
+
+    Zero shifts, a multiplier of 1 and :math:`v_r = 0` emit no instruction. The reset value
+    :math:`v_r` is :attr:`NeuronOp.v_rest`.
+    """
+    d, k, m, r = op.grid_shift, op.leak_shift, op.leak_multiplier, op.leak_round_shift
+    total = d + k - r
+    vr = op.v_rest
+    code: List[Instr] = []
+
+    def emit(dst: str, name: str, *args) -> str:
+        code.append(Instr(dst, name, tuple(args)))
+        return dst
+
+    def shl(dst: str, a: str, s: int) -> str:
+        return emit(dst, "shl", a, s) if s else a
+
+    x = shl("x", "xin", op.input_shift)
+    if op.kind == "if":
+        h = emit("h", "add", shl("v_grid", "v", d), x)
+    else:
+        vd = emit("v_rel", "sub", "v", vr) if vr else "v"
+        vd = shl("v_rel_grid", vd, d)
+        leak = emit("leak", "sub", x, vd) if op.decay_input else vd
+        if m != 1:
+            leak = emit("leak_m", "mul", leak, m)
+        if r:
+            leak = emit("leak_r", "rhe", leak, r)
+        vt = shl("v_charge", "v", total)
+        if op.decay_input:
+            h = emit("h", "add", vt, leak)
+        else:
+            h = emit("h", "add", emit("h_kept", "sub", vt, leak), shl("x_charge", x, k - r))
+    q = emit("q_round", "rhe", h, total) if total else h
+    q = emit("q", "clamp", q, op.v_min, op.v_max)
+    emit("spike", "ge", q, op.threshold)
+    if op.reset_mode == "hard":
+        emit("v_next", "hard_reset", q, "spike", op.v_reset)
+    else:
+        emit("v_next", "soft_reset", q, "spike", op.threshold)
+    return NeuronProgram(tuple(code), int(op.v_init), int(op.v_min), int(op.v_max))
+
+
+@dataclass(frozen=True)
+class SynapseRescale:
+    r"""The rescale of a synaptic layer's accumulator: :math:`X_c = A_c f_c + b_c`.
+
+    :math:`f_c = m_c 2^{\sigma_c}` (``multiplier`` times ``2 ** shift`` of the
+    :class:`~snnquant.export.SynapseOp`); an output channel whose weights are all zero gets
+    :math:`f_c = 0` (its accumulator is 0 whatever the factor, and the bound stays small).
+
+    Attributes:
+        factor: :math:`f_c` per output channel (Python ints).
+        bias: :math:`b_c` per output channel, or ``None``.
+    """
+
+    factor: Tuple[int, ...]
+    bias: Optional[Tuple[int, ...]]
+
+    @classmethod
+    def of(cls, op: SynapseOp) -> "SynapseRescale":
+        """The rescale of ``op``."""
+        w = op.weight.to(torch.int64)
+        nonzero = (w.reshape(w.shape[0], -1) != 0).any(dim=1).tolist()
+        factor = tuple(int(m) << int(s) if nz else 0 for m, s, nz in
+                       zip(op.multiplier.tolist(), op.shift.tolist(), nonzero))
+        bias = None if op.bias is None else tuple(int(b) for b in op.bias.tolist())
+        return cls(factor, bias)
+
+    @property
+    def same_factor(self) -> bool:
+        """Whether every channel has the same factor."""
+        return all(f == self.factor[0] for f in self.factor)
+
+    def torch_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
+        """``A -> X`` on an ``int64`` accumulator ``[B, C, *spatial]`` (or ``[B, C]``)."""
+        if self.same_factor:
+            f = self.factor[0] if self.factor else 1
+            factor = None if f == 1 else f
+        else:
+            factor = torch.tensor(self.factor, dtype=torch.int64)
+        bias = None if self.bias is None else torch.tensor(self.bias, dtype=torch.int64)
+
+        def view(t: torch.Tensor, dim: int) -> torch.Tensor:
+            return t if dim == 2 else t.reshape([1, -1] + [1] * (dim - 2))
+
+        def apply(acc: torch.Tensor) -> torch.Tensor:
+            if factor is not None:
+                acc = acc * (factor if isinstance(factor, int) else view(factor, acc.dim()))
+            if bias is not None:
+                acc = acc + view(bias, acc.dim())
+            return acc
+        return apply
+
+    def c_lines(self, acc: str, acc_t: str, const_array: Callable[[str, Sequence[int]], str],
+                index: int, channel: str = "oc") -> List[str]:
+        """C statements applying the rescale to the accumulator variable ``acc`` of channel
+        ``channel``; ``const_array(label, values)`` declares a table and returns its name."""
+        lines = []
+        if self.same_factor:
+            if self.factor and self.factor[0] != 1:
+                lines.append(f"{acc} *= {c_literal(self.factor[0])};")
+        else:
+            table = const_array(f"rescale{index}", self.factor)
+            lines.append(f"{acc} *= ({acc_t}){table}[{channel}];")
+        if self.bias is not None:
+            table = const_array(f"b{index}", self.bias)
+            lines.append(f"{acc} += ({acc_t}){table}[{channel}];")
+        return lines

@@ -1,0 +1,188 @@
+"""from_nir validates every field before it allocates anything (issue 24, item 2).
+
+Each bad file is made by exporting a small network with to_nir and editing one field of the NIR
+graph (in memory, or in the written file with nir.write / h5py); each must raise one
+NIRImportError naming the node, the field and the value.
+"""
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from _nir_consumers import build_network
+
+from snnquant.export import IntegerSNN, NIRImportError, from_nir, to_nir
+
+nir = pytest.importorskip("nir")
+h5py = pytest.importorskip("h5py")
+
+DT = 1e-3
+
+
+def _graph(arch="mlp", kind="lif"):
+    desc, shape = build_network(arch, kind, 4, 0)
+    return to_nir(desc, shape, dt=DT), desc, shape
+
+
+def _refused(graph, *pieces):
+    with pytest.raises(NIRImportError) as info:
+        from_nir(graph)
+    message = str(info.value)
+    for piece in pieces:
+        assert piece in message, message
+    return message
+
+
+def test_weight_outside_its_bit_width_is_refused_not_wrapped():
+    graph, desc, _ = _graph()
+    node = graph.nodes["0"]
+    meta = node.metadata
+    w = np.array(meta["weight_int"])
+    w[0, 0] = 1000                                    # 4-bit layer: [-8, 7]
+    meta["weight_int"] = w
+    # made consistent: the NIR weight agrees with the edited integer
+    scale = np.asarray(meta["weight_scale"]).reshape(-1, 1)
+    node.weight = w * scale * float(meta["unit_factor"])
+    _refused(graph, "node '0'", "weight_int", "1000", "[-8, 7]")
+
+
+def test_unsigned_weights_keep_their_values():
+    # an 8-bit layer with weights up to 200 is stored without wrapping (int16, not int8)
+    graph, desc, _ = _graph("dense")
+    node = graph.nodes["0"]
+    meta = node.metadata
+    w = np.abs(np.array(meta["weight_int"])) * 0 + 200
+    meta["weight_int"], meta["weight_bits"] = w, 8
+    node.weight = w * np.asarray(meta["weight_scale"]).reshape(-1, 1) * float(meta["unit_factor"])
+    back = from_nir(graph)
+    assert int(back.ops[0].weight.max()) == 200
+
+
+@pytest.mark.parametrize("field,value,pieces", [
+    ("input_shift", -1, ["input_shift=-1"]),
+    ("v_bits", 1000, ["v_bits=1000", "[1, 32]"]),
+    ("v_min", 5000, ["v_min=5000"]),
+    ("v_reset_int", 99999, ["v_reset_int=99999"]),
+    ("leak_shift", 100, ["leak_shift=100"]),
+    ("leak_round_shift", 5, ["leak_round_shift=5"]),
+    ("grid_shift", 70, ["grid_shift=70"]),
+    ("decay_input", "yes", ["decay_input='yes'", "bool"]),
+    ("membrane_scale", float("nan"), ["membrane_scale=nan"]),
+    ("threshold_int", 1.5, ["threshold_int=1.5"]),
+])
+def test_neuron_fields_checked(field, value, pieces):
+    graph, _, _ = _graph()
+    graph.nodes["1"].metadata[field] = value
+    _refused(graph, "node '1'", *pieces)
+
+
+def test_v_min_above_v_max_is_refused():
+    graph, _, _ = _graph()
+    meta = graph.nodes["1"].metadata
+    meta["v_min"], meta["v_max"] = 100, -100
+    _refused(graph, "node '1'", "v_max=-100", "v_min=100")
+
+
+@pytest.mark.parametrize("field,value,piece", [
+    ("weight_bits", 0, "weight_bits=0"),
+    ("weight_shift", np.array([-1] * 12), "weight_shift"),
+    ("weight_multiplier", np.array([0] * 12), "weight_multiplier"),
+    ("weight_scale", np.array([-0.5] * 12), "weight_scale"),
+    ("bias_bits", 200, "bias_bits=200"),
+    ("out_frac_bits", 5000, "out_frac_bits=5000"),
+    ("in_frac_bits", 3, "in_frac_bits=3"),
+])
+def test_synapse_fields_checked(field, value, piece):
+    graph, _, _ = _graph()
+    graph.nodes["0"].metadata[field] = value
+    _refused(graph, "node '0'", piece)
+
+
+@pytest.mark.parametrize("dt", [0, 0.0, -1e-3, float("inf"), "1ms"])
+def test_dt_checked(dt):
+    graph, _, _ = _graph()
+    graph.metadata["dt"] = dt
+    _refused(graph, "graph metadata", "dt=")
+
+
+@pytest.mark.parametrize("field,value", [
+    ("input_max", -5), ("output_kind", "voltage"), ("mantissa_bits", 7),
+    ("reference_dtype", "float8"), ("format_version", 99), ("output_frac_bits", 1.5),
+])
+def test_graph_fields_checked(field, value):
+    graph, _, _ = _graph()
+    graph.metadata[field] = value
+    _refused(graph, "graph metadata", f"{field}=")
+
+
+def test_shapes_checked_against_edges():
+    graph, _, _ = _graph()
+    # the second synapse must take the first neuron layer's 12 outputs
+    graph.nodes["input"].input_type = {"input": np.array([15])}
+    _refused(graph, "node '0'", "weight", "(15,)")
+    graph, _, _ = _graph()
+    node = graph.nodes["1"]
+    node.v_threshold = np.ones(7)
+    _refused(graph, "node '1'", "v_threshold", "(7,)", "(12,)")
+    graph, _, _ = _graph("conv_pool")
+    graph.nodes["3"].start_dim = 10 ** 9
+    _refused(graph, "node '3'", "start_dim=1000000000")
+    graph, _, _ = _graph("conv_pool")
+    graph.nodes["2"].metadata["kernel_size"] = np.array([10 ** 6, 10 ** 6])
+    graph.nodes["2"].kernel_size = np.array([10 ** 6, 10 ** 6])
+    _refused(graph, "node '2'", "kernel_size")
+
+
+def test_conv_input_shape_checked_against_edge():
+    graph, _, _ = _graph("conv")
+    graph.nodes["0"].input_shape = np.array([60000, 60000])
+    _refused(graph, "node '0'", "input_shape=[60000, 60000]", "(6, 6)")
+
+
+def test_huge_declared_shape_refused_before_reading(tmp_path):
+    graph, _, _ = _graph()
+    path = tmp_path / "huge.nir"
+    nir.write(path, graph)
+    with h5py.File(path, "r+") as f:
+        del f["node/nodes/0/weight"]
+        # 10^12 float64 values declared, nothing stored: the file stays small
+        f.create_dataset("node/nodes/0/weight", shape=(10 ** 6, 10 ** 6), dtype="f8",
+                         chunks=(1, 1024), compression="gzip")
+    start = time.monotonic()
+    with pytest.raises(NIRImportError, match=r"node '0': weight declares shape \(1000000, 1000000\)"):
+        from_nir(path)
+    assert time.monotonic() - start < 5
+
+
+def test_huge_input_shape_refused():
+    graph, _, _ = _graph()
+    graph.nodes["input"].input_type = {"input": np.array([10 ** 5, 10 ** 5])}
+    _refused(graph, "node 'input'", "input_type")
+
+
+def test_unknown_node_type_named(tmp_path):
+    graph, _, _ = _graph()
+    path = tmp_path / "foo.nir"
+    nir.write(path, graph)
+    with h5py.File(path, "r+") as f:
+        del f["node/nodes/1/type"]
+        f["node/nodes/1/type"] = b"Foo"
+    with pytest.raises(NIRImportError, match=r"node '1': type='Foo' is not a NIR node type"):
+        from_nir(path)
+
+
+def test_unknown_snnquant_op_named():
+    graph, _, _ = _graph()
+    graph.nodes["1"].metadata["snnquant_op"] = "dendrite"
+    _refused(graph, "node '1'", "snnquant_op='dendrite'")
+
+
+def test_edited_file_still_round_trips_when_valid(tmp_path):
+    graph, desc, shape = _graph("conv_pool")
+    path = tmp_path / "ok.nir"
+    nir.write(path, graph)
+    back = from_nir(path)
+    x = torch.randint(0, 2, (6, 4) + tuple(shape))
+    assert torch.equal(IntegerSNN(back)(x), IntegerSNN(desc)(x))
