@@ -26,10 +26,9 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..utils import copy_model
+from ..utils import copy_model, model_walk
 
 from .description import ExportError
-from .exporter import model_walk
 from .integer_ops import pow2_exponent
 
 __all__ = ["fold_batchnorm", "FoldWarning"]
