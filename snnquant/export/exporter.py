@@ -40,14 +40,16 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
-from typing import List, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn as nn
 
 from ..nn import registry
 from ..utils import copy_model, is_multi_step
+from .fold import batchnorm_refusal
 from .integer_ops import pow2_exponent
+from .walk import model_walk
 
 from .description import (ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp)
 
@@ -63,58 +65,6 @@ def _fail(name: str, module, reason: str):
 
 # --------------------------------------------------------------------------------------------------
 # structure
-
-def _sj():
-    from spikingjelly.activation_based import base, layer, neuron
-    return base, layer, neuron
-
-
-def _container_context(module, inherited: str) -> Optional[str]:
-    """Context of the children of a supported container, or None when it is not one."""
-    _, layer, _ = _sj()
-    if isinstance(module, layer.SeqToANNContainer):
-        return "seq"
-    if isinstance(module, layer.MultiStepContainer):
-        return "step"
-    if isinstance(module, layer.StepModeContainer):
-        if module.step_mode == "m":
-            return "step" if module.stateful else "seq"
-        return inherited
-    if isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward:
-        return inherited
-    return None
-
-
-def model_walk(model: nn.Module) -> List[Tuple[str, nn.Module, int]]:
-    """The modules of a sequential network in execution order, as ``(name, module, lead)``.
-
-    ``lead`` is the number of leading (time/batch) dimensions the module sees: 1 for
-    ``[T*N, ...]`` or ``[N, ...]``, 2 for a plain module that receives ``[T, N, ...]`` in a
-    multi-step network. Supported containers: ``nn.Sequential`` and SpikingJelly's
-    ``SeqToANNContainer``, ``MultiStepContainer`` and ``StepModeContainer``, nested freely; any
-    other module is returned as a leaf.
-    """
-    base, _, _ = _sj()
-    multi = is_multi_step(model)
-    out = []
-
-    def visit(module, name, ctx):
-        child_ctx = _container_context(module, ctx)
-        if child_ctx is not None:
-            for child_name, child in module.named_children():
-                visit(child, f"{name}.{child_name}" if name else child_name, child_ctx)
-            return
-        if not multi or ctx in ("seq", "step"):
-            lead = 1
-        elif isinstance(module, base.StepModule) and getattr(module, "step_mode", "s") == "m":
-            lead = 1
-        else:
-            lead = 2
-        out.append((name or type(module).__name__, module, lead))
-
-    visit(model, "", "top")
-    return out
-
 
 # --------------------------------------------------------------------------------------------------
 # numbers
@@ -583,7 +533,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         raise ValueError(f"leak_bits must be None or an int in [{lo}, {hi}], got {leak_bits!r}")
     p = _MANTISSA_BITS[reference_dtype]
     work = copy_model(model).to(reference_dtype).cpu()
-    _, sj_layer, sj_neuron = _sj()
+    from spikingjelly.activation_based import layer as sj_layer, neuron as sj_neuron
 
     ops = []
     notes = []
@@ -626,7 +576,6 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         elif isinstance(module, nn.Flatten):
             ops.append(_export_flatten(name, module, lead))
         elif isinstance(module, nn.modules.batchnorm._BatchNorm):
-            from .fold import batchnorm_refusal
             _fail(name, module, batchnorm_refusal(work, name))
         elif isinstance(module, identity_types):
             notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")

@@ -29,8 +29,8 @@ import torch.nn as nn
 from ..utils import copy_model
 
 from .description import ExportError
-from .exporter import model_walk
 from .integer_ops import pow2_exponent
+from .walk import model_walk
 
 __all__ = ["fold_batchnorm", "FoldWarning"]
 

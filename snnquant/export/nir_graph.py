@@ -35,7 +35,6 @@ non-binary values, 1-d pooling and pooling with dilation or ``ceil_mode``.
 from __future__ import annotations
 
 import os
-import re
 from typing import Optional, Sequence, Union
 
 import numpy as np
@@ -43,6 +42,7 @@ import torch
 import torch.nn as nn
 
 from .description import ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
+from .nir_version import NIR_MIN_VERSION, SCHEMA_VERSION, import_nir
 from .simulator import IntegerSNN, op_shapes
 
 __all__ = ["to_nir", "UNITS", "MAX_POOL_FORMS", "SCHEMA_VERSION", "NIR_MIN_VERSION"]
@@ -53,38 +53,6 @@ UNITS = ("integer", "real")
 #: How max pooling of spikes is written: ``'threshold'`` (``SumPool2d`` + ``Threshold(0)``) or
 #: ``'conv_if'`` (channel-identity ``Conv2d`` + ``IF`` with threshold 1/2 and reset 0).
 MAX_POOL_FORMS = ("threshold", "conv_if")
-
-#: Version of the metadata schema that :func:`to_nir` writes and
-#: :func:`~snnquant.export.from_nir` reads (key ``snnquant_schema`` of the graph and every node).
-SCHEMA_VERSION = 1
-
-#: Oldest ``nir`` release that holds ``v_reset`` on ``IF``/``LIF`` nodes.
-NIR_MIN_VERSION = (1, 0, 6)
-
-
-def _version_tuple(text: str):
-    parts = []
-    for piece in str(text).split(".")[:3]:
-        m = re.match(r"\d+", piece)
-        parts.append(int(m.group()) if m else 0)
-    return tuple(parts + [0] * (3 - len(parts)))
-
-
-def import_nir(what: str):
-    """The ``nir`` module, or ``ImportError`` naming ``what`` needs it (absent or older than 1.0.6)."""
-    need = ".".join(str(v) for v in NIR_MIN_VERSION)
-    try:
-        import nir
-    except ImportError as exc:
-        raise ImportError(f"{what} needs the nir package >= {need}: pip install 'nir>={need}' "
-                          f"(or snnquant[export])") from exc
-    version = getattr(nir, "__version__", None) or getattr(nir, "version", None)
-    if version is None or _version_tuple(version) < NIR_MIN_VERSION:
-        raise ImportError(f"{what} needs nir >= {need} (IF/LIF nodes with v_reset), found nir "
-                          f"{version}: pip install --upgrade 'nir>={need}'. (sinabs and "
-                          f"rockpool[nir] pin nir <= 1.0.4; install them in another environment)")
-    return nir
-
 
 def _layer_scales(desc: IntegerNetwork, units: str):
     """Factor c of every op: 2^F0 of the neuron the op feeds (integer units), else 1."""

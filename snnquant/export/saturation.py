@@ -77,9 +77,10 @@ class SaturationReport:
 
 
 def _quantized_neurons(model: nn.Module):
-    from ..nn.neurons import _QuantNeuronMixin
+    from ..nn import registry
+    classes = tuple(kind.quant_cls for kind in registry.NEURON_KINDS)
     return [(n, m) for n, m in model.named_modules()
-            if isinstance(m, _QuantNeuronMixin) and m.v_quant is not None]
+            if isinstance(m, classes) and m.v_quant is not None]
 
 
 @torch.no_grad()
