@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import copy
-from typing import Iterable, Optional
+from typing import Iterable, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
-__all__ = ["copy_model", "is_multi_step", "batch_input", "run_batches"]
+__all__ = ["copy_model", "is_multi_step", "model_walk", "batch_input", "run_batches"]
 
 
 def copy_model(model: nn.Module) -> nn.Module:
@@ -94,3 +94,52 @@ def run_batches(model: nn.Module, batches: Iterable, num_batches: Optional[int] 
             count += 1
     sjf.reset_net(model)
     return count
+
+
+def _container_context(module, inherited: str) -> Optional[str]:
+    """Context of the children of a supported container, or None when it is not one."""
+    from spikingjelly.activation_based import layer
+
+    if isinstance(module, layer.SeqToANNContainer):
+        return "seq"
+    if isinstance(module, layer.MultiStepContainer):
+        return "step"
+    if isinstance(module, layer.StepModeContainer):
+        if module.step_mode == "m":
+            return "step" if module.stateful else "seq"
+        return inherited
+    if isinstance(module, nn.Sequential) and type(module).forward is nn.Sequential.forward:
+        return inherited
+    return None
+
+
+def model_walk(model: nn.Module) -> List[Tuple[str, nn.Module, int]]:
+    """The modules of a sequential network in execution order, as ``(name, module, lead)``.
+
+    ``lead`` is the number of leading (time/batch) dimensions the module sees: 1 for
+    ``[T*N, ...]`` or ``[N, ...]``, 2 for a plain module that receives ``[T, N, ...]`` in a
+    multi-step network. Supported containers: ``nn.Sequential`` and SpikingJelly's
+    ``SeqToANNContainer``, ``MultiStepContainer`` and ``StepModeContainer``, nested freely; any
+    other module is returned as a leaf.
+    """
+    from spikingjelly.activation_based import base
+
+    multi = is_multi_step(model)
+    out = []
+
+    def visit(module, name, ctx):
+        child_ctx = _container_context(module, ctx)
+        if child_ctx is not None:
+            for child_name, child in module.named_children():
+                visit(child, f"{name}.{child_name}" if name else child_name, child_ctx)
+            return
+        if not multi or ctx in ("seq", "step"):
+            lead = 1
+        elif isinstance(module, base.StepModule) and getattr(module, "step_mode", "s") == "m":
+            lead = 1
+        else:
+            lead = 2
+        out.append((name or type(module).__name__, module, lead))
+
+    visit(model, "", "top")
+    return out

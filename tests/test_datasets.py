@@ -650,3 +650,27 @@ def test_frames_are_built_without_concurrent_npy_parsing_on_affected_pythons(sma
     D.load_nmnist_frames(root, train=True, frames_number=3)
     assert seen == [4 if PREPROCESS_THREADS_SAFE else 1]
     assert configure.max_threads_number_for_datasets_preprocess == 4   # restored
+
+
+def test_dataset_files_are_written_through_snnquant_io(tmp_path, monkeypatch):
+    # synced before the rename, and a full disk keeps the previous file and removes the partial
+    import errno
+
+    from snnquant.datasets import fixtures
+    path = tmp_path / "s.bin"
+    D.write_nmnist_bin(path, {"x": [1], "y": [2], "p": [1], "t": [3]})
+    previous = path.read_bytes()
+    synced = []
+    real_fsync = os.fsync
+    monkeypatch.setattr(os, "fsync", lambda fd: (synced.append(fd), real_fsync(fd)))
+    fixtures._write(tmp_path / "sub" / "labels.csv", b"0,1\n")
+    assert synced and (tmp_path / "sub" / "labels.csv").read_bytes() == b"0,1\n"
+
+    def full_fsync(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full_fsync)
+    with pytest.raises(OSError, match=r"s\.bin.*no space left"):
+        D.write_nmnist_bin(path, {"x": [9, 9], "y": [9, 9], "p": [0, 0], "t": [5, 6]})
+    assert path.read_bytes() == previous
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.bin", "sub"]

@@ -46,10 +46,8 @@ import torch
 import torch.nn as nn
 
 from ..nn import registry
-from ..utils import copy_model, is_multi_step
-from .fold import batchnorm_refusal
+from ..utils import copy_model, is_multi_step, model_walk
 from .integer_ops import pow2_exponent
-from .walk import model_walk
 
 from .description import (ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp)
 
@@ -65,6 +63,11 @@ def _fail(name: str, module, reason: str):
 
 # --------------------------------------------------------------------------------------------------
 # structure
+
+def _sj():
+    from spikingjelly.activation_based import base, layer, neuron
+    return base, layer, neuron
+
 
 # --------------------------------------------------------------------------------------------------
 # numbers
@@ -533,7 +536,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         raise ValueError(f"leak_bits must be None or an int in [{lo}, {hi}], got {leak_bits!r}")
     p = _MANTISSA_BITS[reference_dtype]
     work = copy_model(model).to(reference_dtype).cpu()
-    from spikingjelly.activation_based import layer as sj_layer, neuron as sj_neuron
+    _, sj_layer, sj_neuron = _sj()
 
     ops = []
     notes = []
@@ -576,6 +579,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         elif isinstance(module, nn.Flatten):
             ops.append(_export_flatten(name, module, lead))
         elif isinstance(module, nn.modules.batchnorm._BatchNorm):
+            from .fold import batchnorm_refusal
             _fail(name, module, batchnorm_refusal(work, name))
         elif isinstance(module, identity_types):
             notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")

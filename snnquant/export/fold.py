@@ -26,11 +26,10 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..utils import copy_model
+from ..utils import copy_model, model_walk
 
 from .description import ExportError
 from .integer_ops import pow2_exponent
-from .walk import model_walk
 
 __all__ = ["fold_batchnorm", "FoldWarning"]
 

@@ -42,7 +42,7 @@ import torch
 import torch.nn as nn
 
 from .description import ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
-from .nir_version import NIR_MIN_VERSION, SCHEMA_VERSION, import_nir
+from .nir_schema import NIR_MIN_VERSION, SCHEMA_VERSION, import_nir
 from .simulator import IntegerSNN, op_shapes
 
 __all__ = ["to_nir", "UNITS", "MAX_POOL_FORMS", "SCHEMA_VERSION", "NIR_MIN_VERSION"]

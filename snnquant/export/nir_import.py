@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from .description import FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
-from .nir_version import SCHEMA_VERSION, import_nir
+from .nir_schema import SCHEMA_VERSION, import_nir
 
 __all__ = ["from_nir", "simulate_nir", "NIRImportError"]
 

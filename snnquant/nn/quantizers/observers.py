@@ -164,6 +164,10 @@ class MinMaxObserver(InitFlagMixin, ConfigCheckMixin, nn.Module):
                 f"per_channel={self.per_channel}")
 
 
+def _from_observer(name: str, doc: str) -> property:
+    return property(lambda self: getattr(self.observer, name), doc=doc)
+
+
 class MinMaxQuantizer(ConfigCheckMixin, QuantizerBase):
     r"""Affine fake-quantizer over the min/max range of the :class:`MinMaxObserver` it holds,
     frozen in eval mode.
@@ -215,30 +219,13 @@ class MinMaxQuantizer(ConfigCheckMixin, QuantizerBase):
                                        include_values=include_values)
 
     # ---- what the observer holds, read through the quantizer ------------------------------------
-    @property
-    def bits(self) -> int:
-        """Bit width of the grid."""
-        return self.observer.bits
-
-    @property
-    def symmetric(self) -> bool:
-        """Whether the range is symmetric (signed grid)."""
-        return self.observer.symmetric
-
-    @property
-    def per_channel(self) -> bool:
-        """Whether there is one range per channel."""
-        return self.observer.per_channel
-
-    @property
-    def channel_dim(self) -> int:
-        """The channel dimension of a per-channel range."""
-        return self.observer.channel_dim
-
-    @property
-    def momentum(self) -> float:
-        """EMA momentum of the observer."""
-        return self.observer.momentum
+    bits = _from_observer("bits", "Bit width of the grid.")
+    symmetric = _from_observer("symmetric", "Whether the range is symmetric (signed grid).")
+    per_channel = _from_observer("per_channel", "Whether there is one range per channel.")
+    channel_dim = _from_observer("channel_dim", "The channel dimension of a per-channel range.")
+    momentum = _from_observer("momentum", "EMA momentum of the observer.")
+    min_val = _from_observer("min_val", "The observed lower end of the range.")
+    max_val = _from_observer("max_val", "The observed upper end of the range.")
 
     @property
     def include_values(self) -> Optional[tuple]:
@@ -248,16 +235,6 @@ class MinMaxQuantizer(ConfigCheckMixin, QuantizerBase):
     @include_values.setter
     def include_values(self, values: Optional[tuple]) -> None:
         self.observer.include_values = None if values is None else tuple(float(v) for v in values)
-
-    @property
-    def min_val(self) -> torch.Tensor:
-        """The observed lower end of the range (the observer's buffer)."""
-        return self.observer.min_val
-
-    @property
-    def max_val(self) -> torch.Tensor:
-        """The observed upper end of the range (the observer's buffer)."""
-        return self.observer.max_val
 
     def config(self):
         return dict(self.observer.config(), kind=type(self).__name__)

@@ -1,13 +1,13 @@
-"""The NIR schema version snnquant writes and the one check of the installed ``nir`` package,
-shared by the exporter (:mod:`~snnquant.export.nir_graph`) and the importer
-(:mod:`~snnquant.export.nir_import`)."""
+r"""What :func:`~snnquant.export.to_nir` and :func:`~snnquant.export.from_nir` agree on: the version
+of snnquant's metadata schema and the ``nir`` package both need (imported only when used)."""
+
 from __future__ import annotations
 
 import re
 
 __all__ = ["SCHEMA_VERSION", "NIR_MIN_VERSION", "import_nir"]
 
-#: Version of the metadata schema that :func:`to_nir` writes and
+#: Version of the metadata schema that :func:`~snnquant.export.to_nir` writes and
 #: :func:`~snnquant.export.from_nir` reads (key ``snnquant_schema`` of the graph and every node).
 SCHEMA_VERSION = 1
 
