@@ -7,7 +7,9 @@
 set -u
 cd "$(dirname "$0")/.." || exit 1
 if [ "${1:-}" = "--prepare" ]; then
-    bash ../shared/device/prepare-wheels.sh || exit 1
+    # what ../shared/device/prepare-wheels.sh does, also in a git worktree (.whl/ is in .gitignore)
+    mkdir -p .whl/legacy && cp ../shared/wheels/*.whl .whl/ || exit 1
+    git check-ignore -q .whl/legacy || { echo ".whl/ must be ignored by git"; exit 1; }
     # the last SpikingJelly with a CuPy LIFNode, installed apart (two spikingjelly wheels in
     # .whl/ would stop the install below)
     python3 -m pip download -q --no-deps --only-binary=:all: -d .whl/legacy \

@@ -191,6 +191,27 @@ def test_simulator_uses_integer_ops_only():
     assert out.dtype == torch.int8 and set(layers) == {"1", "5"}
 
 
+def test_int32_where_the_bounds_allow_gives_the_int64_results(monkeypatch):
+    """IntegerSNN runs in int32 where the proven bounds stay below 2^31 (conv, neuron) and in
+    int64 elsewhere; forcing int64 everywhere changes no spike."""
+    cfg = dict(seed=2, arch="conv", kind="lif", tau=2.0, soft=True, decay_input=False, bias=True,
+               pool="avg", weight_bits=4, v_bits=8, gain=3.0)
+    net, shape = random_net(cfg)
+    x = inputs(shape, 5, 3, 1, 3)
+    desc = to_integer(fold_batchnorm(quantized(net, cfg, x)))
+    x_int = x.to(torch.int64)
+    with RecordDtypes() as rec:
+        out, layers = IntegerSNN(desc)(x_int, record=True)
+    assert any("convolution" in f and d == torch.int32 for f, d in rec.dtypes)
+    monkeypatch.setattr(simulator_module, "_INT32_LIMIT", 0)
+    with RecordDtypes() as rec:
+        out64, layers64 = IntegerSNN(desc)(x_int, record=True)
+    assert not any(d == torch.int32 for _, d in rec.dtypes)
+    assert torch.equal(out, out64)
+    assert all(torch.equal(layers[k], layers64[k]) for k in layers)
+    assert out.dtype == torch.int8 and any(int(s.sum()) for s in layers.values())
+
+
 def test_trained_nmnist_style_network():
     """conv-BN-LIF-maxpool blocks + linear + LIF (the N-MNIST example's shape), trained briefly."""
     torch.manual_seed(0)

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -425,3 +426,197 @@ def test_compiler_without_openmp_builds_single_threaded(monkeypatch, tmp_path):
         assert torch.equal(spikes, want[0]) and torch.equal(v_last, want[1])
     finally:
         cpp_backend._compiler_identity.cache_clear()
+
+
+# ---- a cache that cannot be trusted or written (issue 24) --------------------------------------
+
+def test_damaged_or_foreign_library_is_rebuilt_before_loading(tmp_path, monkeypatch):
+    # a library cut to 0-80% of its length (or another one put in its place) is detected from
+    # the SHA-256 recorded at build time and rebuilt; nothing is loaded here, so a detection
+    # that failed could not crash this process
+    config, other = _lif_config(), _lif_config(store=True)
+    path = cpp_backend.build_library(config, directory=tmp_path)
+    good = path.read_bytes()
+    assert cpp_backend._checksum_path(path).exists() and cpp_backend.library_is_intact(path)
+    foreign = cpp_backend.build_library(other, directory=tmp_path).read_bytes()
+    compiles = []
+    real_run = cpp_backend._run
+    monkeypatch.setattr(cpp_backend, "_run", lambda command, **kw: compiles.append(command) or
+                        real_run(command, **kw))
+    for damaged in [good[:int(len(good) * f)] for f in (0.0, 0.01, 0.2, 0.5, 0.8)] + [foreign]:
+        path.write_bytes(damaged)
+        assert not cpp_backend.library_is_intact(path)
+        compiles.clear()
+        assert cpp_backend.build_library(config, directory=tmp_path) == path
+        assert cpp_backend.library_is_intact(path) and len(path.read_bytes()) == len(good)
+        assert sum("-shared" in command for command in compiles) == 1
+    # a library without its record is not trusted either
+    cpp_backend._checksum_path(path).unlink()
+    compiles.clear()
+    cpp_backend.build_library(config, directory=tmp_path)
+    assert sum("-shared" in command for command in compiles) == 1
+
+
+def test_cut_library_in_the_cache_runs_after_a_rebuild_without_crashing(tmp_path):
+    # end to end, in a fresh process (a cut library loaded would end it with "Bus error")
+    code = textwrap.dedent("""
+        import torch
+        from snnquant.kernels import cpp_backend
+        x = torch.linspace(-1, 3, 40).reshape(4, 10)
+        s, v, _ = cpp_backend.cpp_quant_neuron_multi_step(x, 0.0, neuron='if', step=0.25,
+                                                          qmin=-8, qmax=7)
+        print(int(s.sum().item()))
+    """)
+    env = dict(os.environ, SNNQUANT_CACHE_DIR=str(tmp_path),
+               PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    first = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                           cwd=REPO, timeout=300)
+    assert first.returncode == 0, first.stderr
+    (library,) = [p for p in tmp_path.iterdir() if p.suffix == ".so"]
+    size = library.stat().st_size
+    with open(library, "r+b") as handle:
+        handle.truncate(size // 2)
+    second = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=env, cwd=REPO, timeout=300)
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == first.stdout
+    assert library.stat().st_size == size and cpp_backend.library_is_intact(library)
+
+
+def test_library_is_fsynced_before_its_rename(tmp_path, monkeypatch):
+    import snnquant._io as io_module
+
+    events = []
+    real_fsync, real_replace = io_module.os.fsync, io_module.os.replace
+
+    def fsync(fd):
+        events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")
+                       if os.path.exists(f"/proc/self/fd/{fd}") else str(fd)))
+        return real_fsync(fd)
+
+    def replace(source, target):
+        events.append(("replace", str(target)))
+        return real_replace(source, target)
+
+    monkeypatch.setattr(io_module.os, "fsync", fsync)
+    monkeypatch.setattr(io_module.os, "replace", replace)
+    path = cpp_backend.build_library(_lif_config(), directory=tmp_path)
+    renamed = events.index(("replace", str(path)))
+    synced = [i for i, (kind, name) in enumerate(events)
+              if kind == "fsync" and name.startswith(str(path) + ".tmp-")]
+    assert synced and synced[0] < renamed
+
+
+def test_killed_builds_leave_nothing_for_long(tmp_path):
+    from snnquant import _io
+
+    config = _lif_config()
+    target = cpp_backend.library_path(config, directory=tmp_path)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    host = _io._host()
+    stale_dir = tmp_path / f".build-{host}-{dead}-0123abcd"        # a killed build's folder
+    old_dir = tmp_path / ".build-x1y2z3"                          # an old one (other naming)
+    live_dir = tmp_path / f".build-{host}-{os.getpid()}-89abcdef"  # a build under way
+    for folder in (stale_dir, old_dir, live_dir):
+        folder.mkdir()
+        (folder / "entry.cpp").write_text("// partial\n")
+    old = time.time() - 2 * cpp_backend.STALE_SECONDS
+    os.utime(old_dir, (old, old))
+    stale_file = tmp_path / f"snnquant_neuron_other.so.tmp-{host}-{dead}-0123abcd"
+    stale_file.write_bytes(b"\x7fELF partial")
+    cpp_backend.build_library(config, directory=tmp_path)
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert stale_dir.name not in left and old_dir.name not in left
+    assert stale_file.name not in left
+    assert live_dir.name in left
+    assert target.name in left and target.name + ".sha256" in left
+
+
+def _unwritable_caches(tmp_path):
+    a_file = tmp_path / "not-a-folder"
+    a_file.write_text("")
+    return [("SNNQUANT_CACHE_DIR", str(a_file), str(a_file)),
+            ("XDG_CACHE_HOME", "/sys/fs", "/sys/fs/snnquant/kernels")]
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["cache-dir-is-a-file", "xdg-under-sys"])
+def test_unwritable_cache_auto_falls_back_with_one_warning(tmp_path, monkeypatch, case):
+    variable, value, folder = _unwritable_caches(tmp_path)[case]
+    if case == 1 and cpp_backend.cache_problem(Path(folder)) is None:
+        pytest.skip("/sys/fs is writable here")
+    monkeypatch.delenv("SNNQUANT_CACHE_DIR", raising=False)
+    monkeypatch.setenv(variable, value)
+    cpp_backend._warn_once.cache_clear()
+    x = torch.rand(4, 3, 5) * 2
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        node = qnn.QuantLIFNode(step_mode="m", v_quant=8)  # backend='auto'
+        y = node(x)
+        node.reset()
+        node(x)
+        qnn.QuantLIFNode(step_mode="m", v_quant=8)(x)
+    messages = [str(w.message) for w in caught]
+    assert len(messages) == 1, messages
+    assert folder in messages[0] and "SNNQUANT_CACHE_DIR" in messages[0]
+    assert dispatch.resolve_backend("auto", x) == "torch"
+    assert torch.equal(y, qnn.QuantLIFNode(step_mode="m", v_quant=8, backend="torch")(x))
+
+
+@pytest.mark.parametrize("case", [0, 1], ids=["cache-dir-is-a-file", "xdg-under-sys"])
+def test_unwritable_cache_cpp_is_one_clear_error(tmp_path, monkeypatch, case):
+    variable, value, folder = _unwritable_caches(tmp_path)[case]
+    if case == 1 and cpp_backend.cache_problem(Path(folder)) is None:
+        pytest.skip("/sys/fs is writable here")
+    monkeypatch.delenv("SNNQUANT_CACHE_DIR", raising=False)
+    monkeypatch.setenv(variable, value)
+    node = qnn.QuantLIFNode(step_mode="m", v_quant=8, backend="cpp")
+    with pytest.raises(cpp_backend.KernelCacheError) as info:
+        node(torch.rand(4, 3, 5))
+    assert folder in str(info.value) and "SNNQUANT_CACHE_DIR" in str(info.value)
+    with pytest.raises(cpp_backend.KernelCacheError, match="SNNQUANT_CACHE_DIR"):
+        cpp_quant_neuron_multi_step(torch.rand(3, 4), 0.0, neuron="if", step=0.5, qmin=-4,
+                                    qmax=3)
+
+
+def test_data_cache_follows_xdg_cache_home_as_the_kernel_cache(monkeypatch, tmp_path):
+    from snnquant.datasets.digits import default_data_dir
+
+    monkeypatch.delenv("SNNQUANT_DATA", raising=False)
+    monkeypatch.delenv("SNNQUANT_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert default_data_dir() == tmp_path / "xdg" / "snnquant"
+    assert cpp_backend.cache_dir().parent == default_data_dir()
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert default_data_dir() == tmp_path / "home" / ".cache" / "snnquant"
+    monkeypatch.setenv("SNNQUANT_DATA", str(tmp_path / "data"))
+    assert default_data_dir() == tmp_path / "data"
+
+
+def test_backend_is_resolved_once_and_again_when_the_device_or_backend_changes(
+        monkeypatch):
+    from snnquant.nn import neurons
+
+    calls = []
+    real = neurons.select_backend
+    monkeypatch.setattr(neurons, "select_backend",
+                        lambda *args: calls.append(args[0]) or real(*args))
+    node = qnn.QuantLIFNode(step_mode="m", v_quant=8, backend="cpp")
+    x = torch.rand(4, 3, 5, requires_grad=True) * 2
+    for _ in range(3):
+        node.reset()
+        y = node(x)
+    assert calls == ["cpp"]  # three forwards, one resolution
+    assert type(y.grad_fn.next_functions[0][0]).__name__ == "FusedQuantNeuronFunctionBackward"
+    with pytest.raises(ValueError, match="x is on meta.*CPU tensors only"):
+        node(torch.empty(4, 3, 5, device="meta"))  # another device: resolved (and refused) again
+    node.reset()
+    node(x)
+    node.backend = "torch"  # another backend: resolved again
+    node.reset()
+    y = node(x)
+    assert type(y.grad_fn).__name__ == "QuantNeuronFunctionBackward"
+    assert calls == ["cpp", "cpp", "torch"]  # the refused device left the CPU choice in place

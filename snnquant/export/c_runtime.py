@@ -32,7 +32,8 @@ import torch
 
 from .._io import atomic_write_files
 from .description import ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
-from .program import SynapseRescale, c_literal, c_rhe_helper, neuron_program
+from .program import (SynapseRescale, c_literal, c_rhe_helper, neuron_program, pool_range,
+                      synapse_bounds)
 from .simulator import op_shapes
 
 __all__ = ["to_c", "c_memory", "CMemory"]
@@ -156,25 +157,20 @@ class _Gen:
     # -- operations -----------------------------------------------------------------------------
     def synapse(self, i: int, op: SynapseOp, in_shape, out_shape, in_range, in_t, out_t_fixed,
                 fuse_with=None):
-        mag = max(abs(in_range[0]), abs(in_range[1]))
         w = op.weight.to(torch.int64)
         c_out = int(w.shape[0])
-        l1 = w.abs().reshape(c_out, -1).sum(dim=1).tolist()
         rescale_def = SynapseRescale.of(op)
-        factor, bias = list(rescale_def.factor), rescale_def.bias
-        bounds = []
+        factor = rescale_def.factor
+        bound = synapse_bounds(op, rescale_def, in_range)
         for c in range(c_out):
-            b = 0 if bias is None else abs(bias[c])
-            bounds.append(l1[c] * mag * abs(factor[c]) + b)
-            if max(bounds[-1], l1[c] * mag, abs(factor[c])) >= (1 << _LIMIT_BITS):
+            if max(bound.current[c], bound.accumulator[c], abs(factor[c])) >= (1 << _LIMIT_BITS):
                 raise ExportError(f"layer {op.name!r}: the current of output channel {c} is bounded "
-                                  f"only by {bounds[-1]} (sum|w| = {l1[c]}, max|x| = {mag}, "
-                                  f"rescale {factor[c]}), which reaches 2^{_LIMIT_BITS}: the C code "
-                                  f"would overflow int64")
-        acc_bound = max([l1[c] * mag for c in range(c_out)] + [1])
-        wide = max(bounds + [acc_bound] + [abs(f) for f in factor] + [1])
+                                  f"only by {bound.current[c]} (sum|w| = {bound.l1[c]}, max|x| = "
+                                  f"{max(map(abs, in_range))}, rescale {factor[c]}), which reaches "
+                                  f"2^{_LIMIT_BITS}: the C code would overflow int64")
+        wide = max([bound.widest] + [abs(f) for f in factor])
         acc_t = "int32_t" if wide < (1 << 31) else "int64_t"
-        out_range = (-max(bounds + [0]), max(bounds + [0]))
+        out_range = bound.out_range
         out_t = out_t_fixed or _ctype(*out_range)[0]
         wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
         rescale = rescale_def.c_lines("acc", acc_t, self.const_array, i)
@@ -297,8 +293,7 @@ class _Gen:
             start = f"{acc_t} best = 0;\n                {init}"
             result = "best"
         else:
-            area = kh * kw
-            out_range = (min(0, area * in_range[0]), max(0, area * in_range[1]))
+            out_range = pool_range(op, in_range)
             acc_t = "int32_t" if max(map(abs, out_range)) < (1 << 31) else "int64_t"
             start = f"{acc_t} best = 0;"
             update = f"best += ({acc_t})in[j];"

@@ -29,8 +29,9 @@ def round_half_even_shift(d, k: int):
             \text{ and } f \text{ odd})\\ f & \text{otherwise}\end{cases},\qquad
         f = \lfloor d / 2^k \rfloor = d \gg k,\quad r = d - f\,2^k
 
-    and :math:`\mathrm{rhe}(d, 0) = d`. It equals ``torch.round(d / 2**k)`` for every integer
-    :math:`d` (exactly, with no float arithmetic). A bare ``d >> k`` would be floor and
+    and :math:`\mathrm{rhe}(d, 0) = d`, computed as :math:`(d + 2^{k-1} - 1 + (f \bmod 2)) \gg k`.
+    It equals ``torch.round(d / 2**k)`` for every integer :math:`d` (exactly, with no float
+    arithmetic). A bare ``d >> k`` would be floor and
     ``(d + 2**(k-1)) >> k`` round-half-up; both differ from ``torch.round`` on ties.
 
     Args:
@@ -47,13 +48,10 @@ def round_half_even_shift(d, k: int):
         raise TypeError(f"d must be an integer tensor or int, got dtype {d.dtype}")
     if k == 0:
         return d
-    floor = d >> k
-    rest = d - (floor << k)
-    half = 1 << (k - 1)
-    up = (rest > half) | ((rest == half) & ((floor & 1) == 1))
-    if isinstance(up, torch.Tensor):
-        return floor + up.to(floor.dtype)
-    return floor + int(up)
+    # (d + 2^(k-1) - 1 + f_0) >> k with f_0 the lowest bit of f: the remainder r plus
+    # 2^(k-1) - 1 + f_0 reaches 2^k exactly when r > 2^(k-1), or r = 2^(k-1) and f is odd;
+    # four integer operations (d + 2^(k-1) must fit the dtype)
+    return (d + (((d >> k) & 1) + ((1 << (k - 1)) - 1))) >> k
 
 
 def _check_pack_bits(bits) -> int:

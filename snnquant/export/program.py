@@ -25,10 +25,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from . import integer_ops
-from .description import NeuronOp, SynapseOp
+from .description import NeuronOp, PoolOp, SynapseOp
 
 __all__ = ["Instr", "NeuronProgram", "neuron_program", "SynapseRescale", "OPCODES",
-           "c_literal", "c_rhe_helper"]
+           "c_literal", "c_rhe_helper", "SynapseBounds", "synapse_bounds", "pool_range"]
 
 Arg = Union[str, int]
 Interval = Tuple[int, int]
@@ -139,6 +139,13 @@ class Instr:
     args: Tuple[Arg, ...]
 
 
+def _evaluate(instrs, env: dict, rhe: Callable) -> None:
+    """Run ``instrs`` on the registers ``env`` (torch reading), in place."""
+    for ins in instrs:
+        env[ins.dst] = OPCODES[ins.code].torch(
+            rhe, *[env[a] if isinstance(a, str) else a for a in ins.args])
+
+
 @dataclass(frozen=True)
 class NeuronProgram:
     r"""The step of one integer neuron layer as an operation list (see :func:`neuron_program`).
@@ -157,17 +164,44 @@ class NeuronProgram:
     v_min: int
     v_max: int
 
-    def run(self, v, xin, rhe: Optional[Callable] = None, trace: Optional[dict] = None):
-        """One step on tensors (or ints): ``(v_next, spike)``; ``rhe`` defaults to
-        :func:`~snnquant.export.round_half_even_shift`; ``trace``, a dict, receives every
-        register."""
-        rhe = rhe or integer_ops.round_half_even_shift
-        env = {"v": v, "xin": xin} if trace is None else trace
+    def run(self, v, xin, rhe: Optional[Callable] = None, trace: Optional[dict] = None,
+            given: Optional[Dict[str, torch.Tensor]] = None):
+        """One step on tensors (or ints): ``(v_next, spike)``.
+
+        Args:
+            v, xin: the membrane before the step and the input current.
+            rhe: the rounding of the ``rhe`` opcode (default
+                :func:`~snnquant.export.round_half_even_shift`).
+            trace: a dict that receives every register.
+            given: registers already computed (from :meth:`precompute`); their instructions
+                are skipped.
+        """
+        env = {} if trace is None else trace
         env.update(v=v, xin=xin)
-        for ins in self.instrs:
-            env[ins.dst] = OPCODES[ins.code].torch(
-                rhe, *[env[a] if isinstance(a, str) else a for a in ins.args])
+        skip = ()
+        if given:
+            env.update(given)
+            skip = given.keys()
+        _evaluate([i for i in self.instrs if i.dst not in skip], env,
+                  rhe or integer_ops.round_half_even_shift)
         return env["v_next"], env["spike"]
+
+    def input_only(self) -> Tuple[str, ...]:
+        """The registers that depend on the input current only (not on the membrane)."""
+        known = {"xin"}
+        for ins in self.instrs:
+            if all(not isinstance(a, str) or a in known for a in ins.args):
+                known.add(ins.dst)
+        return tuple(i.dst for i in self.instrs if i.dst in known)
+
+    def precompute(self, xin_seq, rhe: Optional[Callable] = None) -> Dict[str, torch.Tensor]:
+        """The :meth:`input_only` registers for every step at once, from the currents of all
+        steps ``xin_seq`` ``[T, ...]``; pass ``{k: v[t]}`` as ``given`` to :meth:`run`."""
+        names = set(self.input_only())
+        env = {"xin": xin_seq}
+        _evaluate([i for i in self.instrs if i.dst in names], env,
+                  rhe or integer_ops.round_half_even_shift)
+        return {k: env[k] for k in names}
 
     def c_lines(self, prefix: str) -> List[str]:
         """The step as C99 statements declaring one local per register (``v`` and ``xin`` must be
@@ -284,25 +318,15 @@ class SynapseRescale:
         """Whether every channel has the same factor."""
         return all(f == self.factor[0] for f in self.factor)
 
-    def torch_fn(self) -> Callable[[torch.Tensor], torch.Tensor]:
-        """``A -> X`` on an ``int64`` accumulator ``[B, C, *spatial]`` (or ``[B, C]``)."""
-        if self.same_factor:
-            f = self.factor[0] if self.factor else 1
-            factor = None if f == 1 else f
-        else:
-            factor = torch.tensor(self.factor, dtype=torch.int64)
-        bias = None if self.bias is None else torch.tensor(self.bias, dtype=torch.int64)
-
-        def view(t: torch.Tensor, dim: int) -> torch.Tensor:
-            return t if dim == 2 else t.reshape([1, -1] + [1] * (dim - 2))
-
-        def apply(acc: torch.Tensor) -> torch.Tensor:
-            if factor is not None:
-                acc = acc * (factor if isinstance(factor, int) else view(factor, acc.dim()))
-            if bias is not None:
-                acc = acc + view(bias, acc.dim())
-            return acc
-        return apply
+    def folded(self, weight: torch.Tensor, dtype: torch.dtype
+               ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+        r"""The torch reading: ``(w', b)`` with :math:`w'_c = f_c w_c`, so that
+        :math:`\mathrm{conv}(x, w') + b = A f + b` exactly (every partial sum of the folded
+        convolution is bounded by :attr:`SynapseBounds.current`), in ``dtype``."""
+        factor = torch.tensor(self.factor, dtype=torch.int64)
+        w = weight.to(torch.int64) * factor.reshape([-1] + [1] * (weight.dim() - 1))
+        bias = None if self.bias is None else torch.tensor(self.bias, dtype=dtype)
+        return w.to(dtype), bias
 
     def c_lines(self, acc: str, acc_t: str, const_array: Callable[[str, Sequence[int]], str],
                 index: int, channel: str = "oc") -> List[str]:
@@ -319,3 +343,56 @@ class SynapseRescale:
             table = const_array(f"b{index}", self.bias)
             lines.append(f"{acc} += ({acc_t}){table}[{channel}];")
         return lines
+
+
+# ------------------------------------------------------------------------------------------------
+# bounds of every value, proven from the description
+
+@dataclass(frozen=True)
+class SynapseBounds:
+    r"""Bounds of a synaptic layer on inputs :math:`|x| \le x_{max}`.
+
+    Attributes:
+        l1: :math:`\lVert w_c \rVert_1` per output channel.
+        accumulator: per channel :math:`\lVert w_c \rVert_1 x_{max}` (bounds every partial sum of
+            :math:`A_c`, in any order).
+        current: per channel :math:`\lVert w_c \rVert_1 x_{max} |f_c| + |b_c|` (bounds
+            :math:`X_c` and the rescale's intermediate).
+    """
+
+    l1: Tuple[int, ...]
+    accumulator: Tuple[int, ...]
+    current: Tuple[int, ...]
+
+    @property
+    def widest(self) -> int:
+        """The largest magnitude any value of the layer reaches (at least 1)."""
+        return max(self.accumulator + self.current + (1,))
+
+    @property
+    def out_range(self) -> Interval:
+        """The range of the current :math:`X`."""
+        b = max(self.current + (0,))
+        return -b, b
+
+
+def synapse_bounds(op: SynapseOp, rescale: SynapseRescale, in_range: Interval) -> SynapseBounds:
+    """The :class:`SynapseBounds` of ``op`` on inputs in ``in_range``."""
+    mag = max(abs(in_range[0]), abs(in_range[1]))
+    w = op.weight.to(torch.int64)
+    l1 = tuple(int(v) for v in w.abs().reshape(w.shape[0], -1).sum(dim=1).tolist())
+    bias = rescale.bias or (0,) * len(l1)
+    acc = tuple(n * mag for n in l1)
+    cur = tuple(a * abs(f) + abs(b) for a, f, b in zip(acc, rescale.factor, bias))
+    return SynapseBounds(l1, acc, cur)
+
+
+def pool_range(op: PoolOp, in_range: Interval) -> Interval:
+    """The range of a pooling's output: the input's (max), or :math:`a` times it (sum of
+    :math:`a` elements, 0 included for the padding)."""
+    if op.kind == "max":
+        return in_range
+    area = 1
+    for k in op.kernel_size:
+        area *= int(k)
+    return min(0, area * in_range[0]), max(0, area * in_range[1])

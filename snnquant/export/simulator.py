@@ -1,9 +1,12 @@
 r"""Integer simulator of an exported network: :class:`IntegerSNN`.
 
-Every torch operation in a call produces an integer or bool tensor (``int64`` arithmetic,
-``int8`` spikes): the float scales of the description are never used inside the time loop.
-Stateless operations (synapses, pooling, flatten) run on all time steps at once (``[T*N, ...]``),
-neurons loop over time, exactly as SpikingJelly's multi-step mode does.
+Every torch operation in a call produces an integer or bool tensor (``int32`` arithmetic where
+the bounds proven from the description stay below :math:`2^{31}`, else ``int64``; ``int8``
+spikes): the float scales of the description are never used inside the time loop. Stateless
+operations (synapses, pooling, flatten) run on all time steps at once (``[T*N, ...]``); neurons
+loop over time, exactly as SpikingJelly's multi-step mode does, and whatever of their step
+depends on the input only (its shift onto the shared grid) is computed for all steps at once
+before the loop.
 """
 
 from __future__ import annotations
@@ -15,20 +18,31 @@ import torch.nn.functional as F
 
 from .description import FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
 from .integer_ops import round_half_even_shift
-from .program import SynapseRescale, neuron_program
+from .program import SynapseRescale, neuron_program, pool_range, synapse_bounds
 
 __all__ = ["IntegerSNN", "op_shapes"]
+
+_INT32_LIMIT = 1 << 31
+
+
+def _dtype_for(magnitude: int) -> torch.dtype:
+    """``int32`` when every value (and every intermediate) stays below :math:`2^{31}`."""
+    return torch.int32 if magnitude < _INT32_LIMIT else torch.int64
 
 
 class IntegerSNN:
     r"""Run an :class:`~snnquant.export.IntegerNetwork` with integer tensors only.
 
-    Per synaptic layer :math:`X = (\mathrm{conv}(x, w)\, m) \ll \sigma + b`; per neuron layer
-    and step :math:`q = \mathrm{clamp}(\mathrm{rhe}(H, d + k), v_{min}, v_{max})`,
+    Per synaptic layer :math:`X = (\mathrm{conv}(x, w)\, m) \ll \sigma + b`, computed as
+    :math:`\mathrm{conv}(x, w\, m 2^{\sigma}) + b` (one operation for all time steps); per neuron
+    layer and step :math:`q = \mathrm{clamp}(\mathrm{rhe}(H, d + k), v_{min}, v_{max})`,
     :math:`S = [q \ge \theta]`, then hard or soft reset (see
-    :class:`~snnquant.export.NeuronOp`; the leak is :math:`M (\cdot)` with an ``int64``
-    multiplication when ``leak_multiplier`` :math:`M \ne 1`). The membrane starts at ``v_init``
-    on every call.
+    :class:`~snnquant.export.NeuronOp`; the leak is :math:`M (\cdot)` with an integer
+    multiplication when ``leak_multiplier`` :math:`M \ne 1`), the operation list of
+    :func:`~snnquant.export.program.neuron_program`, which :func:`~snnquant.export.to_c` prints
+    as C. The membrane starts at ``v_init`` on every call. Each layer computes in ``int32`` where
+    the bounds proven from the description (the same ones the C runtime uses) stay below
+    :math:`2^{31}`, else in ``int64``; the results do not depend on it.
 
     On the same integer input its spikes equal those of the fake-quantized float model in eval
     mode (in the description's ``reference_dtype``), layer by layer and step by step, when the
@@ -50,12 +64,30 @@ class IntegerSNN:
             raise ValueError(f"device must be 'cpu', got {device!r}: PyTorch implements integer "
                              f"convolutions and matrix products on the CPU only")
         self._params = []
+        rng = (-int(desc.input_max), int(desc.input_max))
         for op in desc.ops:
             if isinstance(op, SynapseOp):
-                self._params.append(dict(weight=op.weight.to(self.device, torch.int64),
-                                         rescale=SynapseRescale.of(op).torch_fn()))
+                rescale = SynapseRescale.of(op)
+                bound = synapse_bounds(op, rescale, rng)
+                dtype = _dtype_for(max([bound.widest, *map(abs, rng)]
+                                       + [abs(f) for f in rescale.factor]))
+                if any(d != 1 for d in op.dilation):
+                    dtype = torch.int64  # PyTorch's dilated convolution has no int32 kernel
+                weight, bias = rescale.folded(op.weight, dtype)
+                self._params.append(dict(weight=weight.to(self.device), dtype=dtype,
+                                         bias=None if bias is None else bias.to(self.device)))
+                rng = bound.out_range
             elif isinstance(op, NeuronOp):
-                self._params.append(neuron_program(op))
+                program = neuron_program(op)
+                regs, _ = program.intervals(rng)
+                widest = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
+                # rhe adds up to 2^(k-1) before its shift
+                dtype = _dtype_for(widest + (1 << max(program.shifts() + [0])))
+                self._params.append(dict(program=program, dtype=dtype))
+                rng = (0, 1)
+            elif isinstance(op, PoolOp):
+                rng = pool_range(op, rng)
+                self._params.append(dict(dtype=_dtype_for(max(map(abs, rng)))))
             else:
                 self._params.append(None)
 
@@ -63,9 +95,9 @@ class IntegerSNN:
     def _stateless(self, op, prm, x: torch.Tensor) -> torch.Tensor:
         """One synapse, pool or flatten op on ``x`` ``[T*N, ...]`` (no state over time)."""
         if isinstance(op, SynapseOp):
-            return self._synapse(op, prm, x)
+            return self._synapse(op, prm, x.to(prm["dtype"]))
         if isinstance(op, PoolOp):
-            return self._pool(op, x)
+            return self._pool(op, x.to(prm["dtype"]))
         if isinstance(op, FlattenOp):
             start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
             end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
@@ -73,14 +105,12 @@ class IntegerSNN:
         raise TypeError(f"unknown operation {type(op).__name__} ({op.name!r})")
 
     def _synapse(self, op: SynapseOp, prm, x: torch.Tensor) -> torch.Tensor:
-        w = prm["weight"]
+        r""":math:`X = \mathrm{conv}(x, f w) + b`: the rescale folded into the weights."""
+        w, b = prm["weight"], prm["bias"]
         if op.kind == "linear":
-            acc = F.linear(x, w)
-        elif op.kind == "conv1d":
-            acc = F.conv1d(x, w, None, op.stride, op.padding, op.dilation, op.groups)
-        else:
-            acc = F.conv2d(x, w, None, op.stride, op.padding, op.dilation, op.groups)
-        return prm["rescale"](acc)
+            return F.linear(x, w, b)
+        conv = F.conv1d if op.kind == "conv1d" else F.conv2d
+        return conv(x, w, b, op.stride, op.padding, op.dilation, op.groups)
 
     @staticmethod
     def _pool(op: PoolOp, x: torch.Tensor) -> torch.Tensor:
@@ -97,12 +127,15 @@ class IntegerSNN:
         return conv(x, ones, None, op.stride, op.padding, 1, c)
 
     @staticmethod
-    def _neuron(program, x_seq: torch.Tensor) -> torch.Tensor:
+    def _neuron(prm, x_seq: torch.Tensor) -> torch.Tensor:
         """Run the neuron layer's :class:`~snnquant.export.program.NeuronProgram` over time."""
-        v = torch.full(x_seq.shape[1:], program.v_init, dtype=torch.int64, device=x_seq.device)
+        program, x_seq = prm["program"], x_seq.to(prm["dtype"])
+        v = torch.full(x_seq.shape[1:], program.v_init, dtype=x_seq.dtype, device=x_seq.device)
         spikes = torch.empty(x_seq.shape, dtype=torch.int8, device=x_seq.device)
+        hoisted = program.precompute(x_seq, round_half_even_shift)
         for t in range(x_seq.shape[0]):
-            v, s = program.run(v, x_seq[t], round_half_even_shift)
+            v, s = program.run(v, x_seq[t], round_half_even_shift,
+                               given={k: h[t] for k, h in hoisted.items()})
             spikes[t] = s
         return spikes
 
@@ -129,9 +162,12 @@ class IntegerSNN:
                             f"x.to(torch.int64)")
         if x_seq.dim() < 3:
             raise ValueError(f"x_seq must have shape [T, N, ...], got shape {tuple(x_seq.shape)}")
-        x = x_seq.to(self.device, torch.int64)
+        x = x_seq.to(self.device)
+        if x.dtype == torch.bool or x.dtype == torch.uint8:
+            x = x.to(torch.int32)
         if x.numel():
-            peak = int(x.abs().max())
+            lo, hi = torch.aminmax(x)
+            peak = max(-int(lo), int(hi))
             if peak > self.desc.input_max:
                 raise ValueError(f"x_seq has an entry of magnitude {peak}, above input_max="
                                  f"{self.desc.input_max} for which the export is exact")
@@ -145,12 +181,14 @@ class IntegerSNN:
                 s = self._neuron(prm, x.reshape((T, N) + tuple(x.shape[1:])))
                 if record:
                     layers[op.name] = s
-                x = s.reshape((T * N,) + tuple(s.shape[2:])).to(torch.int64)
+                x = s.reshape((T * N,) + tuple(s.shape[2:]))
         out = x.reshape((T, N) + tuple(x.shape[1:]))
         if self.desc.output_kind == "spikes":
             out = out.to(torch.int8)
-        elif record:
-            layers[self.desc.ops[-1].name] = out
+        else:
+            out = out.to(torch.int64)
+            if record:
+                layers[self.desc.ops[-1].name] = out
         return (out, layers) if record else out
 
     def __repr__(self):

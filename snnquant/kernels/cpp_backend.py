@@ -192,6 +192,8 @@ def cache_problem(directory: Optional[Path] = None) -> Optional[str]:
     try:
         _writable(str(directory))
     except OSError as error:
+        if os.path.lexists(directory) and not directory.is_dir():
+            return _cache_message(directory, "it is a file, not a folder")
         return _cache_message(directory, f"{type(error).__name__}: {error.strerror or error}")
     return None
 

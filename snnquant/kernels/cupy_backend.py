@@ -174,19 +174,9 @@ class CuPyLauncher:
 
 def cupy_step(x_seq: torch.Tensor, v_init, step, w: Optional[torch.Tensor],
               params: NeuronParams):
-    """The cupy backend's step function (see :func:`snnquant.kernels.dispatch.select_backend`,
-    which checks the device and CuPy first).
-
-    Args:
-        x_seq: input ``[T, N, ...]`` on a CUDA device.
-        v_init: initial membrane, a tensor broadcastable to ``x_seq[0]`` or a number.
-        step: quantization step (positive float or one-element tensor).
-        w: PLIF parameter (one-element tensor).
-        params: the neuron's constants.
-
-    Returns:
-        ``(spike_seq, v_last, v_seq or None)``.
-    """
+    """The cupy backend's step function: :func:`~snnquant.kernels._fused.run_fused` with the CuPy
+    launcher, on CUDA tensors (:func:`snnquant.kernels.dispatch.select_backend` checks the device
+    and CuPy first). Arguments and result as :func:`~snnquant.kernels._fused.run_fused`'s."""
     return run_fused(CuPyLauncher(import_cupy()), x_seq, v_init, step, w, params)
 
 
