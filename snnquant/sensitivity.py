@@ -504,13 +504,16 @@ def _grad_copy(model: nn.Module) -> nn.Module:
 def _weight_errors(fp, batch_list, names, cands, config, calibration):
     r""":math:`\lVert Q_b(W_\ell) - W_\ell \rVert^2` per layer and bit width, every layer at
     :math:`b` bits and calibrated together (as the configuration would quantize it)."""
-    from .calibrate import calibrate
+    import warnings
+    from .calibrate import FiringRateWarning, calibrate
     from .convert import quantize_model
     errors = {}
     for bits in cands:
         cfg = dataclasses.replace(config, weight_bits=bits, v_bits=None, overrides={})
         qmodel, _ = quantize_model(fp, cfg)
-        calibrate(qmodel, batch_list, method=calibration)
+        with warnings.catch_warnings():  # only the weights' grids are read here
+            warnings.simplefilter("ignore", FiringRateWarning)
+            calibrate(qmodel, batch_list, method=calibration)
         with torch.no_grad():
             for name in names:
                 module = qmodel.get_submodule(name)
