@@ -83,6 +83,14 @@ def deployed_accuracy(bench, model, seed: int, finetune_epochs: int) -> float:
     return correct / count
 
 
+def fraction(text: str) -> float:
+    """An argparse type: a float in [0, 1]."""
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise ValueError(text)
+    return value
+
+
 def budgets_of(bench, fractions):
     """The budgets (bytes) and the bytes of every uniform configuration."""
     import snnquant
@@ -110,15 +118,13 @@ def main():
     ap.add_argument("--hessian-samples", type=int, default=16)
     ap.add_argument("--finetune-epochs", type=int, default=1,
                     help="epochs of fine-tuning after BatchNorm folding, before the export")
-    ap.add_argument("--budgets", type=float, nargs="+", default=[1 / 3, 2 / 3],
+    ap.add_argument("--budgets", type=fraction, nargs="+", default=[1 / 3, 2 / 3],
                     help="budgets as fractions of the way from uniform W2/V4 to W4/V8 bytes")
     ap.add_argument("--combine", nargs="+", metavar="JSON", default=None,
                     help="report the seeds of these earlier results together (no training)")
     if "--combine" in sys.argv:
         return combine(ap.parse_args())
     args, bench = common.parse_and_bench(ap)
-    if any(not 0 <= f <= 1 for f in args.budgets):
-        raise SystemExit(f"--budgets must be fractions in [0, 1], got {args.budgets}")
     if args.quick:
         args.sens_batches, args.hessian_samples = 1, 2
     import snnquant
