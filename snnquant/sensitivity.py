@@ -10,6 +10,11 @@ full-precision network:
 
     \Delta L_{\ell, b} = L(\text{layer } \ell \text{ at } b \text{ bits}) - L(\text{full precision})
 
+or, with ``method='hessian'``, estimates it for the weights from the curvature of the loss
+(HAWQ-V2: the trace of each layer's Hessian block, :func:`hutchinson_trace`, times the squared
+quantization error of its weights), which also sees how well a layer will tolerate being trained
+at a width.
+
 :func:`assign_bits` then chooses one bit width per layer, minimising the predicted loss change
 :math:`\sum_\ell \Delta L_{\ell, b_\ell}` (the changes are assumed to add up) under the memory
 budget
@@ -71,7 +76,9 @@ class LayerCost(NamedTuple):
 class SensitivityResult:
     """The result of :func:`sensitivity`: ``entries`` (one per layer, kind and bit width),
     the full-precision ``baseline_loss`` / ``baseline_accuracy``, the ``costs`` of each layer, the
-    ``fixed_bytes`` of what is not chosen, and the ``config`` used as the template.
+    ``fixed_bytes`` of what is not chosen, and the ``config`` used as the template; ``method``
+    (``'measured'`` or ``'hessian'``), and with ``'hessian'`` the ``hessian_trace`` per weight
+    layer and the ``hessian_samples`` per batch it was estimated from.
 
     ``str()`` is the table; :meth:`plot` draws it.
     """
@@ -308,6 +315,8 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
     if isinstance(hessian_samples, bool) or not isinstance(hessian_samples, int) \
             or hessian_samples < 1:
         raise ValueError(f"hessian_samples must be an int >= 1, got {hessian_samples!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}")
     if not (weights or membranes):
         raise ValueError("weights and membranes are both False: nothing to measure")
     if 1 in cands and membranes and mcands is None:

@@ -205,3 +205,5 @@ def test_method_and_samples_are_checked():
     with pytest.raises(ValueError, match="hessian_samples must be an int >= 1, got 0"):
         sensitivity(snn(), batches(1, features=12, classes=3), method="hessian",
                     hessian_samples=0)
+    with pytest.raises(ValueError, match="seed must be an int, got 0.5"):
+        sensitivity(snn(), batches(1, features=12, classes=3), method="hessian", seed=0.5)
