@@ -18,8 +18,12 @@ BatchNorm folded (``fold_batchnorm``), fine-tuned ``--finetune-epochs`` epochs a
 learning rate, exported (``to_integer``) and run by ``IntegerSNN`` on the test set (deployed
 accuracy). Seeds are the outer loop (interleaved cases).
 
-    OMP_NUM_THREADS=1 python benchmarks/mixed_precision.py --real-split ../shared/data/nmnist-real-1k \\
-        --seeds 0 1 2 3 4 [--epochs 30] [--fp-cache runs/fp_cache]
+    OMP_NUM_THREADS=1 python benchmarks/mixed_precision.py \\
+        --real-split ../shared/data/nmnist-real-1k --seeds 0 1 2 3 4 [--fp-cache runs/fp_cache]
+
+Per seed it trains the full-precision network and ten quantized ones (six uniform, four mixed)
+for ``--epochs`` (30) epochs each, plus one fine-tuning epoch each: an estimated ten minutes per network on one
+CPU thread (17 s per full-precision epoch on a loaded 2-core machine), so run the seeds in parallel processes and ``--combine`` them.
 
 Seeds can run in separate processes (``--seeds 3 4 --out DIR``) and be reported together:
 ``--combine A.json B.json ...`` reads the results of earlier runs (same epochs, data and
@@ -232,7 +236,8 @@ def columns(name, values, uniform, table):
     std = statistics.stdev(values) if len(values) > 1 else 0.0
     diff = [v - u for v, u in zip(values, table[best])]
     paired = ("-" if name == best else
-              f"{sum(d > 0 for d in diff)} / {sum(d == 0 for d in diff)} / {sum(d < 0 for d in diff)}")
+              f"{sum(d > 0 for d in diff)} / {sum(d == 0 for d in diff)} / "
+              f"{sum(d < 0 for d in diff)}")
     return (f"{common.fmt(values)} | {100 * statistics.mean(values):.2f}% ({100 * std:.2f}) | "
             f"{100 * (statistics.median(values) - statistics.median(table[best])):+.2f} | {paired}")
 

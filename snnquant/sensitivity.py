@@ -492,7 +492,7 @@ def _weight_traces(fp, batch_list, fp_outputs, names, loss_fn, samples, seed) ->
     negative = {name: t for name, t in traces.items() if t < 0}
     if negative:  # an indefinite Hessian: far from a minimum, or too few samples
         import warnings
-        warnings.warn(f"sensitivity(method='hessian'): the Hessian trace of layer(s) "
+        warnings.warn("sensitivity(method='hessian'): the Hessian trace of layer(s) "
                       + ", ".join(f"{n!r} ({t:.3g})" for n, t in negative.items())
                       + " is negative, so their estimated loss change is negative and they get "
                       "the fewest bits; the estimate assumes a trained network (near a minimum) "
