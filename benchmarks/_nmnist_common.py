@@ -71,7 +71,9 @@ class Bench:
         import numpy as np
         digest = hashlib.sha256()
         for split, dataset in (("train", self.train_set), ("test", self.test_set)):
-            for path, label in dataset.samples:
+            samples = dataset.samples if hasattr(dataset, "samples") else \
+                [dataset.dataset.samples[i] for i in dataset.indices]  # a subset (--quick)
+            for path, label in samples:
                 with np.load(path) as sample:
                     for key in sorted(sample.files):
                         value = np.ascontiguousarray(sample[key])
@@ -184,7 +186,7 @@ def data_root_of(args) -> "str | None":
         raise SystemExit("give --data-root or --real-split, not both")
     from pathlib import Path
     import accuracy_nmnist_real as real
-    source = Path(args.real_split)
+    source = Path(args.real_split).resolve()  # the links must not depend on the working folder
     if not (source / "Train").is_dir():
         raise SystemExit(f"--real-split: no Train/ folder in {source}")
     root = Path(ROOT) / "runs" / "real_split" / "nmnist-real-800-200"

@@ -71,6 +71,8 @@ def lay_out_split(source: Path, root: Path, quick: bool) -> dict:
         listing[name] = [str(files[i].relative_to(source)) for i in split[name]]
         for i in split[name]:
             link = root / folder / files[i].parent.name / files[i].name
+            if link.is_symlink() and os.readlink(link) != str(files[i]):
+                link.unlink()  # laid out from another source path (a relative one, say)
             if not link.is_symlink():
                 link.parent.mkdir(parents=True, exist_ok=True)
                 link.symlink_to(files[i])

@@ -1,36 +1,52 @@
-"""Mixed precision from ``snnquant.assign_bits`` against uniform bit widths at the same memory
-budget, on the N-MNIST example's CSNN, seeds 0, 1, 2 unless ``--seeds`` (the committed table has
-ten, run in parallel processes and combined).
+"""Mixed precision from ``snnquant.assign_bits`` against every uniform bit width that fits the same
+memory budget, on the N-MNIST example's CSNN, fake-quantized and deployed (issue 27 §1).
 
-Per seed: a full-precision network is trained for ``--epochs`` epochs;
-``snnquant.sensitivity`` measures each layer's weights at 2 and 4 bits and each layer's membrane at
-4 and 8 bits (post-training, ``--sens-batches`` training batches); ``snnquant.assign_bits`` picks
-one width per layer and kind within the budget of uniform 3-bit weights with 8-bit membranes
-(weights + biases + membrane state per sample, as ``snnquant.summary`` counts them). Then the
-mixed configuration and the uniform configurations that fit the same budget (W3/V8, W2/V8 and
-W4/V4: the largest of each kind) are trained from scratch with the same training (``--epochs``
-epochs, same seed). Seeds are the outer loop (interleaved cases).
+Budgets: ``--budgets`` fractions (default 1/3 and 2/3) of the way from the bytes of uniform W2/V4
+to those of uniform W4/V8 (weights + biases + membrane state per sample, as ``snnquant.summary``
+counts them). Uniform configurations: weights 2, 3, 4 bits x membranes 4, 6, 8 bits, each listed
+under every budget it fits.
 
-    OMP_NUM_THREADS=1 python benchmarks/mixed_precision.py [--epochs 30] [--fp-cache runs/fp_cache]
+Per seed: a full-precision network is trained for ``--epochs`` epochs (or read from
+``--fp-cache``); two sensitivities of it are taken on ``--sens-batches`` training batches, weights
+at 2, 3, 4, 8 bits and membranes at 4, 6, 8 bits: ``measured`` (``snnquant.sensitivity``, one
+layer quantized post-training at a time) and ``hessian`` (``method='hessian'``: the weights from
+the Hessian trace, HAWQ-V2, ``--hessian-samples`` Hutchinson vectors per batch; the membranes
+measured). ``snnquant.assign_bits`` picks one width per layer and kind within each budget. Every
+configuration (uniform and mixed) is then trained from scratch with the same training
+(``--epochs`` epochs, same seed) and its test accuracy taken (fake-quantized), and deployed:
+BatchNorm folded (``fold_batchnorm``), fine-tuned ``--finetune-epochs`` epochs at a tenth of the
+learning rate, exported (``to_integer``) and run by ``IntegerSNN`` on the test set (deployed
+accuracy). Seeds are the outer loop (interleaved cases).
+
+    OMP_NUM_THREADS=1 python benchmarks/mixed_precision.py \\
+        --real-split ../shared/data/nmnist-real-1k --seeds 0 1 2 3 4 [--fp-cache runs/fp_cache]
+
+Per seed it trains the full-precision network and ten quantized ones (six uniform, four mixed)
+for ``--epochs`` (30) epochs each, plus one fine-tuning epoch each: an estimated ten minutes per network on one
+CPU thread (17 s per full-precision epoch on a loaded 2-core machine), so run the seeds in parallel processes and ``--combine`` them.
 
 Seeds can run in separate processes (``--seeds 3 4 --out DIR``) and be reported together:
-``--combine A.json B.json ...`` reads the results of earlier runs (same epochs and data, no seed
-twice) and writes the table of all their seeds, without training.
+``--combine A.json B.json ...`` reads the results of earlier runs (same epochs, data and
+configurations, no seed twice) and writes the table of all their seeds, without training.
 
-Target (issue 15): mixed precision at least as accurate as the best uniform configuration that
-fits the budget.
+Target (issue 27): at each budget, a mixed assignment beats the best uniform configuration that
+fits it by at least 1.0 point, median over the seeds, deployed accuracy, on the real split.
 """
 from __future__ import annotations
 
 import os
+import statistics
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _nmnist_common as common  # noqa: E402
 
-
-MIXED = "mixed (assign_bits: weights 2/4, membranes 4/8)"
-UNIFORM = [(3, 8), (2, 8), (4, 4)]
+WEIGHT_CANDIDATES = (2, 3, 4, 8)
+MEMBRANE_CANDIDATES = (4, 6, 8)
+UNIFORM = [(w, v) for w in (2, 3, 4) for v in (4, 6, 8)]
+METHODS = ("measured", "hessian")
+UNIFORM_BITS = {f"uniform W{w}/V{v}": (w, v) for w, v in UNIFORM}
+TARGET_POINTS = 1.0
 
 
 def model_bytes(model, x) -> float:
@@ -39,67 +55,150 @@ def model_bytes(model, x) -> float:
     return s.total_quant_bytes + s.total_state_quant_bytes
 
 
+def uniform_name(w: int, v: int) -> str:
+    return f"uniform W{w}/V{v}"  # the keys of UNIFORM_BITS
+
+
+def mixed_name(method: str, budget: int) -> str:
+    return f"mixed {method} @ budget {budget}"
+
+
+def deployed_accuracy(bench, model, seed: int, finetune_epochs: int) -> float:
+    """Fold BN, fine-tune, export to integers and return ``IntegerSNN``'s test accuracy."""
+    import torch
+    from spikingjelly.activation_based import functional
+    from snnquant.export import IntegerSNN, fold_batchnorm, to_integer
+    folded = fold_batchnorm(model.eval())
+    functional.reset_net(folded)
+    if finetune_epochs:
+        folded, _ = bench.train(None, seed * 1000 + 1, epochs=finetune_epochs, model=folded,
+                                lr=bench.args.lr / 10)
+    folded.eval()
+    functional.reset_net(folded)
+    sim = IntegerSNN(to_integer(folded))
+    args = bench.args_for(seed)
+    _, loader = bench.ex.make_loaders(bench.train_set, bench.test_set, args, 0, 1, 0)
+    correct = count = 0
+    for frames, y in loader:
+        x = frames.transpose(0, 1).to(torch.int64)
+        out = sim(x)
+        correct += int((out.float().mean(0).argmax(-1) == y).sum())
+        count += int(y.numel())
+    return correct / count
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a float in [0, 1]."""
+    value = float(text)
+    if not 0 <= value <= 1:
+        raise ValueError(text)
+    return value
+
+
+def budgets_of(bench, fractions):
+    """The budgets (bytes) and the bytes of every uniform configuration."""
+    import snnquant
+    x1 = bench.batches(1)[0][0][:, :1]
+    sizes = {}
+    for w, v in UNIFORM + [(2, 4), (4, 8)]:
+        probe, _ = snnquant.quantize_model(
+            bench.ex.build_csnn(bench.args.channels, bench.args.tau),
+            snnquant.QuantConfig(weight_bits=w, per_channel=True, v_bits=v))
+        sizes[(w, v)] = model_bytes(probe, x1)
+    low, high = sizes[(2, 4)], sizes[(4, 8)]
+    budgets = []
+    for i, f in enumerate(fractions, 1):
+        limit = low + f * (high - low)
+        budgets.append(dict(index=i, fraction=f, bytes=limit,
+                            uniform=[uniform_name(w, v) for w, v in UNIFORM
+                                     if sizes[(w, v)] <= limit + 1e-6],
+                            mixed=[mixed_name(m, i) for m in METHODS]))
+    return budgets, {uniform_name(w, v): s for (w, v), s in sizes.items()}
+
+
 def main():
     ap = common.common_args(__doc__, default_epochs=30)
     ap.add_argument("--sens-batches", type=int, default=4)
+    ap.add_argument("--hessian-samples", type=int, default=16)
+    ap.add_argument("--finetune-epochs", type=int, default=1,
+                    help="epochs of fine-tuning after BatchNorm folding, before the export")
+    ap.add_argument("--budgets", type=fraction, nargs="+", default=[1 / 3, 2 / 3],
+                    help="budgets as fractions of the way from uniform W2/V4 to W4/V8 bytes")
     ap.add_argument("--combine", nargs="+", metavar="JSON", default=None,
                     help="report the seeds of these earlier results together (no training)")
-    args = ap.parse_args()
-    if args.combine:
-        return combine(args)
+    if "--combine" in sys.argv:
+        return combine(ap.parse_args())
+    args, bench = common.parse_and_bench(ap)
     if args.quick:
-        args.epochs, args.seeds, args.sens_batches = 1, args.seeds[:1], 1
+        args.sens_batches, args.hessian_samples = 1, 2
     import snnquant
 
-    args.root = common.data_root_of(args)
-    bench = common.Bench(args.epochs, args.root, quick=args.quick, fp_cache=args.fp_cache)
-    args.data_sha256 = bench.data_sha256()
     template = snnquant.QuantConfig(per_channel=True, v_bits=8)
     x1 = bench.batches(1)[0][0][:, :1]
-    uniform = {f"uniform W{w}/V{v}": snnquant.QuantConfig(weight_bits=w, per_channel=True, v_bits=v)
-               for w, v in UNIFORM}
-    rows = {MIXED: [], **{name: [] for name in uniform}}
+    budgets, sizes = budgets_of(bench, args.budgets)
+    names = sorted({n for b in budgets for n in b["uniform"]},
+                   key=lambda n: sizes[n]) + [n for b in budgets for n in b["mixed"]]
+    rows = {name: [] for name in names}
+    deployed = {name: [] for name in names}
     assignments = []
     for seed in args.seeds:
         fp, fp_acc = bench.train(None, seed)
-        res = snnquant.sensitivity(fp, bench.batches(args.sens_batches, seed), candidates=(2, 4),
-                                   membrane_candidates=(4, 8), config=template)
-        print(res, flush=True)
-        probe, _ = snnquant.quantize_model(bench.ex.build_csnn(bench.args.channels, bench.args.tau),
-                                           uniform["uniform W3/V8"])
-        budget = model_bytes(probe, x1)
-        mixed = snnquant.assign_bits(res, budget_bytes=budget)
-        assignments.append(dict(seed=seed, fp_acc=fp_acc, budget_bytes=budget,
-                                bits=mixed.assignment["bits"], bytes=mixed.assignment["bytes"],
-                                predicted_delta_loss=mixed.assignment["predicted_delta_loss"],
-                                sensitivity=[e._asdict() for e in res.entries]))
-        for name, cfg in ((MIXED, mixed), *uniform.items()):
-            model, acc = bench.train(cfg, seed)
+        sens_batches = bench.batches(args.sens_batches, seed)
+        configs = {name: snnquant.QuantConfig(weight_bits=UNIFORM_BITS[name][0], per_channel=True,
+                                              v_bits=UNIFORM_BITS[name][1])
+                   for name in names if name in UNIFORM_BITS}
+        record = dict(seed=seed, fp_acc=fp_acc, mixed={})
+        for method in METHODS:
+            res = snnquant.sensitivity(fp, sens_batches, candidates=WEIGHT_CANDIDATES,
+                                       membrane_candidates=MEMBRANE_CANDIDATES, config=template,
+                                       method=method, hessian_samples=args.hessian_samples,
+                                       seed=seed)
+            print(res, flush=True)
+            for b in budgets:
+                cfg = snnquant.assign_bits(res, budget_bytes=b["bytes"])
+                name = mixed_name(method, b["index"])
+                configs[name] = cfg
+                record["mixed"][name] = dict(
+                    bits=cfg.assignment["bits"], bytes=cfg.assignment["bytes"],
+                    predicted_delta_loss=cfg.assignment["predicted_delta_loss"])
+            record[f"sensitivity_{method}"] = [e._asdict() for e in res.entries]
+            if method == "hessian":
+                record["hessian_trace"] = res.hessian_trace
+        assignments.append(record)
+        for name in names:
+            model, acc = bench.train(configs[name], seed)
             size = model_bytes(model, x1)
-            assert size <= budget + 1e-6, (name, size, budget)
+            limit = max(b["bytes"] for b in budgets if name in b["uniform"] + b["mixed"])
+            assert size <= limit + 1e-6, (name, size, limit)
             rows[name].append(acc)
-            print(f"seed {seed} {name}: {100 * acc:.2f}% ({size:.0f} of {budget:.0f} bytes)",
-                  flush=True)
-        report(args, rows, assignments, args.seeds[:args.seeds.index(seed) + 1])
+            deployed[name].append(deployed_accuracy(bench, model, seed, args.finetune_epochs))
+            print(f"seed {seed} {name}: {100 * acc:.2f}% fake-quantized, "
+                  f"{100 * deployed[name][-1]:.2f}% deployed ({size:.0f} bytes)", flush=True)
+        report(args, rows, deployed, budgets, assignments,
+               args.seeds[:args.seeds.index(seed) + 1])
 
 
 def combine(args):
     """Report the seeds of earlier results (``--combine``) together, without training."""
     import json
-    rows, assignments, seen, first, parts = None, [], {}, None, []
+    rows = deployed = None
+    assignments, seen, first, parts = [], {}, None, []
     for path in args.combine:
         try:
             with open(path) as f:
                 part = json.load(f)
-            part_rows, part_assign = part["rows"], part["assignments"]
-            key = (part["epochs"], part["data"], sorted(part_rows))
+            part_rows, part_dep, part_assign = part["rows"], part["deployed"], part["assignments"]
+            key = (part["epochs"], part["data"], sorted(part_rows), part["budgets"],
+                   part["finetune_epochs"])
         except (OSError, ValueError, KeyError) as e:
             raise SystemExit(f"--combine: cannot read the results file {path!r}: {e}")
         if first is None:
-            first, rows = key, {name: [] for name in part_rows}
+            first = key
+            rows, deployed = ({name: [] for name in part_rows} for _ in range(2))
         elif key != first:
-            raise SystemExit(f"--combine: {path!r} has epochs/data/configurations {key[:2]}, "
-                             f"{key[2]}; the first file has {first[:2]}, {first[2]}")
+            raise SystemExit(f"--combine: {path!r} has epochs/data/configurations/fine-tuning "
+                             f"{key[:2]}, {key[2]}, {key[4]} epochs (budgets {key[3]}); the first "
+                             f"file has {first[:2]}, {first[2]}, {first[4]} (budgets {first[3]})")
         for i, a in enumerate(part_assign):
             if a["seed"] in seen:
                 raise SystemExit(f"--combine: seed {a['seed']} is in both {seen[a['seed']]!r} "
@@ -108,6 +207,7 @@ def combine(args):
             assignments.append(a)
             for name in rows:
                 rows[name].append(part_rows[name][i])
+                deployed[name].append(part_dep[name][i])
         # each part keeps the command, machine and time it was measured with
         parts.append(dict(seeds=[a["seed"] for a in part_assign], command=part.get("command"),
                           machine=part.get("machine"), finished=part.get("finished"),
@@ -121,41 +221,68 @@ def combine(args):
     order = sorted(range(len(assignments)), key=lambda i: assignments[i]["seed"])
     assignments = [assignments[i] for i in order]
     rows = {name: [values[i] for i in order] for name, values in rows.items()}
-    args.epochs = first[0]
+    deployed = {name: [values[i] for i in order] for name, values in deployed.items()}
+    args.epochs, args.finetune_epochs = first[0], first[4]
     args.seeds = [a["seed"] for a in assignments]
     builtin = common.data_label(args, None)
-    report(args, rows, assignments, args.seeds, data=first[1],
+    report(args, rows, deployed, first[3], assignments, args.seeds, data=first[1],
            suffix="" if first[1] == builtin else "_real", parts=parts)
 
 
-def report(args, rows, assignments, seeds_done, data=None, suffix=None, parts=None):
-    """Print the table and (unless --quick) write the results, after every seed."""
-    import statistics
+def columns(name, values, uniform, table):
+    """Median (min..max), mean (std), median against the best uniform one, and per seed
+    against it (better / equal / worse)."""
+    best = max(uniform, key=lambda k: statistics.median(table[k]))
+    std = statistics.stdev(values) if len(values) > 1 else 0.0
+    diff = [v - u for v, u in zip(values, table[best])]
+    paired = ("-" if name == best else
+              f"{sum(d > 0 for d in diff)} / {sum(d == 0 for d in diff)} / "
+              f"{sum(d < 0 for d in diff)}")
+    return (f"{common.fmt(values)} | {100 * statistics.mean(values):.2f}% ({100 * std:.2f}) | "
+            f"{100 * (statistics.median(values) - statistics.median(table[best])):+.2f} | {paired}")
+
+
+def report(args, rows, deployed, budgets, assignments, seeds_done, data=None, suffix=None,
+           parts=None):
+    """Print the tables (one per budget) and (unless --quick) write the results, after every
+    seed."""
     data = data or common.data_label(args, args.root)
-    best_uniform = max((k for k in rows if k != MIXED), key=lambda k: common.spread(rows[k])[0])
     lines = [f"Data: {data}; every configuration trained {args.epochs} epochs from scratch "
-             f"(quantization-aware), seeds {seeds_done} (of {args.seeds} asked); budget = uniform "
-             f"3-bit weights + 8-bit membrane state per sample = "
-             f"{assignments[0]['budget_bytes']:.0f} bytes (as snnquant.summary counts them); "
-             f"median (min..max), mean and standard deviation over the seeds; per seed, "
-             f"the configuration against the best uniform one (by median): better / equal / "
-             f"worse.", "",
-             "| configuration | test accuracy | mean (std) | vs best uniform (median) | "
-             "per seed vs best uniform |", "|---|---|---|---|---|"]
-    best = common.spread(rows[best_uniform])[0]
-    for name, values in rows.items():
-        std = statistics.stdev(values) if len(values) > 1 else 0.0
-        diff = [v - u for v, u in zip(values, rows[best_uniform])]
-        paired = ("-" if name == best_uniform else
-                  f"{sum(d > 0 for d in diff)} / {sum(d == 0 for d in diff)} / "
-                  f"{sum(d < 0 for d in diff)}")
-        lines.append(f"| {name} | {common.fmt(values)} | {100 * statistics.mean(values):.2f}% "
-                     f"({100 * std:.2f}) | {100 * (common.spread(values)[0] - best):+.2f} | "
-                     f"{paired} |")
+             f"(quantization-aware), seeds {seeds_done} (of {args.seeds} asked); deployed = "
+             f"BatchNorm folded, fine-tuned {args.finetune_epochs} epoch(s), "
+             f"exported to integers and run by IntegerSNN; bytes as snnquant.summary counts them "
+             f"(weights + biases + membrane state per sample); median (min..max), mean (std) over "
+             f"the seeds; against the best uniform configuration that fits the budget (by "
+             f"median): the median difference in points and per seed better / equal / worse."]
+    verdicts = []
+    for b in budgets:
+        uniform, mixed = b["uniform"], b["mixed"]
+        lines += ["", f"Budget {b['index']}: {b['bytes']:.0f} bytes ({b['fraction']:.2f} of the "
+                      f"way from uniform W2/V4 to W4/V8)", "",
+                  "| configuration | fake-quantized | mean (std) | vs best uniform | per seed | "
+                  "deployed | mean (std) | vs best uniform | per seed |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for name in uniform + mixed:
+            lines.append(f"| {name} | {columns(name, rows[name], uniform, rows)} | "
+                         f"{columns(name, deployed[name], uniform, deployed)} |")
+        best = max(uniform, key=lambda k: statistics.median(deployed[k]))
+        best_med = statistics.median(deployed[best])
+        gains = {m: 100 * (statistics.median(deployed[m]) - best_med) for m in mixed}
+        top = max(gains, key=gains.get)
+        met = gains[top] >= TARGET_POINTS
+        verdicts.append(dict(budget=b["index"], bytes=b["bytes"], best_uniform=best,
+                             best_uniform_deployed=best_med, gains_points=gains, met=met))
+        lines += ["", f"Verdict, budget {b['index']}: best {best} "
+                      f"{100 * best_med:.2f}% deployed (median); "
+                  + ", ".join(f"{m} {g:+.2f} points" for m, g in gains.items())
+                  + f"; target (a mixed assignment >= +{TARGET_POINTS:.1f} points): "
+                  + ("met" if met else f"missed by {TARGET_POINTS - gains[top]:.2f} points")
+                  + "."]
     lines += ["", "Bits chosen per seed: " + "; ".join(
-        f"seed {a['seed']}: " + ", ".join(
-            f"{k.split(' ')[0]}{'w' if '(weight)' in k else 'm'}={b}" for k, b in a["bits"].items())
-        + f" ({a['bytes']:.0f} bytes)" for a in assignments),
+        f"seed {a['seed']} {name}: " + ", ".join(
+            f"{k.split(' ')[0]}{'w' if '(weight)' in k else 'm'}={bits}"
+            for k, bits in m["bits"].items()) + f" ({m['bytes']:.0f} bytes)"
+        for a in assignments for name, m in a["mixed"].items()),
         "(layer index, w = weights, m = membrane, = bits)"]
     if parts:
         lines += ["", "Seeds measured by: " + "; ".join(
@@ -168,7 +295,9 @@ def report(args, rows, assignments, seeds_done, data=None, suffix=None, parts=No
             suffix = "" if args.root is None else "_real"
         common.write_results(f"mixed_precision{suffix}", dict(
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
-            data_sha256=args.data_sha256, rows=rows, assignments=assignments,
+            data_sha256=args.data_sha256, budgets=budgets, rows=rows, deployed=deployed,
+            verdicts=verdicts, assignments=assignments,
+            finetune_epochs=args.finetune_epochs,
             **({"parts": parts} if parts else {})), table, args.out)
 
 

@@ -10,6 +10,11 @@ full-precision network:
 
     \Delta L_{\ell, b} = L(\text{layer } \ell \text{ at } b \text{ bits}) - L(\text{full precision})
 
+or, with ``method='hessian'``, estimates it for the weights from the curvature of the loss
+(HAWQ-V2: the trace of each layer's Hessian block, :func:`hutchinson_trace`, times the squared
+quantization error of its weights), which also sees how well a layer will tolerate being trained
+at a width.
+
 :func:`assign_bits` then chooses one bit width per layer, minimising the predicted loss change
 :math:`\sum_\ell \Delta L_{\ell, b_\ell}` (the changes are assumed to add up) under the memory
 budget
@@ -37,7 +42,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-__all__ = ["sensitivity", "assign_bits", "SensitivityResult", "SensitivityEntry", "LayerCost"]
+__all__ = ["sensitivity", "assign_bits", "hutchinson_trace", "SensitivityResult",
+           "SensitivityEntry", "LayerCost", "SENSITIVITY_METHODS"]
+
+#: The ``method`` values of :func:`sensitivity`.
+SENSITIVITY_METHODS = ("measured", "hessian")
 
 
 class SensitivityEntry(NamedTuple):
@@ -67,7 +76,9 @@ class LayerCost(NamedTuple):
 class SensitivityResult:
     """The result of :func:`sensitivity`: ``entries`` (one per layer, kind and bit width),
     the full-precision ``baseline_loss`` / ``baseline_accuracy``, the ``costs`` of each layer, the
-    ``fixed_bytes`` of what is not chosen, and the ``config`` used as the template.
+    ``fixed_bytes`` of what is not chosen, and the ``config`` used as the template; ``method``
+    (``'measured'`` or ``'hessian'``), and with ``'hessian'`` the ``hessian_trace`` per weight
+    layer and the ``hessian_samples`` per batch it was estimated from.
 
     ``str()`` is the table; :meth:`plot` draws it.
     """
@@ -81,6 +92,9 @@ class SensitivityResult:
     num_batches: int = 0
     layers: List[Tuple[str, str]] = field(default_factory=list)
     membrane_candidates: Optional[Tuple[int, ...]] = None
+    method: str = "measured"
+    hessian_trace: Dict[str, float] = field(default_factory=dict)
+    hessian_samples: int = 0
 
     def candidates_for(self, kind: str) -> Tuple[int, ...]:
         """The bit widths measured for ``kind`` (``'weight'`` or ``'membrane'``)."""
@@ -113,16 +127,20 @@ class SensitivityResult:
             by_bits = {e.bits: e for e in self.entries if e.layer == layer and e.kind == kind}
             row = [layer, kind, str(counts[(layer, kind)])]
             row += [f"{by_bits[b].delta_loss:+.4g}" if b in by_bits else "-" for b in bits]
-            if self.baseline_accuracy is not None:
-                row += [f"{100 * by_bits[b].delta_accuracy:+.2f}" if b in by_bits else "-"
+            if self.baseline_accuracy is not None:  # a Hessian estimate has no accuracy
+                row += [f"{100 * by_bits[b].delta_accuracy:+.2f}"
+                        if b in by_bits and by_bits[b].delta_accuracy is not None else "-"
                         for b in bits]
             rows.append(row)
         widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(head)]
         fmt = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths))  # noqa: E731
         acc = "" if self.baseline_accuracy is None else \
             f", accuracy {100 * self.baseline_accuracy:.2f}% (dacc in points)"
-        return "\n".join([f"full precision: loss {self.baseline_loss:.4g}{acc}; one layer "
-                          f"quantized at a time (post-training, {self.num_batches} batches)",
+        how = f"one layer quantized at a time (post-training, {self.num_batches} batches)"
+        if self.method == "hessian":
+            how = (f"weights: Hessian-trace estimate (HAWQ-V2, {self.hessian_samples} Hutchinson "
+                   f"samples per batch, {self.num_batches} batches); membranes: " + how)
+        return "\n".join([f"full precision: loss {self.baseline_loss:.4g}{acc}; {how}",
                           fmt(head), fmt(["-" * w for w in widths])] + [fmt(r) for r in rows])
 
     def __str__(self):
@@ -208,8 +226,10 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
                 membrane_candidates: Optional[Sequence[int]] = None,
                 config=None, weights: bool = True, membranes: bool = True,
                 loss_fn: Optional[Callable] = None, calibration: str = "mse",
-                num_batches: Optional[int] = None) -> SensitivityResult:
-    r"""Per layer and bit width, the loss change when only that layer is quantized (post-training).
+                num_batches: Optional[int] = None, method: str = "measured",
+                hessian_samples: int = 16, seed: int = 0) -> SensitivityResult:
+    r"""Per layer and bit width, the loss change when only that layer is quantized: measured
+    post-training, or (``method='hessian'``, weights) estimated from the loss curvature.
 
     For every synaptic layer (weights) and every neuron layer (membrane) that
     :func:`~snnquant.quantize_model` would quantize, and every bit width in ``candidates``, a copy
@@ -224,6 +244,25 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
 
         L = \mathrm{CE}(\bar O, y)\quad\text{or}\quad
         L = \frac{1}{N} \lVert \bar O - \bar O_{fp} \rVert^2
+
+    With ``method='hessian'`` the weights of a layer are not quantized and evaluated one at a
+    time; their loss change is the second-order estimate of HAWQ-V2 (Dong et al., 2020), from
+    the trace of the layer's block of the loss Hessian of the full-precision network (estimated
+    with :func:`hutchinson_trace`, through the surrogate gradients) and the quantization error of
+    its :math:`n_\ell` weights at :math:`b` bits (all layers quantized at :math:`b` and
+    calibrated together, ``calibration``):
+
+    .. math::
+
+        \Delta L_{\ell, b} \approx \Omega_{\ell}(b)
+        = \frac{1}{2}\,\frac{\operatorname{Tr}(H_\ell)}{n_\ell}\,
+          \lVert Q_b(W_\ell) - W_\ell \rVert^2
+
+    (HAWQ-V2 drops the :math:`\tfrac{1}{2}`; it is kept here so that the estimate is a loss
+    change, comparable with the membranes, which are still measured one layer at a time).
+    The trace sees how flat the loss is around a layer's weights, which is what lets
+    quantization-aware training move them onto a coarse grid at little cost; a post-training
+    measurement sees only the error of rounding the trained weights as they are.
 
     Args:
         model: the full-precision network (not modified).
@@ -242,9 +281,18 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
             scalar mean over the batch (default: see above).
         calibration: the ``method`` of :func:`~snnquant.calibrate`.
         num_batches: use at most this many batches.
+        method: ``'measured'`` (every layer and kind quantized alone and evaluated) or
+            ``'hessian'`` (the weights from :math:`\Omega_\ell(b)` above; the membranes
+            measured). The Hessian needs double backward through the network (SpikingJelly's
+            surrogate functions support it on the PyTorch backend).
+        hessian_samples: Rademacher vectors per batch of Hutchinson's estimator
+            (``method='hessian'``).
+        seed: seed of those vectors.
 
     Returns:
-        A :class:`SensitivityResult` (``str()`` is the table, ``.plot()`` a heat map).
+        A :class:`SensitivityResult` (``str()`` is the table, ``.plot()`` a heat map); with
+        ``method='hessian'`` its ``hessian_trace`` holds :math:`\operatorname{Tr}(H_\ell)` per
+        layer.
     """
     from .calibrate import CALIBRATION_METHODS, calibrate
     from .convert import QuantConfig, quantize_model
@@ -262,6 +310,13 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
         raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
     if calibration not in CALIBRATION_METHODS:
         raise ValueError(f"calibration must be one of {CALIBRATION_METHODS}, got {calibration!r}")
+    if method not in SENSITIVITY_METHODS:
+        raise ValueError(f"method must be one of {SENSITIVITY_METHODS}, got {method!r}")
+    if isinstance(hessian_samples, bool) or not isinstance(hessian_samples, int) \
+            or hessian_samples < 1:
+        raise ValueError(f"hessian_samples must be an int >= 1, got {hessian_samples!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"seed must be an int, got {seed!r}")
     if not (weights or membranes):
         raise ValueError("weights and membranes are both False: nothing to measure")
     if 1 in cands and membranes and mcands is None:
@@ -316,7 +371,19 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
                          f"with this config (skip={list(config.skip)})")
     # layers not measured are stored at the config's own bits
     entries = []
+    traces: Dict[str, float] = {}
+    if method == "hessian" and weights:
+        names = [name for name, kind in layers if kind == "weight"]
+        traces = _weight_traces(fp, batch_list, fp_outputs, names, loss_fn, hessian_samples, seed)
+        errors = _weight_errors(fp, batch_list, names, cands, config, calibration)
     for (name, kind), cost in zip(layers, costs):
+        if method == "hessian" and kind == "weight":
+            n = cost.count
+            for bits in cands:
+                omega = 0.5 * traces[name] / n * errors[(name, bits)]
+                entries.append(SensitivityEntry(name, kind, bits, base_loss + omega, omega, None,
+                                                None, n * bits / 8 + cost.fixed_bytes))
+            continue
         for bits in (mcands if kind == "membrane" and mcands is not None else cands):
             field_name = "weight_bits" if kind == "weight" else "v_bits"
             cfg = dataclasses.replace(config, weight_bits=None, v_bits=None,
@@ -330,7 +397,138 @@ def sensitivity(model: nn.Module, batches: Iterable, candidates: Sequence[int] =
     return SensitivityResult(entries=entries, baseline_loss=base_loss, baseline_accuracy=base_acc,
                              costs=costs, fixed_bytes=fixed, candidates=cands, config=config,
                              num_batches=len(batch_list), layers=layers,
-                             membrane_candidates=mcands)
+                             membrane_candidates=mcands, method=method, hessian_trace=traces,
+                             hessian_samples=hessian_samples if method == "hessian" else 0)
+
+
+def hutchinson_trace(loss: torch.Tensor, tensors: Sequence[torch.Tensor], samples: int = 16,
+                     generator: Optional[torch.Generator] = None) -> List[float]:
+    r"""Hutchinson's estimate of the trace of each tensor's diagonal block of the Hessian of
+    ``loss`` (as in HAWQ-V2 and PyHessian), from Hessian-vector products by double backward.
+
+    .. math::
+
+        \operatorname{Tr}(H_\ell) = \mathbb{E}_v\left[v_\ell^\top (H v)_\ell\right]
+        \approx \frac{1}{m} \sum_{i=1}^{m} v_{i,\ell}^\top (H v_i)_\ell,
+        \qquad H v = \nabla_w \left(\nabla_w L \cdot v\right)
+
+    with :math:`v_i` Rademacher vectors (entries :math:`\pm 1`) over all ``tensors`` at once
+    (the off-diagonal blocks average out). The estimate is exact for a diagonal Hessian.
+
+    Args:
+        loss: a scalar computed from ``tensors`` with autograd.
+        tensors: the tensors (leaves that require grad), one block each.
+        samples: :math:`m`, the number of Rademacher vectors.
+        generator: for the vectors (drawn on the CPU).
+
+    Returns:
+        One float per tensor: :math:`\operatorname{Tr}(H_\ell)` estimated.
+
+    Raises:
+        RuntimeError: the graph of ``loss`` cannot be differentiated twice (an operation without
+            double backward, such as a fused kernel); the message names the cause.
+    """
+    tensors = list(tensors)
+    if isinstance(samples, bool) or not isinstance(samples, int) or samples < 1:
+        raise ValueError(f"samples must be an int >= 1, got {samples!r}")
+    if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
+        raise ValueError(f"loss must be a scalar tensor, got {getattr(loss, 'shape', loss)!r}")
+    bad = [i for i, t in enumerate(tensors) if not t.requires_grad]
+    if not tensors or bad:
+        raise ValueError(f"tensors must be a non-empty list of tensors that require grad; "
+                         f"tensors {bad} do not")
+    grads = torch.autograd.grad(loss, tensors, create_graph=True, allow_unused=True)
+    totals = [0.0] * len(tensors)
+    live = [i for i, g in enumerate(grads) if g is not None and g.requires_grad]
+    for _ in range(samples):
+        vs = [(torch.randint(0, 2, t.shape, generator=generator) * 2 - 1).to(t)
+              for t in tensors]
+        try:
+            hv = torch.autograd.grad([grads[i] for i in live], [tensors[i] for i in live],
+                                     grad_outputs=[vs[i] for i in live], retain_graph=True,
+                                     allow_unused=True)
+        except RuntimeError as e:
+            raise RuntimeError(f"hutchinson_trace: the Hessian-vector product needs double "
+                               f"backward through the network, which failed: {e}") from e
+        for i, h in zip(live, hv):
+            if h is not None:
+                totals[i] += float((vs[i] * h).sum())
+    return [t / samples for t in totals]
+
+
+def _forward(model: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``model`` on the sequence ``x`` ``[T, N, ...]`` with gradients (states reset first)."""
+    from spikingjelly.activation_based import functional as sjf
+    from .utils import is_multi_step
+    sjf.reset_net(model)
+    if is_multi_step(model):
+        return model(x)
+    return torch.stack([model(x[t]) for t in range(x.shape[0])])
+
+
+def _weight_traces(fp, batch_list, fp_outputs, names, loss_fn, samples, seed) -> Dict[str, float]:
+    r""":math:`\operatorname{Tr}(H_\ell)` of the loss averaged over the batches, per layer."""
+    from spikingjelly.activation_based import functional as sjf
+    from .utils import batch_input
+    model = _grad_copy(fp)
+    weights = [model.get_submodule(name).weight for name in names]
+    for p in model.parameters():
+        p.requires_grad_(False)
+    for w in weights:
+        w.requires_grad_(True)
+    ref = weights[0]
+    generator = torch.Generator().manual_seed(seed)
+    totals, count = [0.0] * len(names), 0
+    for i, (batch, reference) in enumerate(zip(batch_list, fp_outputs)):
+        x = batch_input(batch, i).to(device=ref.device, dtype=ref.dtype)
+        target = batch[1] if isinstance(batch, (tuple, list)) and len(batch) > 1 else None
+        out = _forward(model, x)
+        n = out.shape[1]
+        traces = hutchinson_trace(loss_fn(out, target, reference), weights, samples, generator)
+        totals = [t + n * v for t, v in zip(totals, traces)]
+        count += n
+    sjf.reset_net(model)
+    traces = {name: t / count for name, t in zip(names, totals)}
+    negative = {name: t for name, t in traces.items() if t < 0}
+    if negative:  # an indefinite Hessian: far from a minimum, or too few samples
+        import warnings
+        warnings.warn("sensitivity(method='hessian'): the Hessian trace of layer(s) "
+                      + ", ".join(f"{n!r} ({t:.3g})" for n, t in negative.items())
+                      + " is negative, so their estimated loss change is negative and they get "
+                      "the fewest bits; the estimate assumes a trained network (near a minimum) "
+                      "- train it further or raise hessian_samples", stacklevel=3)
+    return traces
+
+
+def _grad_copy(model: nn.Module) -> nn.Module:
+    """A copy of ``model`` in eval mode whose floating parameters can take gradients."""
+    from .utils import copy_model
+    copy = copy_model(model).eval()
+    for p in copy.parameters():
+        if p.is_floating_point():
+            p.requires_grad_(True)
+    return copy
+
+
+def _weight_errors(fp, batch_list, names, cands, config, calibration):
+    r""":math:`\lVert Q_b(W_\ell) - W_\ell \rVert^2` per layer and bit width, every layer at
+    :math:`b` bits and calibrated together (as the configuration would quantize it)."""
+    import warnings
+    from .calibrate import FiringRateWarning, calibrate
+    from .convert import quantize_model
+    errors = {}
+    for bits in cands:
+        cfg = dataclasses.replace(config, weight_bits=bits, v_bits=None, overrides={})
+        qmodel, _ = quantize_model(fp, cfg)
+        with warnings.catch_warnings():  # only the weights' grids are read here
+            warnings.simplefilter("ignore", FiringRateWarning)
+            calibrate(qmodel, batch_list, method=calibration)
+        with torch.no_grad():
+            for name in names:
+                module = qmodel.get_submodule(name)
+                errors[(name, bits)] = float(
+                    (module.quantized_weight() - module.weight).pow(2).sum())
+    return errors
 
 
 def _check_candidates(values, name: str, lowest: int) -> Tuple[int, ...]:

@@ -18,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[1]
     ("accuracy_binary_ternary.py", [], ["| binary W1/V8 |", "| ternary W2/V8 |",
                                         "100.00% (100.00..100.00)"]),
     ("accuracy_ptq.py", ["--skip-qat"], ["| W8/V16 PTQ |", "| W2/V4 PTQ + 3 fine-tuning"]),
-    ("mixed_precision.py", [], ["| mixed (assign_bits", "| uniform W4/V4 |", "Bits chosen"]),
+    ("mixed_precision.py", [], ["| mixed hessian @ budget 1 |", "| mixed measured @ budget 2 |",
+                                "| uniform W4/V4 |", "| uniform W3/V4 |", "Bits chosen",
+                                "Verdict, budget 1: best uniform", "Verdict, budget 2:",
+                                "deployed | mean (std)"]),
     ("calibration_methods.py", [], ["| W4/V8 PTQ firing |", "| W2/V4 PTQ mse |", "Target: firing"]),
 ])
 def test_accuracy_benchmark_quick(script, extra, expect, tmp_path):
@@ -42,18 +45,22 @@ def test_accuracy_benchmark_quick(script, extra, expect, tmp_path):
 
 def _mixed_results(path, seeds, rows, epochs=30, digest="d1"):
     import json
-    assignments = [dict(seed=s, fp_acc=0.98, budget_bytes=100.0, bits={"0 (weight)": 4},
-                        bytes=90.0, predicted_delta_loss=0.0, sensitivity=[]) for s in seeds]
+    mixed = "mixed hessian @ budget 1"
+    assignments = [dict(seed=s, fp_acc=0.98, mixed={mixed: dict(
+        bits={"0 (weight)": 4}, bytes=90.0, predicted_delta_loss=0.0)}) for s in seeds]
+    budgets = [dict(index=1, fraction=0.5, bytes=100.0, uniform=["uniform W3/V8"], mixed=[mixed])]
+    deployed = {name: [v - 0.1 for v in values] for name, values in rows.items()}
     command = "benchmarks/mixed_precision.py --seeds " + " ".join(map(str, seeds))
     path.write_text(json.dumps(dict(epochs=epochs, seeds=seeds, seeds_asked=seeds,
                                     data="built-in digits (N-MNIST format)", rows=rows,
+                                    deployed=deployed, budgets=budgets, finetune_epochs=1,
                                     assignments=assignments, command=command, data_sha256=digest,
                                     machine={"torch": "x"}, finished="then")))
     return str(path)
 
 
 def test_mixed_precision_combines_seeds_run_apart(tmp_path):
-    mixed = "mixed (assign_bits: weights 2/4, membranes 4/8)"
+    mixed = "mixed hessian @ budget 1"
     a = _mixed_results(tmp_path / "a.json", [3, 1], {mixed: [0.5, 0.7], "uniform W3/V8": [0.6, 0.6]})
     b = _mixed_results(tmp_path / "b.json", [2], {mixed: [0.6], "uniform W3/V8": [0.6]})
     out = tmp_path / "out"
@@ -65,7 +72,13 @@ def test_mixed_precision_combines_seeds_run_apart(tmp_path):
     data = json.loads((out / "mixed_precision.json").read_text())
     assert data["seeds"] == [1, 2, 3]  # in seed order, each row with its own seed
     assert data["rows"][mixed] == [0.7, 0.6, 0.5]
+    assert data["deployed"][mixed] == pytest.approx([0.6, 0.5, 0.4])
     assert "| 60.00% (50.00..70.00) | 60.00% (10.00) | +0.00 | 1 / 1 / 1 |" in res.stdout
+    # deployed side by side, and the verdict against the target on the deployed medians
+    assert ("| 60.00% (50.00..70.00) | 60.00% (10.00) | +0.00 | 1 / 1 / 1 | "
+            "50.00% (40.00..60.00) | 50.00% (10.00) | +0.00 | 1 / 1 / 1 |") in res.stdout
+    assert "Verdict, budget 1: best uniform W3/V8 50.00% deployed (median)" in res.stdout
+    assert "missed by 1.00 points" in res.stdout and data["verdicts"][0]["met"] is False
     # the command each seed was measured with is kept, in the file and under the table
     assert [(p["seeds"], p["command"]) for p in data["parts"]] == [
         ([3, 1], "benchmarks/mixed_precision.py --seeds 3 1"),
