@@ -52,7 +52,7 @@ static inline bool is_this_library(int dtype, int neuron, int decay_input, int h
 
 // One block of n <= SNQ_BLOCK neurons starting at i0, all T steps. SAVE_H: write the charge.
 template <bool SAVE_H>
-static inline void forward_block(const params& p, const scalar_t* __restrict__ x_seq,
+static inline void forward_block(const params p, const scalar_t* __restrict__ x_seq,
                                  const scalar_t* __restrict__ v_init, scalar_t* __restrict__ spike_seq,
                                  scalar_t* __restrict__ v_last, scalar_t* __restrict__ v_seq,
                                  real* __restrict__ h_seq, int T, long long N, long long i0, int n) {
@@ -87,7 +87,7 @@ static inline void forward_block(const params& p, const scalar_t* __restrict__ x
 // template arguments, so the inner loop has none.
 template <bool HAS_GRAD_SPIKE, bool HAS_GRAD_V_SEQ>
 static inline void backward_block(
-    const params& p, const real* __restrict__ h_seq, const scalar_t* __restrict__ x_seq,
+    const params p, const real* __restrict__ h_seq, const scalar_t* __restrict__ x_seq,
     const scalar_t* __restrict__ v_init, const scalar_t* __restrict__ grad_spike_seq,
     const scalar_t* __restrict__ grad_v_seq, const scalar_t* __restrict__ grad_v_last,
     scalar_t* __restrict__ grad_x_seq, scalar_t* __restrict__ grad_v_init,
