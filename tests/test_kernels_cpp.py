@@ -515,22 +515,25 @@ def test_killed_builds_leave_nothing_for_long(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     host = _io._host()
-    stale_dir = tmp_path / f".build-{host}-{dead}-0123abcd"        # a killed build's folder
-    old_dir = tmp_path / ".build-x1y2z3"                          # an old one (other naming)
-    live_dir = tmp_path / f".build-{host}-{os.getpid()}-89abcdef"  # a build under way
-    for folder in (stale_dir, old_dir, live_dir):
+    # what a build killed during the compile leaves: the compiler's output under a temporary
+    # name (this version compiles from stdin, without a folder) ...
+    stale_file = tmp_path / f"snnquant_neuron_other.so.tmp-{host}-{dead}-0123abcd"
+    stale_file.write_bytes(b"\x7fELF partial")
+    live_file = tmp_path / f"snnquant_neuron_other.so.tmp-{host}-{os.getpid()}-89abcdef"
+    live_file.write_bytes(b"\x7fELF a build under way")
+    # ... and earlier versions' build folders
+    old_dir, recent_dir = tmp_path / ".build-x1y2z3", tmp_path / ".build-a4b5c6"
+    for folder in (old_dir, recent_dir):
         folder.mkdir()
         (folder / "entry.cpp").write_text("// partial\n")
     old = time.time() - 2 * cpp_backend.STALE_SECONDS
     os.utime(old_dir, (old, old))
-    stale_file = tmp_path / f"snnquant_neuron_other.so.tmp-{host}-{dead}-0123abcd"
-    stale_file.write_bytes(b"\x7fELF partial")
     cpp_backend.build_library(config, directory=tmp_path)
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert stale_dir.name not in left and old_dir.name not in left
-    assert stale_file.name not in left
-    assert live_dir.name in left
+    assert stale_file.name not in left and old_dir.name not in left
+    assert live_file.name in left and recent_dir.name in left
     assert target.name in left and target.name + ".sha256" in left
+    assert not [name for name in left if ".tmp-" in name and str(os.getpid()) not in name]
 
 
 def _unwritable_caches(tmp_path):
