@@ -536,24 +536,27 @@ def test_killed_builds_leave_nothing_for_long(tmp_path):
     assert not [name for name in left if ".tmp-" in name and str(os.getpid()) not in name]
 
 
-def _unwritable_caches(tmp_path):
-    a_file = tmp_path / "not-a-folder"
-    a_file.write_text("")
-    return [("SNNQUANT_CACHE_DIR", str(a_file), str(a_file)),
-            ("XDG_CACHE_HOME", "/sys/fs", "/sys/fs/snnquant/kernels")]
-
-
-@pytest.mark.parametrize("case", [0, 1], ids=["cache-dir-is-a-file", "xdg-under-sys"])
-def test_unwritable_cache_auto_falls_back_with_one_warning(tmp_path, monkeypatch, case):
-    variable, value, folder = _unwritable_caches(tmp_path)[case]
-    if case == 1 and cpp_backend.cache_problem(Path(folder)) is None:
-        pytest.skip("/sys/fs is writable here")
+@pytest.fixture(params=["cache-dir-is-a-file", "xdg-under-sys"])
+def unwritable_cache(request, tmp_path, monkeypatch):
+    """An environment whose kernel cache folder cannot be written; yields that folder."""
+    if request.param == "cache-dir-is-a-file":
+        folder = tmp_path / "not-a-folder"
+        folder.write_text("")
+        variable, value = "SNNQUANT_CACHE_DIR", str(folder)
+    else:
+        variable, value, folder = "XDG_CACHE_HOME", "/sys/fs", Path("/sys/fs/snnquant/kernels")
+        if cpp_backend.cache_problem(folder) is None:
+            pytest.skip("/sys/fs is writable here")
     monkeypatch.delenv("SNNQUANT_CACHE_DIR", raising=False)
     monkeypatch.setenv(variable, value)
     cpp_backend._warn_once.cache_clear()
-    x = torch.rand(4, 3, 5) * 2
+    return str(folder)
+
+
+def test_unwritable_cache_auto_falls_back_with_one_warning(unwritable_cache):
     import warnings
 
+    x = torch.rand(4, 3, 5) * 2
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         node = qnn.QuantLIFNode(step_mode="m", v_quant=8)  # backend='auto'
@@ -563,22 +566,16 @@ def test_unwritable_cache_auto_falls_back_with_one_warning(tmp_path, monkeypatch
         qnn.QuantLIFNode(step_mode="m", v_quant=8)(x)
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1, messages
-    assert folder in messages[0] and "SNNQUANT_CACHE_DIR" in messages[0]
+    assert unwritable_cache in messages[0] and "SNNQUANT_CACHE_DIR" in messages[0]
     assert dispatch.resolve_backend("auto", x) == "torch"
     assert torch.equal(y, qnn.QuantLIFNode(step_mode="m", v_quant=8, backend="torch")(x))
 
 
-@pytest.mark.parametrize("case", [0, 1], ids=["cache-dir-is-a-file", "xdg-under-sys"])
-def test_unwritable_cache_cpp_is_one_clear_error(tmp_path, monkeypatch, case):
-    variable, value, folder = _unwritable_caches(tmp_path)[case]
-    if case == 1 and cpp_backend.cache_problem(Path(folder)) is None:
-        pytest.skip("/sys/fs is writable here")
-    monkeypatch.delenv("SNNQUANT_CACHE_DIR", raising=False)
-    monkeypatch.setenv(variable, value)
+def test_unwritable_cache_cpp_is_one_clear_error(unwritable_cache):
     node = qnn.QuantLIFNode(step_mode="m", v_quant=8, backend="cpp")
     with pytest.raises(cpp_backend.KernelCacheError) as info:
         node(torch.rand(4, 3, 5))
-    assert folder in str(info.value) and "SNNQUANT_CACHE_DIR" in str(info.value)
+    assert unwritable_cache in str(info.value) and "SNNQUANT_CACHE_DIR" in str(info.value)
     with pytest.raises(cpp_backend.KernelCacheError, match="SNNQUANT_CACHE_DIR"):
         cpp_quant_neuron_multi_step(torch.rand(3, 4), 0.0, neuron="if", step=0.5, qmin=-4,
                                     qmax=3)
