@@ -606,4 +606,5 @@ def cpp_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, step,
     """
     check_devices(check_cpu, x_seq, v_init, step, w, params.get("neuron"))
     require_cpp()
+    require_cache()
     return cpp_step(x_seq, v_init, step, w, NeuronParams(**params))
