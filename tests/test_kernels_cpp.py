@@ -620,3 +620,22 @@ def test_backend_is_resolved_once_and_again_when_the_device_or_backend_changes(
     y = node(x)
     assert type(y.grad_fn).__name__ == "QuantNeuronFunctionBackward"
     assert calls == ["cpp", "cpp", "torch"]  # the refused device left the CPU choice in place
+
+
+def test_a_copied_neuron_resolves_its_backend_where_it_runs(monkeypatch):
+    # the choice is not carried by deepcopy or torch.save: a machine without a compiler runs
+    # the torch backend for a neuron saved where 'auto' meant 'cpp'
+    import copy
+    import io
+
+    node = qnn.QuantLIFNode(step_mode="m", v_quant=8)
+    x = torch.rand(4, 3, 5, requires_grad=True) * 2
+    assert type(node(x).grad_fn.next_functions[0][0]).__name__ == \
+        "FusedQuantNeuronFunctionBackward"
+    node.reset()
+    buffer = io.BytesIO()
+    torch.save(node, buffer)
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    for copied in (copy.deepcopy(node), torch.load(io.BytesIO(buffer.getvalue()),
+                                                   weights_only=False)):
+        assert type(copied(x).grad_fn).__name__ == "QuantNeuronFunctionBackward"
