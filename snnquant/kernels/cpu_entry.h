@@ -10,10 +10,10 @@
 // and return -1, running nothing, when they are not this library's.
 //
 // Loops and threading only: the neuron's arithmetic is neuron.cu's (snq_make_params,
-// snq_forward_step, snq_backward_step, snq_membrane_after, snq_dh_dk). The GPU runs one thread per
-// neuron, each walking over all T steps; here the same per-element steps run in another loop
-// nest: OpenMP threads share blocks of SNQ_BLOCK neighbouring neurons; inside a block, time is the
-// outer loop and the neurons of the block the inner one, so the inner loop reads and writes
+// snq_forward_step, snq_backward_step, snq_membrane_after, snq_grad_k_term). The GPU runs one
+// thread per neuron, each walking over all T steps; here the same per-element steps run in another
+// loop nest: OpenMP threads share blocks of SNQ_BLOCK neighbouring neurons; inside a block, time
+// is the outer loop and the neurons of the block the inner one, so the inner loop reads and writes
 // SNQ_BLOCK consecutive elements of one step, keeps the block's state in a small array, and is
 // vectorised by the compiler. No fast math and no FMA contraction (-ffp-contract=off): every
 // operation is rounded as PyTorch rounds it, so spikes and membranes equal the torch backend's.
@@ -120,7 +120,8 @@ static inline void backward_block(
                     ? snq_membrane_after<(bool)SNQ_HARD_RESET>(p, h_t[l - N])
                     : snq_load(v_init, i0 + l);
                 const real x = SNQ_DECAY_INPUT ? snq_load(x_seq + base, l) : (real)0;
-                grad_k[l] = grad_k[l] + g.h * snq_dh_dk<(bool)SNQ_DECAY_INPUT>(p, x, v_before);
+                grad_k[l] =
+                    grad_k[l] + snq_grad_k_term<(bool)SNQ_DECAY_INPUT>(p, g, x, v_before);
             }
             grad_v[l] = g.v;
         }
