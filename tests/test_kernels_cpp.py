@@ -515,42 +515,48 @@ def test_killed_builds_leave_nothing_for_long(tmp_path):
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
     host = _io._host()
-    stale_dir = tmp_path / f".build-{host}-{dead}-0123abcd"        # a killed build's folder
-    old_dir = tmp_path / ".build-x1y2z3"                          # an old one (other naming)
-    live_dir = tmp_path / f".build-{host}-{os.getpid()}-89abcdef"  # a build under way
-    for folder in (stale_dir, old_dir, live_dir):
+    # what a build killed during the compile leaves: the compiler's output under a temporary
+    # name (this version compiles from stdin, without a folder) ...
+    stale_file = tmp_path / f"snnquant_neuron_other.so.tmp-{host}-{dead}-0123abcd"
+    stale_file.write_bytes(b"\x7fELF partial")
+    live_file = tmp_path / f"snnquant_neuron_other.so.tmp-{host}-{os.getpid()}-89abcdef"
+    live_file.write_bytes(b"\x7fELF a build under way")
+    # ... and earlier versions' build folders
+    old_dir, recent_dir = tmp_path / ".build-x1y2z3", tmp_path / ".build-a4b5c6"
+    for folder in (old_dir, recent_dir):
         folder.mkdir()
         (folder / "entry.cpp").write_text("// partial\n")
     old = time.time() - 2 * cpp_backend.STALE_SECONDS
     os.utime(old_dir, (old, old))
-    stale_file = tmp_path / f"snnquant_neuron_other.so.tmp-{host}-{dead}-0123abcd"
-    stale_file.write_bytes(b"\x7fELF partial")
     cpp_backend.build_library(config, directory=tmp_path)
     left = sorted(p.name for p in tmp_path.iterdir())
-    assert stale_dir.name not in left and old_dir.name not in left
-    assert stale_file.name not in left
-    assert live_dir.name in left
+    assert stale_file.name not in left and old_dir.name not in left
+    assert live_file.name in left and recent_dir.name in left
     assert target.name in left and target.name + ".sha256" in left
+    assert not [name for name in left if ".tmp-" in name and str(os.getpid()) not in name]
 
 
-def _unwritable_caches(tmp_path):
-    a_file = tmp_path / "not-a-folder"
-    a_file.write_text("")
-    return [("SNNQUANT_CACHE_DIR", str(a_file), str(a_file)),
-            ("XDG_CACHE_HOME", "/sys/fs", "/sys/fs/snnquant/kernels")]
-
-
-@pytest.mark.parametrize("case", [0, 1], ids=["cache-dir-is-a-file", "xdg-under-sys"])
-def test_unwritable_cache_auto_falls_back_with_one_warning(tmp_path, monkeypatch, case):
-    variable, value, folder = _unwritable_caches(tmp_path)[case]
-    if case == 1 and cpp_backend.cache_problem(Path(folder)) is None:
-        pytest.skip("/sys/fs is writable here")
+@pytest.fixture(params=["cache-dir-is-a-file", "xdg-under-sys"])
+def unwritable_cache(request, tmp_path, monkeypatch):
+    """An environment whose kernel cache folder cannot be written; yields that folder."""
+    if request.param == "cache-dir-is-a-file":
+        folder = tmp_path / "not-a-folder"
+        folder.write_text("")
+        variable, value = "SNNQUANT_CACHE_DIR", str(folder)
+    else:
+        variable, value, folder = "XDG_CACHE_HOME", "/sys/fs", Path("/sys/fs/snnquant/kernels")
+        if cpp_backend.cache_problem(folder) is None:
+            pytest.skip("/sys/fs is writable here")
     monkeypatch.delenv("SNNQUANT_CACHE_DIR", raising=False)
     monkeypatch.setenv(variable, value)
     cpp_backend._warn_once.cache_clear()
-    x = torch.rand(4, 3, 5) * 2
+    return str(folder)
+
+
+def test_unwritable_cache_auto_falls_back_with_one_warning(unwritable_cache):
     import warnings
 
+    x = torch.rand(4, 3, 5) * 2
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         node = qnn.QuantLIFNode(step_mode="m", v_quant=8)  # backend='auto'
@@ -560,22 +566,16 @@ def test_unwritable_cache_auto_falls_back_with_one_warning(tmp_path, monkeypatch
         qnn.QuantLIFNode(step_mode="m", v_quant=8)(x)
     messages = [str(w.message) for w in caught]
     assert len(messages) == 1, messages
-    assert folder in messages[0] and "SNNQUANT_CACHE_DIR" in messages[0]
+    assert unwritable_cache in messages[0] and "SNNQUANT_CACHE_DIR" in messages[0]
     assert dispatch.resolve_backend("auto", x) == "torch"
     assert torch.equal(y, qnn.QuantLIFNode(step_mode="m", v_quant=8, backend="torch")(x))
 
 
-@pytest.mark.parametrize("case", [0, 1], ids=["cache-dir-is-a-file", "xdg-under-sys"])
-def test_unwritable_cache_cpp_is_one_clear_error(tmp_path, monkeypatch, case):
-    variable, value, folder = _unwritable_caches(tmp_path)[case]
-    if case == 1 and cpp_backend.cache_problem(Path(folder)) is None:
-        pytest.skip("/sys/fs is writable here")
-    monkeypatch.delenv("SNNQUANT_CACHE_DIR", raising=False)
-    monkeypatch.setenv(variable, value)
+def test_unwritable_cache_cpp_is_one_clear_error(unwritable_cache):
     node = qnn.QuantLIFNode(step_mode="m", v_quant=8, backend="cpp")
     with pytest.raises(cpp_backend.KernelCacheError) as info:
         node(torch.rand(4, 3, 5))
-    assert folder in str(info.value) and "SNNQUANT_CACHE_DIR" in str(info.value)
+    assert unwritable_cache in str(info.value) and "SNNQUANT_CACHE_DIR" in str(info.value)
     with pytest.raises(cpp_backend.KernelCacheError, match="SNNQUANT_CACHE_DIR"):
         cpp_quant_neuron_multi_step(torch.rand(3, 4), 0.0, neuron="if", step=0.5, qmin=-4,
                                     qmax=3)
@@ -620,3 +620,22 @@ def test_backend_is_resolved_once_and_again_when_the_device_or_backend_changes(
     y = node(x)
     assert type(y.grad_fn).__name__ == "QuantNeuronFunctionBackward"
     assert calls == ["cpp", "cpp", "torch"]  # the refused device left the CPU choice in place
+
+
+def test_a_copied_neuron_resolves_its_backend_where_it_runs(monkeypatch):
+    # the choice is not carried by deepcopy or torch.save: a machine without a compiler runs
+    # the torch backend for a neuron saved where 'auto' meant 'cpp'
+    import copy
+    import io
+
+    node = qnn.QuantLIFNode(step_mode="m", v_quant=8)
+    x = torch.rand(4, 3, 5, requires_grad=True) * 2
+    assert type(node(x).grad_fn.next_functions[0][0]).__name__ == \
+        "FusedQuantNeuronFunctionBackward"
+    node.reset()
+    buffer = io.BytesIO()
+    torch.save(node, buffer)
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    for copied in (copy.deepcopy(node), torch.load(io.BytesIO(buffer.getvalue()),
+                                                   weights_only=False)):
+        assert type(copied(x).grad_fn).__name__ == "QuantNeuronFunctionBackward"

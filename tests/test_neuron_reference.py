@@ -120,3 +120,48 @@ def test_buffered_charge_fire_reset_equal_the_plain_ones():
         assert torch.equal(got, plain)
     with pytest.raises(ValueError, match="fired"):
         neuron_reset(hq, spike, -0.25, vr, theta, out=torch.empty(50))
+
+
+def test_neuron_params_are_one_immutable_keyword_object():
+    import dataclasses
+
+    from spikingjelly.activation_based import surrogate
+
+    from snnquant.functional.neuron import NeuronParams
+
+    p = NeuronParams(neuron="if", qmin=-8, qmax=7)
+    assert isinstance(p.surrogate_function, surrogate.Sigmoid) and p.tau is None
+    assert NeuronParams(neuron="lif", tau=3, qmin=-8, qmax=7).tau == 3.0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.qmin = 0
+    with pytest.raises(TypeError):
+        NeuronParams("if", 2.0, True, 1.0, 0.0, None, False, -8, 7)  # keywords only
+    with pytest.raises(TypeError, match="unexpected keyword argument 'taux'"):
+        quant_neuron_multi_step(torch.zeros(2, 3), 0.0, neuron="lif", taux=2.0, step=0.1,
+                                qmin=-2, qmax=1)
+
+
+@pytest.mark.parametrize("neuron,decay_input", [("if", False), ("lif", True), ("lif", False),
+                                                ("plif", True), ("plif", False)])
+@pytest.mark.parametrize("vr", [0.0, -0.25])
+def test_charge_with_and_without_buffers_is_the_same_arithmetic(neuron, decay_input, vr):
+    from snnquant.functional.neuron import neuron_charge
+
+    g = torch.Generator().manual_seed(5)
+    v, x = torch.randn(300, generator=g), torch.randn(300, generator=g)
+    k = torch.sigmoid(torch.tensor(0.3))
+    plain = neuron_charge(neuron, v, x, 3.0, k, decay_input, vr)
+    h, tmp = torch.empty_like(v), torch.empty_like(v)
+    buffered = neuron_charge(neuron, v, x, 3.0, k, decay_input, vr, out=(h, tmp),
+                             vr_zero=vr == 0.0)
+    assert buffered is h and torch.equal(plain, buffered)
+
+
+def test_quantized_threshold_is_the_reset_values_theta():
+    from snnquant.functional.neuron import quantized_threshold
+
+    step = torch.tensor(0.024)
+    # 0.6 / 0.024 rounds up to 25.000002 in float32: the threshold lands one level higher
+    assert quantized_threshold(step, 0.6).item() == pytest.approx(26 * 0.024)
+    assert torch.equal(membrane_reset_values(step, -40, 40, 0.6, None)[1],
+                       quantized_threshold(step, 0.6))

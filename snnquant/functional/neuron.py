@@ -210,8 +210,14 @@ def membrane_reset_values(step: torch.Tensor, qmin: int, qmax: int, v_threshold:
 
 
 def quantized_threshold(step: torch.Tensor, v_threshold: float) -> torch.Tensor:
-    r"""The soft-reset amount :math:`\theta_q = s \lceil V_{th} / s \rceil`, the smallest grid value
-    :math:`\ge V_{th}` (computed as the kernels compute it: ``float / tensor``).
+    r"""The soft-reset amount on the grid: the smallest grid value :math:`\ge V_{th}`.
+
+    .. math::
+
+        \theta_q = s \lceil V_{th} / s \rceil
+
+    computed as the kernels compute it (``float / tensor``, i.e. :math:`(1/s) V_{th}`); the one
+    place where the quantized threshold is written.
 
     Args:
         step: positive step tensor :math:`s` (its dtype and device are the result's).

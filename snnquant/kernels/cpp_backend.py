@@ -38,7 +38,6 @@ import ctypes
 import functools
 import hashlib
 import os
-import re
 import shutil
 import subprocess
 import tempfile
@@ -50,7 +49,7 @@ from typing import Optional
 import torch
 
 from .._filelock import file_lock
-from .._io import atomic_write, host_name, pid_alive, remove_stale_temporaries
+from .._io import atomic_write, remove_stale_temporaries
 from .._paths import user_cache_home
 from ..functional.neuron import NeuronParams
 from ._fused import (KernelCache, KernelConfig, KernelScalars, check_devices, pointer,
@@ -358,15 +357,13 @@ def library_is_intact(library: Path) -> bool:
     return recorded == actual
 
 
-_STALE_BUILD = re.compile(r"^\.build-(?:(?P<host>[^-]+)-(?P<pid>\d+)-)?")
-
-
 def remove_stale_builds(directory: Path) -> list:
     """Remove what killed builds left in the cache folder; return the removed paths.
 
-    That is: the temporaries of libraries (``<library>.tmp-<host>-<pid>-<token>``) whose process
-    is gone (:func:`snnquant._io.remove_stale_temporaries`), and build folders (``.build-*``)
-    whose process is gone or that are older than :data:`STALE_SECONDS`.
+    That is: the temporaries of libraries and checksums (``<file>.tmp-<host>-<pid>-<token>``)
+    whose process is gone (:func:`snnquant._io.remove_stale_temporaries`), and build folders
+    (``.build-*``, made by earlier versions, which compiled in a folder) older than
+    :data:`STALE_SECONDS`.
 
     Args:
         directory: the cache folder.
@@ -380,19 +377,14 @@ def remove_stale_builds(directory: Path) -> list:
     for entry in entries:
         if ".tmp-" in entry.name:
             removed += remove_stale_temporaries(Path(directory) / entry.name.split(".tmp-")[0])
-            continue
-        match = _STALE_BUILD.match(entry.name)
-        if match is None:
-            continue
-        try:
-            age = now - entry.stat(follow_symlinks=False).st_mtime
-        except OSError:
-            continue
-        dead = (match.group("pid") is not None and match.group("host") == host_name()
-                and not pid_alive(int(match.group("pid"))))
-        if dead or age > STALE_SECONDS:
-            shutil.rmtree(entry.path, ignore_errors=True)
-            removed.append(entry.path)
+        elif entry.name.startswith(".build-"):
+            try:
+                age = now - entry.stat(follow_symlinks=False).st_mtime
+            except OSError:
+                continue
+            if age > STALE_SECONDS:
+                shutil.rmtree(entry.path, ignore_errors=True)
+                removed.append(entry.path)
     return removed
 
 
@@ -614,4 +606,5 @@ def cpp_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, step,
     """
     check_devices(check_cpu, x_seq, v_init, step, w, params.get("neuron"))
     require_cpp()
+    require_cache()
     return cpp_step(x_seq, v_init, step, w, NeuronParams(**params))

@@ -10,9 +10,10 @@
 // and return -1, running nothing, when they are not this library's.
 //
 // Loops and threading only: the neuron's arithmetic is neuron.cu's (snq_make_params,
-// snq_forward_step, snq_backward_step, snq_membrane_after, snq_dh_dk). The GPU runs one thread per
-// neuron, each walking over all T steps; here the same per-element steps run in another loop nest: OpenMP threads share blocks of SNQ_BLOCK neighbouring neurons; inside a block, time is the
-// outer loop and the neurons of the block the inner one, so the inner loop reads and writes
+// snq_forward_step, snq_backward_step, snq_membrane_after, snq_grad_k_term). The GPU runs one
+// thread per neuron, each walking over all T steps; here the same per-element steps run in another
+// loop nest: OpenMP threads share blocks of SNQ_BLOCK neighbouring neurons; inside a block, time
+// is the outer loop and the neurons of the block the inner one, so the inner loop reads and writes
 // SNQ_BLOCK consecutive elements of one step, keeps the block's state in a small array, and is
 // vectorised by the compiler. No fast math and no FMA contraction (-ffp-contract=off): every
 // operation is rounded as PyTorch rounds it, so spikes and membranes equal the torch backend's.
@@ -52,10 +53,11 @@ static inline bool is_this_library(int dtype, int neuron, int decay_input, int h
 
 // One block of n <= SNQ_BLOCK neurons starting at i0, all T steps. SAVE_H: write the charge.
 template <bool SAVE_H>
-static inline void forward_block(const params& p, const scalar_t* __restrict__ x_seq,
-                                 const scalar_t* __restrict__ v_init, scalar_t* __restrict__ spike_seq,
-                                 scalar_t* __restrict__ v_last, scalar_t* __restrict__ v_seq,
-                                 real* __restrict__ h_seq, int T, long long N, long long i0, int n) {
+static inline void forward_block(const params p, const scalar_t* __restrict__ x_seq,
+                                 const scalar_t* __restrict__ v_init,
+                                 scalar_t* __restrict__ spike_seq, scalar_t* __restrict__ v_last,
+                                 scalar_t* __restrict__ v_seq, real* __restrict__ h_seq, int T,
+                                 long long N, long long i0, int n) {
     real v[SNQ_BLOCK];
     for (int l = 0; l < n; ++l) {
         v[l] = snq_load(v_init, i0 + l);
@@ -87,7 +89,7 @@ static inline void forward_block(const params& p, const scalar_t* __restrict__ x
 // template arguments, so the inner loop has none.
 template <bool HAS_GRAD_SPIKE, bool HAS_GRAD_V_SEQ>
 static inline void backward_block(
-    const params& p, const real* __restrict__ h_seq, const scalar_t* __restrict__ x_seq,
+    const params p, const real* __restrict__ h_seq, const scalar_t* __restrict__ x_seq,
     const scalar_t* __restrict__ v_init, const scalar_t* __restrict__ grad_spike_seq,
     const scalar_t* __restrict__ grad_v_seq, const scalar_t* __restrict__ grad_v_last,
     scalar_t* __restrict__ grad_x_seq, scalar_t* __restrict__ grad_v_init,
@@ -118,7 +120,8 @@ static inline void backward_block(
                     ? snq_membrane_after<(bool)SNQ_HARD_RESET>(p, h_t[l - N])
                     : snq_load(v_init, i0 + l);
                 const real x = SNQ_DECAY_INPUT ? snq_load(x_seq + base, l) : (real)0;
-                grad_k[l] = grad_k[l] + g.h * snq_dh_dk<(bool)SNQ_DECAY_INPUT>(p, x, v_before);
+                grad_k[l] =
+                    grad_k[l] + snq_grad_k_term<(bool)SNQ_DECAY_INPUT>(p, g, x, v_before);
             }
             grad_v[l] = g.v;
         }
@@ -149,14 +152,8 @@ static inline params make_params(const void* step_ptr, const void* k_ptr, double
 
 }  // namespace snq_cpu
 
-// Forward over all N neurons: the configuration codes (host_entry.h), the arguments of
-// snq_forward (neuron.cu) and the thread count.
-extern "C" int snq_cpu_forward(int dtype, int neuron, int decay_input, int hard_reset,
-                               int detach_reset, int surrogate, int store_v_seq,
-                               const void* x_seq, const void* v_init, const void* step_ptr,
-                               const void* k_ptr, void* spike_seq, void* v_last, void* v_seq,
-                               void* h_seq, double tau, double v_threshold, double v_reset,
-                               double qmin, double qmax, int T, long long N, int num_threads) {
+// Forward over all N neurons (the arguments: host_shim.h).
+SNQ_CPU_FORWARD_ENTRY {
     using namespace snq_cpu;
     if (!is_this_library(dtype, neuron, decay_input, hard_reset, detach_reset, surrogate,
                          store_v_seq)) {
@@ -183,17 +180,8 @@ extern "C" int snq_cpu_forward(int dtype, int neuron, int decay_input, int hard_
     return 0;
 }
 
-// Backward over all N neurons: the configuration codes, the arguments of snq_backward
-// (neuron.cu) and the thread count.
-extern "C" int snq_cpu_backward(int dtype, int neuron, int decay_input, int hard_reset,
-                                int detach_reset, int surrogate, int store_v_seq,
-                                const void* h_seq, const void* x_seq, const void* v_init,
-                                const void* step_ptr, const void* k_ptr,
-                                const void* grad_spike_seq, const void* grad_v_seq,
-                                const void* grad_v_last, void* grad_x_seq, void* grad_v_init,
-                                void* grad_step_partial, void* grad_k_partial, double tau,
-                                double v_threshold, double v_reset, double qmin, double qmax,
-                                double alpha, int T, long long N, int num_threads) {
+// Backward over all N neurons (the arguments: host_shim.h).
+SNQ_CPU_BACKWARD_ENTRY {
     using namespace snq_cpu;
     if (!is_this_library(dtype, neuron, decay_input, hard_reset, detach_reset, surrogate,
                          store_v_seq)) {

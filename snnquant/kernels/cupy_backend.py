@@ -112,8 +112,8 @@ def check_cuda(name: str, tensor: torch.Tensor) -> None:
                          "backend='torch'")
 
 
-def _pointer(tensor: Optional[torch.Tensor]) -> int:
-    return pointer(tensor) or 0  # CuPy takes 0 for a null pointer
+def _pointers(*tensors) -> tuple:
+    return tuple(pointer(tensor) or 0 for tensor in tensors)  # CuPy takes 0 for a null pointer
 
 
 class CuPyLauncher:
@@ -148,8 +148,7 @@ class CuPyLauncher:
         """Launch ``snq_forward`` for ``config`` (arguments as in :class:`~._fused.Launcher`)."""
         real = numpy.float64 if config.dtype == torch.float64 else numpy.float32
         args = (
-            _pointer(x_seq), _pointer(v_init), _pointer(step), _pointer(k),
-            _pointer(spike_seq), _pointer(v_last), _pointer(v_seq), _pointer(h_seq),
+            *_pointers(x_seq, v_init, step, k, spike_seq, v_last, v_seq, h_seq),
             real(scalars.tau), real(scalars.v_threshold), real(scalars.v_reset),
             real(scalars.qmin), real(scalars.qmax), numpy.int32(T), numpy.int64(N),
         )
@@ -161,10 +160,8 @@ class CuPyLauncher:
         """Launch ``snq_backward`` for ``config`` (arguments as in :class:`~._fused.Launcher`)."""
         real = numpy.float64 if config.dtype == torch.float64 else numpy.float32
         args = (
-            _pointer(h_seq), _pointer(x_seq), _pointer(v_init), _pointer(step), _pointer(k),
-            _pointer(grad_spike_seq), _pointer(grad_v_seq), _pointer(grad_v_last),
-            _pointer(grad_x_seq), _pointer(grad_v_init), _pointer(grad_step_partial),
-            _pointer(grad_k_partial),
+            *_pointers(h_seq, x_seq, v_init, step, k, grad_spike_seq, grad_v_seq, grad_v_last,
+                       grad_x_seq, grad_v_init, grad_step_partial, grad_k_partial),
             real(scalars.tau), real(scalars.v_threshold), real(scalars.v_reset),
             real(scalars.qmin), real(scalars.qmax), real(scalars.alpha), numpy.int32(T),
             numpy.int64(N),

@@ -1,13 +1,11 @@
 // Entry points of the test ("host") mode of the CPU build (included after host_shim.h and
 // neuron.cu instead of cpu_entry.h; see cpp_backend.py).
 //
-// snq_cpu_forward / snq_cpu_backward take the arguments of cpu_entry.h's (one ctypes argument
-// list for both modes), pick the template instantiation from the configuration codes (the same
-// configuration the CuPy launcher turns into a name expression) and run the GPU kernel itself
-// once per neuron, as the GPU would run one thread per neuron (the thread count is unused).
-// Codes: dtype: 0 float32, 1 float64, 2 float16, 3 bfloat16;   neuron: 0 if, 1 lif, 2 plif;
-//   surrogate: 0 sigmoid, 1 atan; the others 0 | 1.
-// They return 0 on success and -1 (running nothing) for a code out of range.
+// snq_cpu_forward / snq_cpu_backward take the arguments of cpu_entry.h's (host_shim.h: one
+// ctypes argument list for both modes), pick the template instantiation from the configuration
+// codes (the same configuration the CuPy launcher turns into a name expression) and run the GPU
+// kernel itself once per neuron, as the GPU would run one thread per neuron (the thread count is
+// unused). They return 0 on success and -1 (running nothing) for a code out of range.
 #ifndef SNQ_HOST_ENTRY_H
 #define SNQ_HOST_ENTRY_H
 
@@ -68,12 +66,7 @@ static inline void set_thread(long long i) {
 
 }  // namespace snq_host
 
-extern "C" int snq_cpu_forward(int dtype, int neuron, int decay_input, int hard_reset,
-                               int detach_reset, int surrogate, int store_v_seq,
-                               const void* x_seq, const void* v_init, const void* step,
-                               const void* k, void* spike_seq, void* v_last, void* v_seq,
-                               void* h_seq, double tau, double v_threshold, double v_reset,
-                               double qmin, double qmax, int T, long long N, int num_threads) {
+SNQ_CPU_FORWARD_ENTRY {
     (void)detach_reset;
     (void)num_threads;
     if (!snq_host::valid_codes(dtype, neuron, surrogate)) {
@@ -92,7 +85,7 @@ extern "C" int snq_cpu_forward(int dtype, int neuron, int decay_input, int hard_
                                         decltype(decay_tag)::value, decltype(hard_tag)::value,
                                         decltype(store_tag)::value>(
                                 (const scalar_t*)x_seq, (const scalar_t*)v_init,
-                                (const real*)step, (const real*)k, (scalar_t*)spike_seq,
+                                (const real*)step_ptr, (const real*)k_ptr, (scalar_t*)spike_seq,
                                 (scalar_t*)v_last, (scalar_t*)v_seq, (real*)h_seq, (real)tau,
                                 (real)v_threshold, (real)v_reset, (real)qmin, (real)qmax, T, N);
                         }
@@ -104,15 +97,7 @@ extern "C" int snq_cpu_forward(int dtype, int neuron, int decay_input, int hard_
     return 0;
 }
 
-extern "C" int snq_cpu_backward(int dtype, int neuron, int decay_input, int hard_reset,
-                                int detach_reset, int surrogate, int store_v_seq,
-                                const void* h_seq, const void* x_seq, const void* v_init,
-                                const void* step, const void* k, const void* grad_spike_seq,
-                                const void* grad_v_seq, const void* grad_v_last,
-                                void* grad_x_seq, void* grad_v_init, void* grad_step_partial,
-                                void* grad_k_partial, double tau, double v_threshold,
-                                double v_reset, double qmin, double qmax, double alpha, int T,
-                                long long N, int num_threads) {
+SNQ_CPU_BACKWARD_ENTRY {
     (void)store_v_seq;
     (void)num_threads;
     if (!snq_host::valid_codes(dtype, neuron, surrogate)) {
@@ -134,7 +119,8 @@ extern "C" int snq_cpu_backward(int dtype, int neuron, int decay_input, int hard
                                              decltype(detach_tag)::value,
                                              decltype(surrogate_tag)::value>(
                                     (const real*)h_seq, (const scalar_t*)x_seq,
-                                    (const scalar_t*)v_init, (const real*)step, (const real*)k,
+                                    (const scalar_t*)v_init, (const real*)step_ptr,
+                                    (const real*)k_ptr,
                                     (const scalar_t*)grad_spike_seq,
                                     (const scalar_t*)grad_v_seq,
                                     (const scalar_t*)grad_v_last, (scalar_t*)grad_x_seq,

@@ -59,4 +59,26 @@ static inline float snq_host_expf(float x) {
     return x != x ? x : result;
 }
 
+// The C entry points of the CPU build, one argument list for both modes (cpu_entry.h: one
+// configuration, host_entry.h: all of them): the configuration codes (dtype 0 float32, 1 float64,
+// 2 float16, 3 bfloat16; neuron 0 if, 1 lif, 2 plif; surrogate 0 sigmoid, 1 atan; the others
+// 0 | 1), the arguments of the kernel (neuron.cu) and the thread count. They return 0, or -1
+// (running nothing) for a configuration the library does not hold.
+#define SNQ_CPU_FORWARD_ENTRY                                                                    \
+    extern "C" int snq_cpu_forward(                                                              \
+        int dtype, int neuron, int decay_input, int hard_reset, int detach_reset, int surrogate,  \
+        int store_v_seq, const void* x_seq, const void* v_init, const void* step_ptr,             \
+        const void* k_ptr, void* spike_seq, void* v_last, void* v_seq, void* h_seq, double tau,   \
+        double v_threshold, double v_reset, double qmin, double qmax, int T, long long N,         \
+        int num_threads)
+#define SNQ_CPU_BACKWARD_ENTRY                                                                   \
+    extern "C" int snq_cpu_backward(                                                             \
+        int dtype, int neuron, int decay_input, int hard_reset, int detach_reset, int surrogate,  \
+        int store_v_seq, const void* h_seq, const void* x_seq, const void* v_init,                \
+        const void* step_ptr, const void* k_ptr, const void* grad_spike_seq,                      \
+        const void* grad_v_seq, const void* grad_v_last, void* grad_x_seq, void* grad_v_init,     \
+        void* grad_step_partial, void* grad_k_partial, double tau, double v_threshold,            \
+        double v_reset, double qmin, double qmax, double alpha, int T, long long N,               \
+        int num_threads)
+
 #endif  // SNQ_HOST_SHIM_H

@@ -347,12 +347,6 @@ __device__ __forceinline__ real snq_membrane_after(const snq_params<real>& p, re
     return snq_reset<HARD_RESET>(q.value, q.spike, p.v_reset_q, p.theta_q);
 }
 
-// dH/dk of PLIF: X - V[t-1] + Vr (decay_input) | -(V[t-1] - Vr)
-template <bool DECAY_INPUT, typename real>
-__device__ __forceinline__ real snq_dh_dk(const snq_params<real>& p, real x, real v_before) {
-    return DECAY_INPUT ? (x - v_before + p.v_rest) : -(v_before - p.v_rest);
-}
-
 // The gradients of one backward step of one neuron.
 template <typename real>
 struct snq_step_grads {
@@ -386,6 +380,15 @@ __device__ __forceinline__ snq_step_grads<real> snq_backward_step(const snq_para
     g.x = g.h * p.dh_dx;
     g.v = g.h * p.dh_dv;
     return g;
+}
+
+// PLIF: one step's term of dL/dk, dL/dH * dH/dk with
+// dH/dk = X - V[t-1] + Vr (decay_input) | -(V[t-1] - Vr)
+template <bool DECAY_INPUT, typename real>
+__device__ __forceinline__ real snq_grad_k_term(const snq_params<real>& p,
+                                                const snq_step_grads<real>& g, real x,
+                                                real v_before) {
+    return g.h * (DECAY_INPUT ? (x - v_before + p.v_rest) : -(v_before - p.v_rest));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -515,7 +518,7 @@ __global__ void snq_backward(const typename snq_compute<scalar_t>::type* __restr
             const real v_before = (t > 0) ? snq_membrane_after<HARD_RESET>(p, h_before)
                                           : snq_load(v_init, i);
             const real x = DECAY_INPUT ? snq_load(x_seq, j) : (real)0;
-            grad_k = grad_k + g.h * snq_dh_dk<DECAY_INPUT>(p, x, v_before);
+            grad_k = grad_k + snq_grad_k_term<DECAY_INPUT>(p, g, x, v_before);
         }
         grad_v = g.v;
         h = h_before;

@@ -120,6 +120,12 @@ class _QuantNeuronMixin(NeuronConfigCheckMixin):
     def decay_input_(self):
         return getattr(self, "decay_input", True)
 
+    def __getstate__(self):
+        # the backend is resolved again where the copy runs (another machine may lack a compiler)
+        state = dict(super().__getstate__())
+        state["_backend_key"] = state["_resolved"] = None
+        return state
+
     def _resolved_backend(self, x):
         """The backend for ``x`` (its step function), resolved and checked by
         :func:`snnquant.kernels.dispatch.select_backend` once per requested backend, device,
