@@ -79,10 +79,12 @@ class CMemory:
 
     Attributes:
         rom_bytes: constant data (weights, biases, rescale factors), code not included.
-        ram_bytes: ``sizeof(<name>_state)``: the membranes of one sample and the buffers between
-            layers.
+        ram_bytes: ``sizeof(<name>_state)``: the membranes of one sample, the buffers between
+            layers and the sums of the event-driven layers.
         state_bytes: the membranes alone.
         input_size: ``<NAME>_INPUT_SIZE``; ``output_size``: ``<NAME>_OUTPUT_SIZE``.
+        scratch_bytes: the sums of the event-driven synaptic layers (one layer's at a time; 0
+            with ``synapses='dense'``), included in ``ram_bytes``.
     """
 
     rom_bytes: int
@@ -90,6 +92,7 @@ class CMemory:
     state_bytes: int
     input_size: int
     output_size: int
+    scratch_bytes: int = 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -129,8 +132,10 @@ def _numel(shape) -> int:
 class _Gen:
     """Writes the C source of one network; ``self.rom``/``self.ram`` collect the memory."""
 
-    def __init__(self, desc: IntegerNetwork, name: str, input_shape):
+    def __init__(self, desc: IntegerNetwork, name: str, input_shape, synapses: str = "events"):
         self.desc, self.name, self.NAME = desc, name, name.upper()
+        self.synapses = synapses
+        self.scratch: List[Tuple[str, int, int, int]] = []   # (ctype, n, bytes, op index)
         self.input_shape = tuple(int(v) for v in input_shape)
         self.shapes = op_shapes(desc, self.input_shape)
         self.consts: List[str] = []
@@ -154,6 +159,13 @@ class _Gen:
         self.rom += size * len(values)
         return ident
 
+    def scratch_array(self, i: int, ctype: str, n: int) -> str:
+        """An array of ``n`` ``ctype`` in the state's scratch union (sums of an event-driven
+        layer; one layer uses it at a time); returns the C expression that names it."""
+        size = {a: b for a, _, _, b in _TYPES}[ctype]
+        self.scratch.append((ctype, n, size * n, i))
+        return f"s->scratch.s{i}"
+
     # -- operations -----------------------------------------------------------------------------
     def synapse(self, i: int, op: SynapseOp, in_shape, out_shape, in_range, in_t, out_t_fixed,
                 fuse_with=None):
@@ -172,23 +184,54 @@ class _Gen:
         acc_t = "int32_t" if wide < (1 << 31) else "int64_t"
         out_range = bound.out_range
         out_t = out_t_fixed or _ctype(*out_range)[0]
-        wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
         rescale = rescale_def.c_lines("acc", acc_t, self.const_array, i)
         if fuse_with is None:
             rescale.append(f"out[o] = ({out_t})acc;")
         else:
             rescale.append(f"out[o] = ({out_t}){self.name}_n{fuse_with}(s, o, (int64_t)acc);")
+
         def rescale_code(indent):
             return "\n".join(" " * indent + line for line in rescale)
 
-        state = "" if fuse_with is None else f"{self.name}_state *s, "
+        events = self.synapses == "events"
+        state = "" if fuse_with is None and not events else f"{self.name}_state *s, "
         sig = f"static void {self.name}_op{i}({state}const {in_t} *in, {out_t} *out)"
+        # an event of a spike (0/1) adds the weight itself
+        times_x = "" if (in_range[0] >= 0 and in_range[1] <= 1) else f" * ({acc_t})x"
         if op.kind == "linear":
             if len(in_shape) != 1:
                 raise ExportError(f"layer {op.name!r}: a linear layer on a per-sample input of "
                                   f"shape {in_shape} (not flattened) is not supported by to_c")
             n_in = int(w.shape[1])
-            body = f"""{{
+            if events:
+                # a weight column per nonzero input: weights stored [in][out]
+                wname = self.const_array(f"w{i}", w.t().reshape(-1).tolist())
+                sums = self.scratch_array(i, acc_t, c_out)
+                body = f"""{{
+    {acc_t} *sum = {sums};
+    int32_t oc, j;
+    for (oc = 0; oc < {c_out}; oc++) {{
+        sum[oc] = 0;
+    }}
+    for (j = 0; j < {n_in}; j++) {{
+        const {in_t} x = in[j];
+        if (x != 0) {{
+            for (oc = 0; oc < {c_out}; oc++) {{
+                sum[oc] += ({acc_t}){wname}[j * {c_out} + oc]{times_x};
+            }}
+        }}
+    }}
+    for (oc = 0; oc < {c_out}; oc++) {{
+        const int32_t o = oc;
+        {acc_t} acc = sum[oc];
+        {{
+{rescale_code(12)}
+        }}
+    }}
+}}"""
+            else:
+                wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
+                body = f"""{{
     int32_t oc, j;
     for (oc = 0; oc < {c_out}; oc++) {{
         const int32_t o = oc;
@@ -203,7 +246,7 @@ class _Gen:
 }}"""
         else:
             if op.kind == "conv1d":
-                hi_, wi = 1, in_shape[1]
+                ci, hi_, wi = in_shape[0], 1, in_shape[1]
                 co, ho_, wo = out_shape[0], 1, out_shape[1]
                 kh, kw = 1, int(w.shape[2])
                 sh, sw = 1, op.stride[0]
@@ -211,7 +254,7 @@ class _Gen:
                 pads = self._conv_pads(op, (kw,))
                 ph, pw = 0, pads[0]
             else:
-                _, hi_, wi = in_shape
+                ci, hi_, wi = in_shape
                 co, ho_, wo = out_shape
                 kh, kw = int(w.shape[2]), int(w.shape[3])
                 sh, sw = op.stride
@@ -219,7 +262,69 @@ class _Gen:
                 ph, pw = self._conv_pads(op, (kh, kw))
             cig = int(w.shape[1])
             cog = c_out // op.groups
-            body = f"""{{
+            if events:
+                # a kernel stamp per nonzero input: weights stored [c_in][ky][kx][out of group],
+                # sums [oy][ox][oc]
+                wt = w.reshape(op.groups, cog, cig, kh, kw).permute(0, 2, 3, 4, 1)
+                wname = self.const_array(f"w{i}", wt.reshape(-1).tolist())
+                sums = self.scratch_array(i, acc_t, co * ho_ * wo)
+
+                def target(axis, stride, size, indent):
+                    """The check that input row/column t<axis> reaches an output, and its index."""
+                    pad = " " * indent
+                    cond = (f"t{axis} < 0 || t{axis} >= {size}" if stride == 1 else
+                            f"t{axis} < 0 || t{axis} % {stride} != 0 || t{axis} / {stride} >= {size}")
+                    return (f"if ({cond}) {{\n{pad}    continue;\n{pad}}}",
+                            f"t{axis}" if stride == 1 else f"t{axis} / {stride}")
+                check_y, oy_expr = target("y", sh, ho_, 20)
+                check_x, ox_expr = target("x", sw, wo, 24)
+                body = f"""{{
+    {acc_t} *sum = {sums};
+    int32_t c, iy, ix, ky, kx, oc, oy, ox, j;
+    for (j = 0; j < {co * ho_ * wo}; j++) {{
+        sum[j] = 0;
+    }}
+    for (c = 0; c < {ci}; c++) {{
+        const int32_t g = c / {cig};
+        for (iy = 0; iy < {hi_}; iy++) {{
+            for (ix = 0; ix < {wi}; ix++) {{
+                const {in_t} x = in[(c * {hi_} + iy) * {wi} + ix];
+                if (x == 0) {{
+                    continue;
+                }}
+                for (ky = 0; ky < {kh}; ky++) {{
+                    const int32_t ty = iy + {ph} - ky * {dh};
+                    {check_y}
+                    oy = {oy_expr};
+                    for (kx = 0; kx < {kw}; kx++) {{
+                        const int32_t tx = ix + {pw} - kx * {dw};
+                        {acc_t} *dst;
+                        {check_x}
+                        ox = {ox_expr};
+                        dst = sum + (oy * {wo} + ox) * {co} + g * {cog};
+                        for (oc = 0; oc < {cog}; oc++) {{
+                            dst[oc] += ({acc_t}){wname}[((c * {kh} + ky) * {kw} + kx) * {cog} + oc]{times_x};
+                        }}
+                    }}
+                }}
+            }}
+        }}
+    }}
+    for (oc = 0; oc < {co}; oc++) {{
+        for (oy = 0; oy < {ho_}; oy++) {{
+            for (ox = 0; ox < {wo}; ox++) {{
+                const int32_t o = (oc * {ho_} + oy) * {wo} + ox;
+                {acc_t} acc = sum[(oy * {wo} + ox) * {co} + oc];
+                {{
+{rescale_code(20)}
+                }}
+            }}
+        }}
+    }}
+}}"""
+            else:
+                wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
+                body = f"""{{
     int32_t oc, oy, ox, ic, ky, kx;
     for (oc = 0; oc < {co}; oc++) {{
         const int32_t g = oc / {cog};
@@ -418,7 +523,8 @@ class _Gen:
                 buffers[u].append((t, n, size * n, i))
                 dst = f"s->buf{u}.a{i}"
             args = f"{src}, {dst}"
-            if isinstance(op, NeuronOp) or j != i:
+            if isinstance(op, NeuronOp) or j != i or (isinstance(op, SynapseOp)
+                                                      and self.synapses == "events"):
                 args = f"s, {args}"
             calls.append(f"{self.name}_op{i}({args});")
             src, in_t = dst, t
@@ -433,6 +539,13 @@ class _Gen:
             size8 = -(-size // 8) * 8
             decl = "".join(f"        {t} a{i}[{n}];\n" for t, n, _, i in bufs)
             members.append(f"    union {{\n{decl}        uint8_t bytes[{size8}];\n    }} buf{u};")
+            ram += size8
+        self.scratch_bytes = 0
+        if self.scratch:
+            size8 = -(-max(b for _, _, b, _ in self.scratch) // 8) * 8
+            self.scratch_bytes = size8
+            decl = "".join(f"        {t} s{i}[{n}];\n" for t, n, _, i in self.scratch)
+            members.append(f"    union {{\n{decl}        uint8_t bytes[{size8}];\n    }} scratch;")
             ram += size8
         for _, decl in sorted(self.state_members, key=lambda e: -e[0]):
             members.append("    " + decl)
@@ -531,11 +644,17 @@ void {n}_step({n}_state *s, const int32_t *input, int64_t *output)
 # ------------------------------------------------------------------------------------------------
 # public API
 
-def _prepare(desc, name, input_shape) -> _Gen:
+#: The forms of a synaptic layer's accumulation that :func:`to_c` writes.
+SYNAPSE_FORMS = ("events", "dense")
+
+
+def _prepare(desc, name, input_shape, synapses="events") -> _Gen:
     if not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork (from to_integer or load_integer), got "
                         f"{type(desc).__name__}")
     name = _check_name(name)
+    if not isinstance(synapses, str) or synapses not in SYNAPSE_FORMS:
+        raise ValueError(f"synapses must be one of {SYNAPSE_FORMS}, got {synapses!r}")
     if input_shape is None:
         input_shape = _infer_input_shape(desc)
     if isinstance(input_shape, int):
@@ -546,23 +665,26 @@ def _prepare(desc, name, input_shape) -> _Gen:
         raise ValueError(f"input_shape must be a tuple of positive ints, got {input_shape!r}") from None
     if not input_shape or any(v <= 0 for v in input_shape):
         raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}")
-    return _Gen(desc, name, input_shape).build()
+    return _Gen(desc, name, input_shape, synapses).build()
 
 
-def c_memory(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = None) -> CMemory:
+def c_memory(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = None, *,
+             synapses: str = "events") -> CMemory:
     r"""ROM and RAM of the C model :func:`to_c` writes for ``desc``, without writing it.
 
     Args:
         desc: the integer network.
         input_shape: per-sample input shape, as for :func:`to_c`.
+        synapses: ``'events'`` or ``'dense'``, as for :func:`to_c`.
 
     Returns:
         A :class:`CMemory` (``rom_bytes`` = ``<NAME>_ROM_BYTES``, ``ram_bytes`` =
         ``<NAME>_RAM_BYTES``).
     """
-    g = _prepare(desc, "snn", input_shape)
+    g = _prepare(desc, "snn", input_shape, synapses)
     return CMemory(rom_bytes=g.rom, ram_bytes=g.ram, state_bytes=g.state_bytes,
-                   input_size=_numel(g.input_shape), output_size=g.out_size)
+                   input_size=_numel(g.input_shape), output_size=g.out_size,
+                   scratch_bytes=g.scratch_bytes)
 
 
 def _pair_texts(gen: "_Gen") -> Tuple[bytes, bytes]:
@@ -580,7 +702,8 @@ def _pair_texts(gen: "_Gen") -> Tuple[bytes, bytes]:
 
 
 def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "snn", *,
-         input_shape: Optional[Sequence[int]] = None) -> Tuple[Path, Path]:
+         input_shape: Optional[Sequence[int]] = None, synapses: str = "events"
+         ) -> Tuple[Path, Path]:
     r"""Write a bit-exact, portable C99 model of an integer network: ``<name>.h`` and ``<name>.c``.
 
     The C model computes, one time step of one sample per call, exactly what
@@ -641,7 +764,7 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
         ExportError: a bound of an intermediate value reaches :math:`2^{62}` (the C code would
             overflow), or a layer form the C runtime does not implement.
     """
-    gen = _prepare(desc, name, input_shape)
+    gen = _prepare(desc, name, input_shape, synapses)
     texts = _pair_texts(gen)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
