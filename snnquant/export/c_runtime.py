@@ -9,11 +9,15 @@ from the description, when the code is written:
   :math:`\{0, 1\}`, a sum pool of values in :math:`[l, h]` in :math:`[a\,l, a\,h]`;
 * a synaptic layer's accumulator and current are bounded by
   :math:`|X_c| \le \lVert w_c \rVert_1\, |x|_{max}\, m_c 2^{\sigma_c} + |b_c|`;
-* a neuron's charge by the bounds of every term of :class:`~snnquant.export.NeuronOp`'s update.
+* a neuron's charge by the bounds of every register of its operation list
+  (:meth:`~snnquant.export.program.NeuronProgram.intervals`), the same list
+  :class:`~snnquant.export.IntegerSNN` runs and this module prints as C.
 
-From these bounds each layer picks the narrowest C type that holds it (``int32_t`` accumulators
-where :math:`2^{31}` is never reached, ``int64_t`` as :class:`~snnquant.export.IntegerSNN` uses
-otherwise), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
+The partial sums of an accumulator are bounded by the same :math:`\lVert w_c \rVert_1 |x|_{max}`
+in any order and over any subset of the inputs, so the event-driven form (only the nonzero inputs,
+see :func:`to_c`) and the dense form need the same types. From these bounds each layer picks the
+narrowest C type that holds it (``int32_t`` accumulators where :math:`2^{31}` is never reached,
+``int64_t`` otherwise), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
 undefined behaviour, so the code never relies on it. Shifts of negative numbers are written as
 multiplications by :math:`2^k` (left) and as ``~(~d >> k)`` (floor right shift), so the code does
 not depend on implementation-defined behaviour either.
@@ -196,6 +200,8 @@ class _Gen:
         events = self.synapses == "events"
         state = "" if fuse_with is None and not events else f"{self.name}_state *s, "
         sig = f"static void {self.name}_op{i}({state}const {in_t} *in, {out_t} *out)"
+        # the sums of the event-driven form: the accumulator's bound alone (no rescale yet)
+        sum_t = _ctype(-max(bound.accumulator + (1,)), max(bound.accumulator + (1,)), signed=True)[0]
         # an event of a spike (0/1) adds the weight itself
         times_x = "" if (in_range[0] >= 0 and in_range[1] <= 1) else f" * ({acc_t})x"
         if op.kind == "linear":
@@ -206,9 +212,9 @@ class _Gen:
             if events:
                 # a weight column per nonzero input: weights stored [in][out]
                 wname = self.const_array(f"w{i}", w.t().reshape(-1).tolist())
-                sums = self.scratch_array(i, acc_t, c_out)
+                sums = self.scratch_array(i, sum_t, c_out)
                 body = f"""{{
-    {acc_t} *sum = {sums};
+    {sum_t} *sum = {sums};
     int32_t oc, j;
     for (oc = 0; oc < {c_out}; oc++) {{
         sum[oc] = 0;
@@ -217,7 +223,7 @@ class _Gen:
         const {in_t} x = in[j];
         if (x != 0) {{
             for (oc = 0; oc < {c_out}; oc++) {{
-                sum[oc] += ({acc_t}){wname}[j * {c_out} + oc]{times_x};
+                sum[oc] = ({sum_t})(sum[oc] + ({acc_t}){wname}[j * {c_out} + oc]{times_x});
             }}
         }}
     }}
@@ -267,7 +273,7 @@ class _Gen:
                 # sums [oy][ox][oc]
                 wt = w.reshape(op.groups, cog, cig, kh, kw).permute(0, 2, 3, 4, 1)
                 wname = self.const_array(f"w{i}", wt.reshape(-1).tolist())
-                sums = self.scratch_array(i, acc_t, co * ho_ * wo)
+                sums = self.scratch_array(i, sum_t, co * ho_ * wo)
 
                 def target(axis, stride, size, indent):
                     """The check that input row/column t<axis> reaches an output, and its index."""
@@ -279,7 +285,7 @@ class _Gen:
                 check_y, oy_expr = target("y", sh, ho_, 20)
                 check_x, ox_expr = target("x", sw, wo, 24)
                 body = f"""{{
-    {acc_t} *sum = {sums};
+    {sum_t} *sum = {sums};
     int32_t c, iy, ix, ky, kx, oc, oy, ox, j;
     for (j = 0; j < {co * ho_ * wo}; j++) {{
         sum[j] = 0;
@@ -298,12 +304,13 @@ class _Gen:
                     oy = {oy_expr};
                     for (kx = 0; kx < {kw}; kx++) {{
                         const int32_t tx = ix + {pw} - kx * {dw};
-                        {acc_t} *dst;
+                        {sum_t} *dst;
                         {check_x}
                         ox = {ox_expr};
                         dst = sum + (oy * {wo} + ox) * {co} + g * {cog};
                         for (oc = 0; oc < {cog}; oc++) {{
-                            dst[oc] += ({acc_t}){wname}[((c * {kh} + ky) * {kw} + kx) * {cog} + oc]{times_x};
+                            dst[oc] = ({sum_t})(dst[oc] + ({acc_t}){wname}[((c * {kh} + ky) * {kw} + kx)
+                                                                 * {cog} + oc]{times_x});
                         }}
                     }}
                 }}
@@ -730,6 +737,15 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
       ``output`` receives the spikes (0/1) or, for a network ending in a synaptic layer, the
       integer currents in units of :math:`2^{-F}` (``desc.output_frac_bits``).
 
+    Synapses. With ``synapses='events'`` (the default) a synaptic layer adds only what its
+    nonzero inputs contribute: a weight column per nonzero input of a linear layer, a kernel
+    stamp per nonzero input of a convolution (weights stored input-major), into sums kept in the
+    state (``scratch``, counted in ``NAME_RAM_BYTES``); its time then grows with the synaptic
+    operations (nonzero inputs times fan-out), not with the layer size. Every synaptic input of an
+    exported network is spikes or event counts, so this is the faster form for SNN activity;
+    ``synapses='dense'`` writes the dense loops (every input times every weight), which need no
+    scratch and win only for inputs that are mostly nonzero. Both compute the same integers.
+
     Layer names. The source model's module names (any text: ``'capa_oculta_ñ'``, spaces,
     quotes, ``'fc/*hidden*/'``) never become C identifiers: every generated symbol is
     ``<name>_<kind><position>`` (``snn_w0``, ``snn_n1``), unique by construction, and a module name
@@ -753,13 +769,15 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
         input_shape: per-sample input shape without time and batch. Needed when the network does
             not start with a linear layer (the description holds no image size); by default
             ``(in_features,)`` of the first linear layer.
+        synapses: ``'events'`` (default) or ``'dense'``: the form of every synaptic layer's
+            accumulation (see above).
 
     Returns:
         ``(header_path, source_path)``.
 
     Raises:
         TypeError: ``desc`` is not an :class:`~snnquant.export.IntegerNetwork`.
-        ValueError: a bad ``name`` or ``input_shape``.
+        ValueError: a bad ``name``, ``input_shape`` or ``synapses``.
         OSError: a file could not be written (the message names it; the earlier pair is kept).
         ExportError: a bound of an intermediate value reaches :math:`2^{62}` (the C code would
             overflow), or a layer form the C runtime does not implement.
