@@ -139,6 +139,7 @@ class _Gen:
     def __init__(self, desc: IntegerNetwork, name: str, input_shape, synapses: str = "events"):
         self.desc, self.name, self.NAME = desc, name, name.upper()
         self.synapses = synapses
+        self.const_types: dict = {}
         self.scratch: List[Tuple[str, int, int, int]] = []   # (ctype, n, bytes, op index)
         self.input_shape = tuple(int(v) for v in input_shape)
         self.shapes = op_shapes(desc, self.input_shape)
@@ -161,6 +162,7 @@ class _Gen:
         self.consts.append(f"static const {ctype} {ident}[{len(values)}] = {{\n"
                            + ",\n".join(body) + "\n};")
         self.rom += size * len(values)
+        self.const_types[ident] = ctype
         return ident
 
     def scratch_array(self, i: int, ctype: str, n: int) -> str:
@@ -216,14 +218,13 @@ class _Gen:
                 body = f"""{{
     {sum_t} *sum = {sums};
     int32_t oc, j;
-    for (oc = 0; oc < {c_out}; oc++) {{
-        sum[oc] = 0;
-    }}
+    memset(sum, 0, sizeof({sum_t}) * {c_out});
     for (j = 0; j < {n_in}; j++) {{
         const {in_t} x = in[j];
         if (x != 0) {{
+            const {self.const_types[wname]} *wj = {wname} + j * {c_out};
             for (oc = 0; oc < {c_out}; oc++) {{
-                sum[oc] = ({sum_t})(sum[oc] + ({acc_t}){wname}[j * {c_out} + oc]{times_x});
+                sum[oc] = ({sum_t})(sum[oc] + ({acc_t})wj[oc]{times_x});
             }}
         }}
     }}
@@ -286,10 +287,8 @@ class _Gen:
                 check_x, ox_expr = target("x", sw, wo, 24)
                 body = f"""{{
     {sum_t} *sum = {sums};
-    int32_t c, iy, ix, ky, kx, oc, oy, ox, j;
-    for (j = 0; j < {co * ho_ * wo}; j++) {{
-        sum[j] = 0;
-    }}
+    int32_t c, iy, ix, ky, kx, oc, oy, ox;
+    memset(sum, 0, sizeof({sum_t}) * {co * ho_ * wo});
     for (c = 0; c < {ci}; c++) {{
         const int32_t g = c / {cig};
         for (iy = 0; iy < {hi_}; iy++) {{
@@ -305,12 +304,13 @@ class _Gen:
                     for (kx = 0; kx < {kw}; kx++) {{
                         const int32_t tx = ix + {pw} - kx * {dw};
                         {sum_t} *dst;
+                        const {self.const_types[wname]} *wk;
                         {check_x}
                         ox = {ox_expr};
                         dst = sum + (oy * {wo} + ox) * {co} + g * {cog};
+                        wk = {wname} + ((c * {kh} + ky) * {kw} + kx) * {cog};
                         for (oc = 0; oc < {cog}; oc++) {{
-                            dst[oc] = ({sum_t})(dst[oc] + ({acc_t}){wname}[((c * {kh} + ky) * {kw} + kx)
-                                                                 * {cog} + oc]{times_x});
+                            dst[oc] = ({sum_t})(dst[oc] + ({acc_t})wk[oc]{times_x});
                         }}
                     }}
                 }}
