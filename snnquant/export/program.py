@@ -318,6 +318,20 @@ class SynapseRescale:
         """Whether every channel has the same factor."""
         return all(f == self.factor[0] for f in self.factor)
 
+    def apply(self, acc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The torch reading on an accumulator ``[B, C, *spatial]`` (or ``[B, C]``): ``X`` in
+        ``dtype``."""
+        acc = acc.to(dtype)
+        shape = [1, -1] + [1] * (acc.dim() - 2)
+        if self.same_factor:
+            if self.factor and self.factor[0] != 1:
+                acc = acc * self.factor[0]
+        else:
+            acc = acc * torch.tensor(self.factor, dtype=dtype).reshape(shape)
+        if self.bias is not None:
+            acc = acc + torch.tensor(self.bias, dtype=dtype).reshape(shape)
+        return acc
+
     def folded(self, weight: torch.Tensor, dtype: torch.dtype
                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
         r"""The torch reading: ``(w', b)`` with :math:`w'_c = f_c w_c`, so that
