@@ -331,6 +331,9 @@ class _Gen:
 }}"""
             else:
                 wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
+
+                def window(indent, *inner):
+                    return self._window(indent, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner)
                 body = f"""{{
     int32_t oc, oy, ox, ic, ky, kx;
     for (oc = 0; oc < {co}; oc++) {{
@@ -341,20 +344,8 @@ class _Gen:
                 {acc_t} acc = 0;
                 for (ic = 0; ic < {cig}; ic++) {{
                     const int32_t c = g * {cig} + ic;
-                    for (ky = 0; ky < {kh}; ky++) {{
-                        const int32_t iy = oy * {sh} - {ph} + ky * {dh};
-                        if (iy < 0 || iy >= {hi_}) {{
-                            continue;
-                        }}
-                        for (kx = 0; kx < {kw}; kx++) {{
-                            const int32_t ix = ox * {sw} - {pw} + kx * {dw};
-                            if (ix < 0 || ix >= {wi}) {{
-                                continue;
-                            }}
-                            acc += ({acc_t}){wname}[((oc * {cig} + ic) * {kh} + ky) * {kw} + kx]
-                                * ({acc_t})in[(c * {hi_} + iy) * {wi} + ix];
-                        }}
-                    }}
+{window(20, f"acc += ({acc_t}){wname}[((oc * {cig} + ic) * {kh} + ky) * {kw} + kx]",
+        f"    * ({acc_t})in[(c * {hi_} + iy) * {wi} + ix];")}
                 }}
                 {{
 {rescale_code(20)}
@@ -367,6 +358,20 @@ class _Gen:
         self.funcs.append(f"/* {_quote(op.name)}: {op.kind}, {op.weight_bits}-bit weights, "
                           f"{acc_t} accumulator{fused} */\n{sig}\n{body}")
         return out_range, out_t
+
+    @staticmethod
+    def _window(indent: int, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner: str) -> str:
+        """C loops over the window of output (oy, ox): ``ky``/``kx`` with the input row ``iy``
+        and column ``ix`` inside the input; ``inner`` lines run for each."""
+        pad = " " * indent
+        lines = [f"for (ky = 0; ky < {kh}; ky++) {{",
+                 f"    const int32_t iy = oy * {sh} - {ph} + ky * {dh};",
+                 f"    if (iy < 0 || iy >= {hi_}) {{", "        continue;", "    }",
+                 f"    for (kx = 0; kx < {kw}; kx++) {{",
+                 f"        const int32_t ix = ox * {sw} - {pw} + kx * {dw};",
+                 f"        if (ix < 0 || ix >= {wi}) {{", "            continue;", "        }"]
+        lines += ["        " + ln for ln in inner] + ["    }", "}"]
+        return "\n".join(pad + ln for ln in lines)
 
     @staticmethod
     def _conv_pads(op: SynapseOp, kernel) -> Tuple[int, ...]:
@@ -397,10 +402,7 @@ class _Gen:
         if op.kind == "max":
             out_range = in_range
             init = "int first = 1;"
-            update = ("if (first || in[j] > best) {\n"
-                      "                            best = in[j];\n"
-                      "                            first = 0;\n"
-                      "                        }")
+            update = "if (first || in[j] > best) {\n    best = in[j];\n    first = 0;\n}"
             acc_t = in_t
             start = f"{acc_t} best = 0;\n                {init}"
             result = "best"
@@ -411,28 +413,17 @@ class _Gen:
             update = f"best += ({acc_t})in[j];"
             result = "best"
         out_t = out_t_fixed or _ctype(*out_range)[0]
+
+        def window(indent, *inner):
+            return self._window(indent, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner)
         body = f"""static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)
 {{
-    int32_t ch, oy, ox, ky, kx;
+    int32_t ch, oy, ox, ky, kx, j;
     for (ch = 0; ch < {c}; ch++) {{
         for (oy = 0; oy < {ho_}; oy++) {{
             for (ox = 0; ox < {wo}; ox++) {{
                 {start}
-                for (ky = 0; ky < {kh}; ky++) {{
-                    const int32_t iy = oy * {sh} - {ph} + ky * {dh};
-                    if (iy < 0 || iy >= {hi_}) {{
-                        continue;
-                    }}
-                    for (kx = 0; kx < {kw}; kx++) {{
-                        const int32_t ix = ox * {sw} - {pw} + kx * {dw};
-                        int32_t j;
-                        if (ix < 0 || ix >= {wi}) {{
-                            continue;
-                        }}
-                        j = (ch * {hi_} + iy) * {wi} + ix;
-                        {update}
-                    }}
-                }}
+{window(16, f"j = (ch * {hi_} + iy) * {wi} + ix;", *update.split(chr(10)))}
                 out[(ch * {ho_} + oy) * {wo} + ox] = ({out_t}){result};
             }}
         }}
