@@ -372,6 +372,45 @@ def test_event_driven_sums_are_counted_in_ram(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
+def test_c_rounding_helper_matches_round_half_even_shift(tmp_path):
+    """The C reading of the 'rhe' opcode equals round_half_even_shift (ties to even) on ties,
+    negatives and the ends of the range it is used on (|d| < 2^62, 1 <= k <= 61)."""
+    from snnquant.export import round_half_even_shift
+    from snnquant.export.program import c_rhe_helper
+
+    cases = []
+    for k in (1, 2, 3, 7, 20, 40, 61):
+        half = 1 << (k - 1)
+        for base in (0, 1, 2, 3, 5, -1, -2, -3, -5, 1000, -1000, (1 << 61) >> k, -((1 << 61) >> k)):
+            for extra in (-half - 1, -half, -half + 1, -1, 0, 1, half - 1, half, half + 1):
+                d = (base << k) + extra
+                if abs(d) < (1 << 62):
+                    cases.append((d, k))
+    cases += [((1 << 62) - 1, 61), (-(1 << 62) + 1, 61), ((1 << 62) - 1, 1), (-(1 << 62) + 1, 1)]
+    table = ",\n".join(f"    {{INT64_C({d}), {k}}}" for d, k in cases)
+    (tmp_path / "rhe.c").write_text(f"""#include <stdint.h>
+#include <stdio.h>
+{c_rhe_helper("t")}
+static const struct {{ int64_t d; int k; }} cases[] = {{
+{table}
+}};
+int main(void)
+{{
+    unsigned i;
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {{
+        printf("%lld\\n", (long long)t_rhe(cases[i].d, cases[i].k));
+    }}
+    return 0;
+}}
+""")
+    exe = tmp_path / "rhe"
+    res = subprocess.run([compiler(), *STRICT, *sanitizer_flags(), str(tmp_path / "rhe.c"), "-o",
+                          str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    assert [int(v) for v in out] == [round_half_even_shift(d, k) for d, k in cases]
+
+
 def test_ram_bytes_is_sizeof_state(tmp_path):
     """The C file refuses to compile when sizeof(state) != RAM_BYTES; check the check works."""
     desc = _mlp_desc()

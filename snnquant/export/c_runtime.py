@@ -438,7 +438,7 @@ class _Gen:
         regs, (v_lo, v_hi) = program.intervals(in_range)
         big = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
         shift = max(program.shifts() + [0])
-        if big >= (1 << _LIMIT_BITS) or shift > _LIMIT_BITS:
+        if big >= (1 << _LIMIT_BITS) or shift >= _LIMIT_BITS:
             raise ExportError(f"layer {op.name!r}: the charge is bounded only by {big} (grid shift "
                               f"{op.grid_shift}, leak shift {op.leak_shift}), which reaches "
                               f"2^{_LIMIT_BITS}: the C code would overflow int64")
