@@ -68,9 +68,17 @@ class IntegerSNN:
         if self.device.type != "cpu":
             raise ValueError(f"device must be 'cpu', got {device!r}: PyTorch implements integer "
                              f"convolutions and matrix products on the CPU only")
-        self._params = []
-        rng = (-int(desc.input_max), int(desc.input_max))
-        for op in desc.ops:
+        self._plans: Dict[int, list] = {}
+        self._params = self._plan(int(desc.input_max))
+
+    def _plan(self, input_bound: int) -> list:
+        """Per operation: its tensors and integer types for inputs with :math:`|x| \\le`
+        ``input_bound`` (cached: a call on spikes gets the narrow types of spikes)."""
+        if input_bound in self._plans:
+            return self._plans[input_bound]
+        plan = []
+        rng = (-input_bound, input_bound)
+        for op in self.desc.ops:
             if isinstance(op, SynapseOp):
                 rescale = SynapseRescale.of(op)
                 bound = synapse_bounds(op, rescale, rng)
@@ -89,7 +97,7 @@ class IntegerSNN:
                     rescale = None
                 else:
                     weight, bias = op.weight.to(acc_dtype), None
-                self._params.append(dict(weight=weight.to(self.device), dtype=acc_dtype,
+                plan.append(dict(weight=weight.to(self.device), dtype=acc_dtype,
                                          bias=None if bias is None else bias.to(self.device),
                                          rescale=rescale, out_dtype=dtype))
                 rng = bound.out_range
@@ -99,13 +107,15 @@ class IntegerSNN:
                 widest = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
                 # rhe adds up to 2^(k-1) before its shift
                 dtype = _dtype_for(widest + (1 << max(program.shifts() + [0])))
-                self._params.append(dict(program=program, dtype=dtype))
+                plan.append(dict(program=program, dtype=dtype))
                 rng = (0, 1)
             elif isinstance(op, PoolOp):
                 rng = pool_range(op, rng)
-                self._params.append(dict(dtype=_dtype_for(max(map(abs, rng)))))
+                plan.append(dict(dtype=_dtype_for(max(map(abs, rng)))))
             else:
-                self._params.append(None)
+                plan.append(None)
+        self._plans[input_bound] = plan
+        return plan
 
     # ---- operations -------------------------------------------------------------------------
     def _stateless(self, op, prm, x: torch.Tensor) -> torch.Tensor:
@@ -194,7 +204,9 @@ class IntegerSNN:
         T, N = x.shape[0], x.shape[1]
         x = x.reshape((T * N,) + tuple(x.shape[2:]))
         layers = {}
-        for op, prm in zip(self.desc.ops, self._params):
+        # the types follow the bound of this input, rounded up to 2^b - 1 (few cached plans)
+        plan = self._plan((1 << peak.bit_length()) - 1 if x.numel() else 1)
+        for op, prm in zip(self.desc.ops, plan):
             if not isinstance(op, NeuronOp):
                 x = self._stateless(op, prm, x)
             else:
