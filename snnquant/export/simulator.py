@@ -47,7 +47,7 @@ class IntegerSNN:
     as C. The membrane starts at ``v_init`` on every call. Each layer computes in the narrowest
     of ``int16`` (a synapse's accumulation and, when it fits too, its rescale), ``int32`` and
     ``int64`` that the bounds proven from the description (the same ones the C runtime uses)
-    allow; the results do not depend on it.
+    allow for the largest magnitude of the call's input; the results do not depend on it.
 
     On the same integer input its spikes equal those of the fake-quantized float model in eval
     mode (in the description's ``reference_dtype``), layer by layer and step by step, when the
