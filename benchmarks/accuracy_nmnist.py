@@ -12,6 +12,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ def main():
     rows = []
     for name, flags in CONFIGS:
         out = os.path.join(args.runs, name.split(",")[0].replace(" ", "_").replace("-", ""))
+        shutil.rmtree(out, ignore_errors=True)  # a run folder holds one run: a rerun starts anew
         cmd = [sys.executable, "examples/train_nmnist.py", *flags, "--epochs", str(args.epochs),
                "--out", out]
         t0 = time.time()

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -102,6 +103,7 @@ def main():
                      "--finetune-epochs", str(args.finetune_epochs), "--seed", str(seed)]
             cmd = [sys.executable, str(ROOT / "examples" / "train_nmnist.py"),
                    *[str(root) if a == "<root>" else a for a in shown], "--out", str(out), "--device", "cpu"]
+            shutil.rmtree(out, ignore_errors=True)  # a run folder holds one run: a rerun starts anew
             t0 = time.time()
             env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
             res = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env)

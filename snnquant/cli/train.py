@@ -578,14 +578,15 @@ def main(argv=None, prog=None):
 
     args = parse_args(argv, prog)
     check_dependencies(args)
-    shown = [prog or Path(sys.argv[0]).name, *(sys.argv[1:] if argv is None else argv)]
+    command = " ".join([prog or shlex.quote(Path(sys.argv[0]).name),
+                        shlex.join(map(str, sys.argv[1:] if argv is None else argv))])
     folder = RunFolder(Path(args.out)) if _launch_rank() == 0 else None
     if folder is not None:
         folder.open(resume=args.resume)
     try:
         result = _run(args, folder)
         if folder is not None:
-            folder.write_manifest(shlex.join(shown), dict(vars(args)), result)
+            folder.write_manifest(command, dict(vars(args)), result)
         return result
     finally:
         if folder is not None:
