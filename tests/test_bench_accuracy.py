@@ -9,6 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from _repo import needs
+
+pytestmark = needs("benchmarks")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -7,6 +7,10 @@ from pathlib import Path
 
 import pytest
 
+from _repo import needs
+
+pytestmark = needs("benchmarks")
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_neuron_cpu.py"
 
 

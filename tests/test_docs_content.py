@@ -6,6 +6,10 @@ import re
 
 import snnquant
 
+from _repo import needs
+
+pytestmark = needs("docs", "README.md", "examples")
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from _repo import needs
+
+pytestmark = needs("benchmarks")
+
 SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_neuron_gpu.py"
 
 
