@@ -162,6 +162,8 @@ def parse_args(argv=None, prog=None):
 
 
 def dist_setup(device: str):
+    """Join the process group torchrun set up (gloo on CPU, NCCL on CUDA); return
+    ``(rank, world size, local rank)`` ((0, 1, 0) without torchrun)."""
     import torch.distributed as dist
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1 and not dist.is_initialized():
@@ -173,12 +175,14 @@ def dist_setup(device: str):
 
 
 def barrier():
+    """Wait for every rank (nothing without a process group)."""
     import torch.distributed as dist
     if dist.is_initialized():
         dist.barrier()
 
 
 def all_sum(values, device):
+    """``values`` summed over all ranks (as they are on one process), as a list of floats."""
     import torch.distributed as dist
     t = torch.tensor(values, dtype=torch.float64, device=device)
     if dist.is_initialized():
@@ -225,6 +229,7 @@ def build_csnn(channels: int, tau: float):
 
 
 def build_network(args):
+    """The example's float network for ``args.dataset`` (``--channels``, ``--tau``)."""
     if args.dataset == "nmnist":
         return build_csnn(args.channels, args.tau)
     from snnquant.datasets import default_network
@@ -232,6 +237,8 @@ def build_network(args):
 
 
 def quantize(net, args):
+    """``net`` quantized by :func:`snnquant.quantize_model` as the flags say; ``(net, None)`` for
+    full precision (``--weight-bits 0 --v-bits 0``), else ``(model, report)``."""
     import snnquant
     if args.weight_bits == 0 and args.v_bits == 0:
         return net, None
@@ -248,6 +255,7 @@ def quantize(net, args):
 
 
 def load_data(args, rank):
+    """The training and test sets of the run (rank 0 prepares the root, the others wait)."""
     from snnquant.datasets import load_dataset
 
     if rank == 0:
@@ -264,6 +272,8 @@ def load_data(args, rank):
 
 
 def make_loaders(train_set, test_set, args, rank, world, epoch):
+    """The training and test loaders of ``epoch``: the order depends only on ``--seed`` and the
+    epoch (a resumed run sees the same batches); under DDP each rank gets its share."""
     from torch.utils.data import DataLoader, DistributedSampler, RandomSampler, SequentialSampler
 
     if world > 1:
@@ -305,6 +315,7 @@ class FiringRates:
         return hook
 
     def pop(self):
+        """The mean firing rate per layer since the last call; starts counting anew."""
         rates = {k: self.sums[k] / max(1, self.counts[k]) for k in self.sums}
         for k in self.sums:
             self.sums[k], self.counts[k] = 0.0, 0
@@ -313,6 +324,9 @@ class FiringRates:
 
 def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, epoch: int,
               label: str = "", reduce: bool = True):
+    """One pass over ``loader`` (training when ``train``): MSE between the output firing rate and
+    the one-hot label, an ``opt`` step per batch, ``reset_net`` after each; returns ``(mean loss,
+    accuracy)``, summed over ranks when ``reduce``."""
     from spikingjelly.activation_based import functional
     from tqdm import tqdm
 
@@ -347,11 +361,13 @@ def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, 
 
 
 def atomic_write_text(path: Path, text: str):
+    """Write ``text`` to ``path`` atomically (:func:`snnquant._io.atomic_write`)."""
     from snnquant._io import atomic_write
     atomic_write(path, text)
 
 
 def write_plots(out: Path, history):
+    """``accuracy.png`` and ``firing_rates.png`` of the history so far, written atomically."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -408,6 +424,8 @@ def config_differences(saved: dict, current: dict) -> list:
 
 
 def check_resume_config(ckpt: dict, current: dict, path: Path) -> None:
+    """Stop (``SystemExit``, listing the differences) when the checkpoint at ``path`` was made
+    with another run configuration than ``current``, or records none."""
     saved = ckpt.get("config") if isinstance(ckpt, dict) else None
     if not isinstance(saved, dict):
         raise SystemExit(f"cannot resume from {path}: it records no run configuration (made by an "
