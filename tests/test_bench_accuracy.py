@@ -10,6 +10,10 @@ from pathlib import Path
 import pytest
 from conftest import load_script
 
+from _repo import needs
+
+pytestmark = needs("benchmarks")
+
 ROOT = Path(__file__).resolve().parents[1]
 
 

@@ -7,6 +7,9 @@ from pathlib import Path
 import pytest
 from conftest import load_script
 
+from _repo import needs
+
+pytestmark = needs("benchmarks")
 
 
 @pytest.fixture(scope="module")

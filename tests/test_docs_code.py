@@ -37,6 +37,10 @@ import textwrap
 import pytest
 import torch
 
+from _repo import needs
+
+pytestmark = needs("docs", "README.md")
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 PYTHON = {"python", "py", "python3"}

@@ -6,6 +6,10 @@ import re
 
 import snnquant
 
+from _repo import needs
+
+pytestmark = needs("docs", "README.md", "examples")
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -42,3 +46,59 @@ def test_entry_guide_comes_first_and_the_installation_page_is_in_the_toctree():
     install = (ROOT / "docs" / "install.rst").read_text()
     for needle in ("cuda12", "cuda13", "CuPy", "CPU", "examples", "export", "dev", "datasets"):
         assert needle in install, needle
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 25: the order a user works, the install page, the links, the defaults the pages name
+
+USER_ORDER = ["install", "guide/quantize", "guide/nmnist", "guide/dvs128_gesture",
+              "guide/cifar10_dvs", "guide/shd", "guide/ptq", "guide/deploy", "guide/deploy_mcu",
+              "guide/nir"]
+
+
+def test_the_pages_come_in_the_order_a_user_works_and_the_architecture_last():
+    entries = _toctree_entries((ROOT / "docs" / "index.rst").read_text())
+    positions = [entries.index(page) for page in USER_ORDER]
+    assert positions == sorted(positions), [entries[i] for i in sorted(positions)]
+    assert entries[-1] == "architecture"
+    for path in (ROOT / "docs" / "guide").glob("*.rst"):  # a new guide gets its place in the order
+        assert f"guide/{path.stem}" in entries, path.name
+
+
+def test_install_page_and_readme_cover_wheel_sdist_and_every_extra():
+    import tomllib
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    install = (ROOT / "docs" / "install.rst").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for text in (install, readme):
+        for words in ("wheel", "sdist", "python -m build", "snnquant train", "torch==2.13.0",
+                      "torch==2.14.1"):
+            assert words in text, words
+        for extra in extras:
+            assert f"``{extra}``" in text or f"`{extra}`" in text, extra
+
+
+def test_quickstart_is_linked_from_the_readme_and_the_quantize_guide():
+    assert "examples/quickstart.py" in (ROOT / "README.md").read_text()
+    quantize = (ROOT / "docs" / "guide" / "quantize.rst").read_text()
+    assert ":download:`examples/quickstart.py\n<../../examples/quickstart.py>`" in quantize
+    assert (ROOT / "examples" / "quickstart.py").is_file()
+
+
+def test_every_default_a_page_names_is_the_code_default():
+    """``--flag`` (default X) / ``--flag``, default X in the README and the guides: X is what
+    ``snnquant train`` defaults to."""
+    from snnquant.cli.train import parse_args
+
+    defaults = vars(parse_args([]))
+    pattern = re.compile(r"``(--[\w-]+)``(?: epochs)?,? \(?default (?:``)?([\w./]+)")
+    found = 0
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.rst"))]:
+        text = " ".join(path.read_text().split())
+        for flag, value in pattern.findall(text):
+            found += 1
+            code = defaults[flag[2:].replace("-", "_")]
+            assert value == str(code), (path.name, flag, value, code)
+    assert found >= 5
+    assert defaults["finetune_epochs"] == 10  # the nmnist guide says so in prose too

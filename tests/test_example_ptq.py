@@ -7,6 +7,10 @@ import sys
 
 import pytest
 
+from _repo import needs
+
+pytestmark = needs("examples")
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SMALL = ["--samples-per-class", "3", "-T", "4", "--batch-size", "8", "--channels", "4"]
 

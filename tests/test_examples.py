@@ -10,6 +10,10 @@ import pytest
 import torch
 from conftest import load_script
 
+from _repo import needs
+
+pytestmark = needs("examples")
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 

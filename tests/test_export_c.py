@@ -13,7 +13,6 @@ import numpy as np
 import pytest
 import torch
 import torch.nn as nn
-from conftest import load_script
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from spikingjelly.activation_based import functional as sjf
@@ -22,6 +21,8 @@ from spikingjelly.activation_based import layer, neuron
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import (ExportError, SynapseOp, IntegerSNN, c_memory, fold_batchnorm, to_c,
                              to_integer)
+
+from _repo import needs
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 STRICT = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic"]
@@ -271,7 +272,8 @@ def test_random_networks_match_integer_snn(cfg, tmp_path_factory):
 # the example's network, trained
 
 def _example_module():
-    return load_script("examples/train_nmnist.py")
+    import snnquant.cli.train  # the example's code (examples/train_nmnist.py is its thin entry)
+    return snnquant.cli.train
 
 
 def test_trained_example_network_matches_integer_snn(tmp_path):
@@ -546,6 +548,7 @@ def _blocks(text: str, lang: str):
     return out
 
 
+@needs("docs")
 def test_deploy_guide_runs_and_its_main_matches_integer_snn(tmp_path, monkeypatch):
     text = (ROOT / "docs" / "guide" / "deploy_mcu.rst").read_text()
     python = _blocks(text, "python")

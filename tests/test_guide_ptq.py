@@ -3,6 +3,10 @@ import os
 import pathlib
 import re
 
+from _repo import needs
+
+pytestmark = needs("docs")
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

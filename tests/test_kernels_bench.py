@@ -8,6 +8,9 @@ import pytest
 import torch
 from conftest import load_script
 
+from _repo import needs
+
+pytestmark = needs("benchmarks")
 
 
 @pytest.fixture(scope="module")

@@ -388,7 +388,7 @@ def test_quantize_model_and_example_accept_cpp_and_auto(prebuilt):
     with pytest.raises(ValueError, match="backend"):
         QuantConfig(backend="numba")
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    example = subprocess.run([sys.executable, str(REPO / "examples" / "train_nmnist.py"), "--help"],
+    example = subprocess.run([sys.executable, "-m", "snnquant", "train", "--help"],
                              capture_output=True, text=True, cwd=REPO, timeout=120, env=env)
     assert example.returncode == 0, example.stderr
     assert "cpp" in example.stdout and "auto" in example.stdout

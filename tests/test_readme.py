@@ -3,6 +3,8 @@ import pathlib
 import subprocess
 import sys
 
+from _repo import needs
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
@@ -11,6 +13,7 @@ def _commands():
             if line.startswith("    python3 -m venv")]
 
 
+@needs("README.md", ".ci")
 def test_readme_has_exactly_two_setup_commands_and_ci_runs_the_test_one():
     cmds = _commands()
     assert len(cmds) == 2
@@ -27,6 +30,7 @@ def test_import_is_light():
     assert out.returncode == 0, out.stdout + out.stderr
 
 
+@needs("README.md")
 def test_readme_example_runs():
     text = (ROOT / "README.md").read_text()
     code = text.split("```python\n", 1)[1].split("```", 1)[0]

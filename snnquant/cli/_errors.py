@@ -1,0 +1,54 @@
+"""Errors of the command line that it reports in one line."""
+from __future__ import annotations
+
+from typing import Optional
+
+# optional modules snnquant imports where used: module -> (pip package, extra that installs it)
+OPTIONAL_MODULES = {
+    "sklearn": ("scikit-learn", "datasets"),
+    "torchvision": ("torchvision", "datasets"),
+    "h5py": ("h5py", "datasets"),
+    "matplotlib": ("matplotlib", "examples"),
+    "tensorboard": ("tensorboard", "examples"),
+    "safetensors": ("safetensors", "export"),
+    "nir": ("nir", "export"),
+    "nirtorch": ("nirtorch", "export"),
+    "cupy": ("cupy-cuda12x or cupy-cuda13x", "cuda12] or [cuda13"),
+}
+
+
+def optional_module(error: ModuleNotFoundError) -> Optional[str]:
+    """The optional module (a key of ``OPTIONAL_MODULES``) whose absence raised ``error``, or
+    None when the missing module is not one of them."""
+    top = (error.name or "").split(".")[0]
+    return top if top in OPTIONAL_MODULES else None
+
+
+class MissingDependency(ImportError):
+    """An optional module a command needs is not installed; the message names the extra.
+
+    Args:
+        module: the module, as imported (``sklearn``).
+        package: the pip package that provides it (``scikit-learn``).
+        extra: the snnquant extra that installs it (``datasets``).
+    """
+
+    def __init__(self, module: str, package: str, extra: str):
+        super().__init__(f"this run needs the module '{module}', which is not installed: "
+                         f"pip install \"snnquant[{extra}]\" (or pip install {package})",
+                         name=module)
+
+    @classmethod
+    def explain(cls, error: ImportError) -> str:
+        """One line for ``error``: a ``ModuleNotFoundError`` of an optional module with the extra
+        to install; any other ``ImportError`` (snnquant's own say what to install) as it is.
+
+        Raises:
+            ImportError: ``error`` itself, when it is about no optional module (a bug to see).
+        """
+        if isinstance(error, cls) or not isinstance(error, ModuleNotFoundError):
+            return str(error)  # snnquant's own ImportErrors say what to install
+        module = optional_module(error)
+        if module is None:
+            raise error
+        return str(cls(module, *OPTIONAL_MODULES[module]))

@@ -1,0 +1,175 @@
+"""The run folder of ``snnquant train``: one run's files, locked while it runs, with a manifest.
+
+Every file in a run folder belongs to the run that wrote it last. A new run starts from an absent
+or empty folder; ``--resume`` continues the run whose checkpoint is there (its configuration is
+checked by the caller) after removing that run's end-of-run files, which the resumed run writes
+again; anything else is refused with one line. While a run works, it holds an exclusive ``flock``
+on the folder itself, so that a second process on the same folder is refused at once. The
+manifest ``run.json`` is written last, atomically: the command, the configuration, the result and
+the SHA-256 of every other file in the folder.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import time
+from pathlib import Path
+from typing import Optional
+
+MANIFEST = "run.json"
+# rewritten every epoch: a resumed run continues them
+EPOCH_FILES = ("checkpoint.pt", "metrics.json", "accuracy.png", "firing_rates.png", "tensorboard")
+# written once at the end of a run (or by --ptq): a resumed run removes them and writes them again
+END_OF_RUN_FILES = ("model.pt", "summary.txt", "model_folded.pt", "model_int.safetensors",
+                    "model_int.h", "model_int.c", "ptq.json", MANIFEST)
+RUN_FILES = EPOCH_FILES + END_OF_RUN_FILES
+
+
+class RunFolderError(Exception):
+    """The run folder cannot be used as asked; the message is one line saying why and what to do."""
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _describe(folder: Path, names: list) -> str:
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        return f"the outputs of `{manifest['command']}` ({len(names)} entries)"
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    if "checkpoint.pt" in names:
+        return f"an unfinished run without {MANIFEST}: {shown}"
+    return shown
+
+
+class RunFolder:
+    """The folder ``path`` of one run: :meth:`open` checks and locks it, :meth:`write_manifest`
+    closes the run, :meth:`close` releases the lock.
+
+    Args:
+        path: the run folder (``--out``); created when absent.
+    """
+
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._fd: Optional[int] = None
+
+    def open(self, resume: bool) -> None:
+        """Create and lock the folder, then check that a new run (``resume=False``) finds it empty
+        and a resumed one finds only a run's files.
+
+        Raises:
+            RunFolderError: ``path`` is a file, another process holds the folder, a new run
+                finds files, or a resumed run finds files no run writes.
+        """
+        if self.path.exists() and not self.path.is_dir():
+            raise RunFolderError(f"--out {self.path} is a file, not a folder: give a folder")
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+            self._lock()
+        except OSError as exc:
+            self.close()
+            raise RunFolderError(f"--out {self.path}: cannot use this folder "
+                                 f"({exc.strerror or exc})") from None
+        try:
+            self._check(resume)
+        except RunFolderError:
+            self.close()
+            raise
+
+    def _lock(self) -> None:
+        try:
+            import fcntl
+        except ImportError:  # Windows: no lock
+            return
+        self._fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self.close()
+            raise RunFolderError(f"--out {self.path} is in use by another run right now (it holds "
+                                 f"the folder's lock): wait for it to finish or give another "
+                                 f"--out") from None
+
+    def _check(self, resume: bool) -> None:
+        from snnquant._io import remove_stale_temporaries
+
+        for name in os.listdir(self.path):  # temporaries of killed runs are not a run's files
+            if ".tmp-" in name:
+                remove_stale_temporaries(self.path / name.split(".tmp-")[0])
+        names = sorted(os.listdir(self.path))
+        if not names:
+            return
+        if not resume:
+            raise RunFolderError(
+                f"--out {self.path} is not empty (it holds {_describe(self.path, names)}): give a "
+                f"new or empty --out, remove what is there, or add --resume to continue the run "
+                f"whose checkpoint.pt is there")
+        foreign = [n for n in names if n not in RUN_FILES]
+        if foreign:
+            raise RunFolderError(
+                f"--resume: --out {self.path} holds files no run writes ({', '.join(foreign[:4])}"
+                f"{' ...' if len(foreign) > 4 else ''}): move them away and resume again")
+
+    def remove_end_of_run_files(self) -> None:
+        """Remove the files the end of a run writes (the manifest first): a resumed run writes
+        them again, and none of an earlier end is left beside the new one."""
+        for name in END_OF_RUN_FILES:
+            try:
+                (self.path / name).unlink()
+            except FileNotFoundError:
+                pass
+
+    def write_manifest(self, command: str, configuration: dict, result) -> dict:
+        """Write ``run.json`` (atomically): the command, the configuration, the result and the
+        SHA-256 and size of every other file in the folder; return what was written."""
+        from snnquant._io import atomic_write
+        from snnquant._version import __version__
+
+        files = {}
+        for path in sorted(self.path.rglob("*")):
+            rel = path.relative_to(self.path).as_posix()
+            if path.is_file() and rel != MANIFEST and ".tmp-" not in path.name:
+                files[rel] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+        manifest = dict(command=command, configuration=configuration, result=result, files=files,
+                        snnquant_version=__version__,
+                        finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        atomic_write(self.path / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
+        return manifest
+
+    def close(self) -> None:
+        """Release the folder's lock (the kernel also releases it when the process ends)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def verify_manifest(folder: Path) -> dict:
+    """Read ``<folder>/run.json`` and check every file it lists against its SHA-256.
+
+    Raises:
+        ValueError: no readable manifest, or a listed file is missing or differs (named).
+    """
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+        files = manifest["files"]
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise ValueError(f"{folder} has no readable {MANIFEST} (not a finished run folder of "
+                         f"snnquant train): {exc}") from None
+    for rel, entry in files.items():
+        path = folder / rel
+        if not path.is_file():
+            raise ValueError(f"{path} is listed in {folder / MANIFEST} but missing")
+        if _sha256(path) != entry["sha256"]:
+            raise ValueError(f"{path} differs from the SHA-256 in {folder / MANIFEST} (changed "
+                             f"after the run wrote it)")
+    return manifest
