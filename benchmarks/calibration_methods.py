@@ -24,6 +24,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _nmnist_common as common  # noqa: E402
+from _tables import write_rst_table  # noqa: E402
 
 BITS = [(4, 8), (2, 4)]
 METHODS = ("minmax", "percentile", "mse", "firing")
@@ -104,6 +105,7 @@ def write(args, rows, low_rate, seeds_done):
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
             data_sha256=args.data_sha256, calib_batches=args.calib_batches, rows=rows,
             lowest_rate_ratio=low_rate, verdicts=verdicts), table, args.out)
+        write_rst_table(args.out, f"calibration_methods{suffix}")  # the PTQ guide includes it
 
 
 if __name__ == "__main__":

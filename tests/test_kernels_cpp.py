@@ -514,7 +514,7 @@ def test_killed_builds_leave_nothing_for_long(tmp_path):
     target = cpp_backend.library_path(config, directory=tmp_path)
     dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    host = _io._host()
+    host = _io.host_name()
     # what a build killed during the compile leaves: the compiler's output under a temporary
     # name (this version compiles from stdin, without a folder) ...
     stale_file = tmp_path / f"snnquant_neuron_other.so.tmp-{host}-{dead}-0123abcd"
