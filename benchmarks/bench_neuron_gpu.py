@@ -305,6 +305,22 @@ def copy_bandwidth(n_bytes: int, device, warmup: int, repeats: int) -> float:
     return 2 * n_bytes / (ms * 1e-3) / 1e9
 
 
+def _module_call(node, x, grad, train: bool):
+    """One timed call of a neuron module: reset, then forward (and backward when ``train``)."""
+    import torch
+    from spikingjelly.activation_based import functional as sjf
+
+    def call():
+        sjf.reset_net(node)
+        if train:
+            xi = x.detach().requires_grad_()
+            torch.autograd.grad(node(xi), xi, grad)
+        else:
+            with torch.no_grad():
+                node(x)
+    return call
+
+
 def make_case(case: str, mode: str, x, grad, dtype, backend: Optional[str] = None):
     """A closure running one measured call of ``case`` in ``mode`` on input ``x``.
 
@@ -318,23 +334,13 @@ def make_case(case: str, mode: str, x, grad, dtype, backend: Optional[str] = Non
     device = x.device
     train = mode == "forward_backward"
     if case == "quantlif":
-        from spikingjelly.activation_based import functional as sjf
         from spikingjelly.activation_based import surrogate
 
         from snnquant.nn import QuantLIFNode
 
         node = QuantLIFNode(tau=2.0, v_reset=0.0, surrogate_function=surrogate.Sigmoid(4.0),
                             step_mode="m", v_quant=8, backend=backend or "cupy").to(device)
-
-        def call():
-            sjf.reset_net(node)
-            if train:
-                xi = x.detach().requires_grad_()
-                torch.autograd.grad(node(xi), xi, grad)
-            else:
-                with torch.no_grad():
-                    node(x)
-        return call
+        return _module_call(node, x, grad, train)
     if case in ("cupy", "torch"):
         if case == "cupy":
             from snnquant.kernels import fused_quant_neuron_multi_step as run
@@ -358,22 +364,12 @@ def make_case(case: str, mode: str, x, grad, dtype, backend: Optional[str] = Non
                         step=step.detach(), qmin=QMIN, qmax=QMAX)
         return call
     if case == "spikingjelly":
-        from spikingjelly.activation_based import functional as sjf
         from spikingjelly.activation_based import neuron, surrogate
 
         extra = {} if backend is None else {"backend": backend}
         node = neuron.LIFNode(tau=2.0, v_reset=0.0, surrogate_function=surrogate.Sigmoid(4.0),
                               step_mode="m", **extra).to(device)
-
-        def call():
-            sjf.reset_net(node)
-            if train:
-                xi = x.detach().requires_grad_()
-                torch.autograd.grad(node(xi), xi, grad)
-            else:
-                with torch.no_grad():
-                    node(x)
-        return call
+        return _module_call(node, x, grad, train)
     if case == "snntorch":
         import snntorch
         from snntorch.functional import quant

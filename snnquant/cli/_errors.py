@@ -1,7 +1,8 @@
 """Errors of the command line that it reports in one line."""
 from __future__ import annotations
 
-from typing import Optional
+import sys
+from typing import Callable, Optional, Tuple, Type
 
 # optional modules snnquant imports where used: module -> (pip package, extra that installs it)
 OPTIONAL_MODULES = {
@@ -52,3 +53,19 @@ class MissingDependency(ImportError):
         if module is None:
             raise error
         return str(cls(module, *OPTIONAL_MODULES[module]))
+
+
+def exit_status(action: Callable[[], None], prog: str,
+                user_errors: Tuple[Type[BaseException], ...]) -> int:
+    """Run ``action`` and return the command's exit status: 0; 2 with one line on stderr for one
+    of ``user_errors`` (a bad argument, dataset root, run folder or model file); 1 with one line
+    naming the extra to install for a missing optional dependency."""
+    try:
+        action()
+    except user_errors as error:  # one line, no traceback
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+    except ImportError as error:
+        print(f"{prog}: error: {MissingDependency.explain(error)}", file=sys.stderr)
+        return 1
+    return 0

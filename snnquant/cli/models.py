@@ -15,7 +15,6 @@ integer network file (``.safetensors``, :func:`snnquant.export.save_integer`).
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Optional, Sequence, Tuple
 
@@ -180,15 +179,8 @@ def export_command(ns) -> None:
 def run(command: str, argv: Sequence[str], prog: str) -> int:
     """``snnquant summary|export ARGS``: the subcommand with errors as one line and an exit status
     (2: a bad argument or model file; 1: a missing optional dependency); return the status."""
-    from snnquant.cli._errors import MissingDependency
+    from snnquant.cli._errors import exit_status
 
     ns = _parser(command, prog).parse_args(list(argv))
-    try:
-        (summary_command if command == "summary" else export_command)(ns)
-    except ModelFileError as error:
-        print(f"{prog}: error: {error}", file=sys.stderr)
-        return 2
-    except ImportError as error:
-        print(f"{prog}: error: {MissingDependency.explain(error)}", file=sys.stderr)
-        return 1
-    return 0
+    command_fn = summary_command if command == "summary" else export_command
+    return exit_status(lambda: command_fn(ns), prog, (ModelFileError,))

@@ -763,17 +763,9 @@ def run(argv=None, prog=None) -> int:
     """The command line: :func:`main` with one line on stderr and an exit status for the errors
     a user makes (2: a bad argument, dataset root or run folder; 1: a missing optional
     dependency); return the status."""
-    from snnquant.cli._errors import MissingDependency
+    from snnquant.cli._errors import exit_status
     from snnquant.cli._run_folder import RunFolderError
     from snnquant.datasets import DATASET_ERRORS
 
-    name = prog or Path(sys.argv[0]).name
-    try:
-        main(argv, prog)
-    except (RunFolderError, *DATASET_ERRORS) as error:  # one line, no traceback
-        print(f"{name}: error: {error}", file=sys.stderr)
-        return 2
-    except ImportError as error:
-        print(f"{name}: error: {MissingDependency.explain(error)}", file=sys.stderr)
-        return 1
-    return 0
+    return exit_status(lambda: main(argv, prog), prog or Path(sys.argv[0]).name,
+                       (RunFolderError, *DATASET_ERRORS))
