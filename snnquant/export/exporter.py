@@ -815,15 +815,29 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
                input_shape: Optional[Tuple[int, ...]] = None) -> IntegerNetwork:
     r"""Export a quantized spiking network as an exact integer network.
 
-    The network must be a sequence (``nn.Sequential``, SpikingJelly ``SeqToANNContainer`` /
-    ``MultiStepContainer`` / ``StepModeContainer``, nested freely) of:
+    The network is a sequence (``nn.Sequential``, SpikingJelly ``SeqToANNContainer`` /
+    ``MultiStepContainer`` / ``StepModeContainer``, nested freely) or a graph that
+    :mod:`torch.fx` traces (layers, neurons and containers kept whole; residual blocks such as
+    SpikingJelly's ``spiking_resnet`` and ``sew_resnet``) of:
     :class:`~snnquant.nn.QuantLinear` / ``QuantConv1d`` / ``QuantConv2d`` (weight quantizer with
     a uniform grid; bias quantized or exactly on a binary grid), quantized neurons
     (:class:`~snnquant.nn.QuantIFNode`, :class:`~snnquant.nn.QuantLIFNode` with :math:`\tau = 2^k`,
     :class:`~snnquant.nn.QuantParametricLIFNode` whose :math:`\mathrm{sigmoid}(w)` is a power of
     two; membrane quantizer with a power-of-two step; hard or soft reset), max pooling, average
-    pooling of spikes over :math:`2^a` elements, flatten, and identity-in-eval modules
-    (``Identity``, ``Dropout``). BatchNorm must be folded first
+    pooling of spikes over :math:`2^a` elements (also adaptive, given ``input_shape``; a
+    ``VotingLayer`` over any number of neurons as the last layer), flatten (module or
+    ``torch.flatten``), identity-in-eval modules (``Identity``, ``Dropout``), and joins
+    (:class:`~snnquant.export.JoinOp`): ``+`` of two branches, and ``sew_resnet``'s connect
+    function ``sew_function`` with ``cnf='ADD'``, ``'AND'`` (:math:`x y`) or ``'IAND'``
+    (:math:`x (1 - y)`) on spikes. A sum of two values on the grids :math:`2^{-F_1}` and
+    :math:`2^{-F_2}` is computed on :math:`2^{-\max(F_1, F_2)}`, the coarser operand shifted
+    left; it is exported only when the float model's sum is exact,
+
+    .. math::
+
+        \sum_i \max|x_i|\, 2^{\sigma_i} \le 2^p \quad\text{(integer units of the common grid)},
+
+    and refused with the join's name otherwise. BatchNorm must be folded first
     (:func:`~snnquant.export.fold_batchnorm`). Anything else is refused with an
     :class:`~snnquant.export.ExportError` naming the layer and the reason.
 
@@ -876,13 +890,16 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         leak_bits: ``None`` (default: refuse a :math:`\tau` that is not a power of two), or the
             fractional bits :math:`F` (an int in ``[1, 32]``, e.g. 8..16) of the fixed-point
             leak multiplier of such layers (approximate export).
+        input_shape: one sample's input shape (without time and batch), needed only when the
+            network has an adaptive average pool (its divisor depends on the input size).
 
     Returns:
         An :class:`~snnquant.export.IntegerNetwork`.
 
     Raises:
         ExportError: a layer cannot be represented exactly (the message names it and why).
-        ValueError: a bad argument (``reference_dtype``, ``input_max``, ``leak_bits``).
+        ValueError: a bad argument (``reference_dtype``, ``input_max``, ``leak_bits``,
+            ``input_shape``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
