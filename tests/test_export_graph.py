@@ -10,7 +10,8 @@ from spikingjelly.activation_based.model import (parametric_lif_net, sew_resnet,
 import snnquant.nn as qnn
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import (NETWORK_INPUT, ExportError, IntegerNetwork, IntegerSNN, JoinOp,
-                             PoolOp, fold_batchnorm, load_integer, save_integer, to_integer)
+                             PoolOp, compare_integer, fold_batchnorm, load_integer, save_integer,
+                             to_integer)
 
 T, N = 4, 2
 
@@ -177,6 +178,8 @@ def test_graph_file_round_trip(tmp_path):
     assert [back.op_inputs(i) for i in range(len(back.ops))] == \
         [desc.op_inputs(i) for i in range(len(desc.ops))]
     assert torch.equal(IntegerSNN(back)(x.long()), IntegerSNN(desc)(x.long()))
+    report = compare_integer(model, x, back)  # the user's check works on graphs
+    assert report.samples == 1.0 and report.first_mismatch is None and len(report.layers) == 12
 
 
 def test_format_2_file_of_the_previous_release_still_loads():
