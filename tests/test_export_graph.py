@@ -216,3 +216,30 @@ def test_to_nir_refuses_a_graph_by_name():
     with pytest.raises(ExportError, match=r"to_nir does not support graphs yet.*the branch into "
                                           r"'b'.*the add join 'add'"):
         to_nir(desc, (8,))
+
+
+class _SharedLayer(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = qnn.QuantLinear(8, 8, step_mode="m",
+                                  weight_quant=qnn.UniformQuantizer(8, step=0.25))
+        self.sn = qnn.QuantIFNode(v_quant=qnn.UniformQuantizer(8, step=2.0 ** -4), step_mode="m")
+
+    def forward(self, x):
+        return self.sn(self.fc(self.sn(self.fc(x))))
+
+
+def test_layer_called_twice_is_refused_by_name():
+    with pytest.raises(ExportError, match=r"layer 'fc' \(QuantLinear\): it is called 2 times"):
+        to_integer(_SharedLayer().eval(), input_max=1)
+
+
+def test_to_c_refuses_a_graph_by_name(tmp_path):
+    from snnquant.export import c_memory, to_c
+    desc = to_integer(_TwoBranches(2.0 ** -2, 2.0 ** -6).eval(), input_max=1)
+    with pytest.raises(ExportError, match=r"to_c does not support graphs yet.*the branch into "
+                                          r"'b'.*the add join 'add'"):
+        to_c(desc, tmp_path, input_shape=(8,))
+    with pytest.raises(ExportError, match=r"c_memory does not support graphs yet"):
+        c_memory(desc, input_shape=(8,))
+    assert not list(tmp_path.iterdir())  # nothing written

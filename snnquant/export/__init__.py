@@ -28,7 +28,8 @@ from .c_runtime import CMemory, c_memory, to_c
 
 __all__ = [
     "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",
-    "FlattenOp", "JoinOp", "NETWORK_INPUT", "round_half_even_shift", "pack_int", "unpack_int", "to_integer", "IntegerSNN",
+    "FlattenOp", "JoinOp", "NETWORK_INPUT", "round_half_even_shift", "pack_int", "unpack_int",
+    "to_integer", "IntegerSNN",
     "IntegerAgreement", "compare_integer", "integer_agreement", "fold_batchnorm", "save_integer",
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
     "c_memory", "CMemory", "saturation_report", "SaturationReport", "LayerSaturation",

@@ -334,9 +334,9 @@ class JoinOp:
 
         y = \sum_i x_i \ll \sigma_i,\qquad \sigma_i = F - F_i
 
-    with the ``shifts`` :math:`\sigma_i`: the real sum :math:`\sum_i x_i 2^{-F_i}` exactly (the float model's sum is exact
-    when the export's bound holds, see :func:`~snnquant.export.to_integer`). ``'and'`` and
-    ``'iand'`` join two spike tensors (SpikingJelly ``sew_resnet``'s ``cnf='AND'``/``'IAND'``):
+    with the ``shifts`` :math:`\sigma_i`: the real sum :math:`\sum_i x_i 2^{-F_i}` exactly (the
+    float model's sum is exact when the export's bound holds, see
+    :func:`~snnquant.export.to_integer`). ``'and'`` and ``'iand'`` join two spike tensors (SpikingJelly ``sew_resnet``'s ``cnf='AND'``/``'IAND'``):
 
     .. math::
 
@@ -363,8 +363,9 @@ class JoinOp:
             raise ValueError(f"kind must be one of {JOIN_KINDS}, got {self.kind!r}")
         n = len(self.inputs)
         if n < 2 or (self.kind != "add" and n != 2):
-            raise ValueError(f"a {self.kind!r} join needs {'two or more' if self.kind == 'add' else 'two'} "
-                             f"inputs, got inputs={self.inputs!r}")
+            count = "two or more" if self.kind == "add" else "two"
+            raise ValueError(f"a {self.kind!r} join needs {count} inputs, got "
+                             f"inputs={self.inputs!r}")
         if len(self.shifts) != n or any(not isinstance(k, int) or k < 0 for k in self.shifts):
             raise ValueError(f"shifts must be {n} ints >= 0 (one per input), got {self.shifts!r}")
         if self.kind != "add" and any(self.shifts):

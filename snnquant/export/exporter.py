@@ -49,6 +49,7 @@ import torch.nn as nn
 
 from ..nn import registry
 from ..utils import copy_model, is_multi_step, model_walk
+from .fold import SpikingTracer, connect_functions, is_sequence
 from .integer_ops import pow2_exponent
 
 from .description import (NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork, JoinOp, NeuronOp,
@@ -573,8 +574,7 @@ class _GraphBuilder:
 
     # ---- modules ----------------------------------------------------------------------------
     def module(self, name, module, lead, src, top=False) -> int:
-        from .fold import SpikingTracer, _is_sequence
-        if _is_sequence(module):
+        if is_sequence(module):
             for child_name, child, child_lead in model_walk(module):
                 src = self.module(f"{name}.{child_name}" if name else child_name, child,
                                   child_lead, src)
@@ -582,13 +582,18 @@ class _GraphBuilder:
         if self._is_known(module):
             label = name or type(module).__name__
             self.called[label] = self.called.get(label, 0) + 1
-            if self.called[label] > 1 and not isinstance(module, self.identity_types):
+            _, _, sj_neuron = _sj()
+            weighted = (registry.layer_kind(module) is not None
+                        or registry.neuron_kind(module) is not None
+                        or isinstance(module, sj_neuron.BaseNode))
+            if self.called[label] > 1 and weighted:
                 _fail(label, module, f"it is called {self.called[label]} times; the integer "
                                      f"export needs one module per layer (its state and weights "
                                      f"belong to one place in the graph)")
             return self.leaf(label, module, lead, src)
         tracer = SpikingTracer()
-        if next(module.children(), None) is None or (not top and tracer.is_leaf_module(module, name)):
+        if next(module.children(), None) is None or (
+                not top and tracer.is_leaf_module(module, name)):
             self._unsupported(name or type(module).__name__, module, "")
         try:
             graph = tracer.trace(module)
@@ -746,7 +751,7 @@ class _GraphBuilder:
         if target in _MUL_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
             return self.join(label, module, "and", [self._arg(name, module, node, at, i)
                                                     for i in (0, 1)])
-        if what == "sew_function" and target in _connect_functions():
+        if what == "sew_function" and target in connect_functions():
             cnf = node.args[2] if len(node.args) > 2 else node.kwargs.get("cnf")
             if cnf not in _CONNECT_KINDS:
                 _fail(label, module, f"sew_function with cnf={cnf!r} is not supported (only "
@@ -798,10 +803,6 @@ class _GraphBuilder:
         return self._emit(JoinOp(name=label, kind="add", shifts=shifts, out_frac_bits=frac,
                                  inputs=tuple(srcs)), value, tuple(srcs))
 
-
-def _connect_functions():
-    from .fold import _connect_functions as connect
-    return connect()
 
 
 # --------------------------------------------------------------------------------------------------

@@ -107,7 +107,7 @@ def _is_batchnorm(m) -> bool:
     return isinstance(m, nn.modules.batchnorm._BatchNorm)
 
 
-def _is_sequence(m) -> bool:
+def is_sequence(m) -> bool:
     """A container whose children run one after the other (what :func:`model_walk` flattens)."""
     from spikingjelly.activation_based import layer
     if isinstance(m, (layer.SeqToANNContainer, layer.MultiStepContainer, layer.StepModeContainer)):
@@ -120,7 +120,7 @@ _PASSTHROUGH_FUNCTIONS = {operator.add, operator.iadd, torch.add, torch.flatten,
                           "flatten", "view", "reshape"}
 
 
-def _connect_functions() -> tuple:
+def connect_functions() -> tuple:
     """SpikingJelly's residual connect functions, kept as one traced call (``sew_function``)."""
     # a model built from sew_resnet's blocks has imported it; importing it here costs seconds
     sew = sys.modules.get("spikingjelly.activation_based.model.sew_resnet")
@@ -136,13 +136,13 @@ class SpikingTracer(torch.fx.Tracer):
     """
 
     def __init__(self):
-        super().__init__(autowrap_functions=_connect_functions())
+        super().__init__(autowrap_functions=connect_functions())
 
     def is_leaf_module(self, m, module_qualified_name):
         from spikingjelly.activation_based import base
         if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
             return False
-        if _is_sequence(m) or isinstance(m, (base.StepModule, base.MemoryModule)):
+        if is_sequence(m) or isinstance(m, (base.StepModule, base.MemoryModule)):
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
@@ -176,7 +176,7 @@ def _plan(model: nn.Module) -> _FoldPlan:
 
     def unit(name: str, m: nn.Module) -> Tuple[str, str]:
         """Register one more call of ``m``; return the units its input enters, its output leaves."""
-        if _is_sequence(m):
+        if is_sequence(m):
             ends = [unit(_join(name, n), child) for n, child, _ in model_walk(m)]
             if not ends:
                 plan.calls[name] = plan.calls.get(name, 0) + 1
@@ -193,7 +193,7 @@ def _plan(model: nn.Module) -> _FoldPlan:
             plan.untraced[name] = f"{type(err).__name__}: {err}"
             plan.calls[name] = plan.calls.get(name, 0) + 1
             for n, child in m.named_children():
-                if _is_sequence(child) or not SpikingTracer().is_leaf_module(child, _join(name, n)):
+                if is_sequence(child) or not SpikingTracer().is_leaf_module(child, _join(name, n)):
                     unit(_join(name, n), child)
             return name, name
         port_in, port_out = f"{name}:<input>", f"{name}:<output>"

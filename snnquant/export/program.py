@@ -28,7 +28,8 @@ from . import integer_ops
 from .description import JoinOp, NeuronOp, PoolOp, SynapseOp
 
 __all__ = ["Instr", "NeuronProgram", "neuron_program", "SynapseRescale", "OPCODES",
-           "c_literal", "c_rhe_helper", "SynapseBounds", "synapse_bounds", "pool_range", "join_range"]
+           "c_literal", "c_rhe_helper", "SynapseBounds", "synapse_bounds", "pool_range",
+           "join_range"]
 
 Arg = Union[str, int]
 Interval = Tuple[int, int]

@@ -17,9 +17,11 @@ from typing import Dict, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .description import NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp
+from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
+                          SynapseOp)
 from .integer_ops import round_half_even_shift
-from .program import SynapseRescale, join_range, neuron_program, pool_range, synapse_bounds
+from .program import (SynapseRescale, join_range, neuron_program, pool_range,
+                      synapse_bounds)
 
 __all__ = ["IntegerSNN", "op_shapes"]
 
