@@ -563,7 +563,7 @@ class _GraphBuilder:
 
     def build(self) -> int:
         """Emit every operation; returns the index of the output value."""
-        return self.module("", self.work, 1 if not self.multi else 2, NETWORK_INPUT, top=True)
+        return self.module("", self.work, 1 if not self.multi else 2, NETWORK_INPUT)
 
     def _emit(self, op, value: _Value, src: Tuple[int, ...]) -> int:
         index = len(self.ops)
@@ -573,7 +573,7 @@ class _GraphBuilder:
         return index
 
     # ---- modules ----------------------------------------------------------------------------
-    def module(self, name, module, lead, src, top=False) -> int:
+    def module(self, name, module, lead, src) -> int:
         if is_sequence(module):
             for child_name, child, child_lead in model_walk(module):
                 src = self.module(f"{name}.{child_name}" if name else child_name, child,
@@ -592,8 +592,7 @@ class _GraphBuilder:
                                      f"belong to one place in the graph)")
             return self.leaf(label, module, lead, src)
         tracer = SpikingTracer()
-        if next(module.children(), None) is None or (
-                not top and tracer.is_leaf_module(module, name)):
+        if next(module.children(), None) is None:
             self._unsupported(name or type(module).__name__, module, "")
         try:
             graph = tracer.trace(module)
