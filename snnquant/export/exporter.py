@@ -51,6 +51,7 @@ from ..nn import registry
 from ..utils import copy_model, is_multi_step, model_walk
 from .fold import SpikingTracer, connect_functions, is_sequence
 from .integer_ops import pow2_exponent
+from .program import adaptive_windows
 
 from .description import (NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork, JoinOp, NeuronOp,
                           PoolOp, SynapseOp)
@@ -442,12 +443,6 @@ def _export_voting(name, module, domain):
                   divisor=1 if a is not None else size), size
 
 
-def _adaptive_windows(size_in: int, size_out: int):
-    """Start and end of each window of PyTorch's adaptive pooling along one dimension."""
-    return [((i * size_in) // size_out, -((-(i + 1) * size_in) // size_out))
-            for i in range(size_out)]
-
-
 def _export_adaptive_pool(name, module, domain, in_shape):
     r"""An adaptive average pool whose windows all hold :math:`2^a` elements, as a sum pool."""
     dims = 2 if isinstance(module, nn.AdaptiveAvgPool2d) else 1
@@ -460,7 +455,7 @@ def _export_adaptive_pool(name, module, domain, in_shape):
     size_out = tuple(int(o) if o is not None else i for o, i in zip(size_out, size_in))
     kernel = []
     for i, o in zip(size_in, size_out):
-        widths = {b - a for a, b in _adaptive_windows(i, o)}
+        widths = {b - a for a, b in adaptive_windows(i, o)}
         if len(widths) != 1:
             _fail(name, module, f"adaptive pooling from {size_in} to {size_out} has windows of "
                                 f"{sorted(widths)} elements, so its divisor is not one number; "

@@ -29,7 +29,7 @@ from .description import JoinOp, NeuronOp, PoolOp, SynapseOp
 
 __all__ = ["Instr", "NeuronProgram", "neuron_program", "SynapseRescale", "OPCODES",
            "c_literal", "c_rhe_helper", "SynapseBounds", "synapse_bounds", "pool_range",
-           "join_range"]
+           "join_range", "adaptive_windows"]
 
 Arg = Union[str, int]
 Interval = Tuple[int, int]
@@ -406,3 +406,11 @@ def join_range(op: JoinOp, in_ranges: Sequence[Interval]) -> Interval:
         return 0, 1
     return (sum(lo << s for (lo, _), s in zip(in_ranges, op.shifts)),
             sum(hi << s for (_, hi), s in zip(in_ranges, op.shifts)))
+
+
+def adaptive_windows(size_in: int, size_out: int) -> List[Tuple[int, int]]:
+    r"""``[(start, end), ...]`` of PyTorch's adaptive pooling along one dimension:
+    :math:`[\lfloor i\, n / m \rfloor, \lceil (i + 1)\, n / m \rceil)` for input size :math:`n`
+    and output size :math:`m`."""
+    return [((i * size_in) // size_out, -((-(i + 1) * size_in) // size_out))
+            for i in range(size_out)]

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
                           SynapseOp)
 from .integer_ops import round_half_even_shift
-from .program import (SynapseRescale, join_range, neuron_program, pool_range,
+from .program import (SynapseRescale, adaptive_windows, join_range, neuron_program, pool_range,
                       synapse_bounds)
 
 __all__ = ["IntegerSNN", "op_shapes"]
@@ -147,13 +147,12 @@ class IntegerSNN:
         for axis, (size_out, width) in enumerate(zip(op.output_size, op.kernel_size)):
             dim = x.dim() - op.dims + axis
             size_in = x.shape[dim]
-            starts = [(i * size_in) // size_out for i in range(size_out)]
-            ends = [-((-(i + 1) * size_in) // size_out) for i in range(size_out)]
-            if any(b - a != width for a, b in zip(starts, ends)):
+            windows = adaptive_windows(size_in, size_out)
+            if any(b - a != width for a, b in windows):
                 raise ValueError(f"layer {op.name!r}: adaptive pooling of size {size_in} to "
                                  f"{size_out} has windows other than the {width} elements it was "
                                  f"exported for; use the input size given to to_integer")
-            index = torch.tensor(starts, dtype=torch.int64, device=x.device)
+            index = torch.tensor([a for a, _ in windows], dtype=torch.int64, device=x.device)
             x = sum(x.index_select(dim, index + j) for j in range(width))
         return x
 
