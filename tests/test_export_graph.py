@@ -243,3 +243,33 @@ def test_to_c_refuses_a_graph_by_name(tmp_path):
     with pytest.raises(ExportError, match=r"c_memory does not support graphs yet"):
         c_memory(desc, input_shape=(8,))
     assert not list(tmp_path.iterdir())  # nothing written
+
+
+class _InputSkip(nn.Module):
+    """sn(fc(x) + x): the network input joins a current (event counts on the grid 2^0)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(4)
+        self.fc = qnn.QuantLinear(8, 8, step_mode="m",
+                                  weight_quant=qnn.UniformQuantizer(8, step=2.0 ** -3),
+                                  bias_quant=qnn.UniformQuantizer(8, step=2.0 ** -3))
+        self.sn = qnn.QuantIFNode(v_quant=qnn.UniformQuantizer(8, step=2.0 ** -3), step_mode="m")
+
+    def forward(self, x):
+        return self.sn(self.fc(x) + x)
+
+
+def test_join_with_the_network_input_needs_input_max():
+    model = _InputSkip().eval()
+    with pytest.raises(ExportError, match=r"layer 'add' \(_InputSkip\): it adds the network input"
+                                          r".*input_max"):
+        to_integer(model)
+    desc = to_integer(model, input_max=3)
+    assert desc.layer("add").inputs == (0, NETWORK_INPUT) and desc.layer("add").shifts == (0, 3)
+    x = torch.randint(0, 4, (6, 3, 8), generator=torch.Generator().manual_seed(2)).float()
+    sjf.reset_net(model)
+    with torch.no_grad():
+        y = model(x)
+    assert y.sum() > 0
+    assert torch.equal(IntegerSNN(desc)(x.long()).float(), y)
