@@ -2,18 +2,23 @@
 
 The network is the N-MNIST example's CSNN (``examples/train_nmnist.py``: conv-BN-LIF with stride 2,
 conv-BN-LIF, max pooling, linear LIF read-out; 4-bit weights, 8-bit membrane, 34 x 34 input),
-folded and exported with ``to_integer``; or a trained one with ``--integer runs/nmnist/model_int.safetensors``.
-Neither runtime skips work on zeros, so the timing of an untrained network is representative.
+folded and exported with ``to_integer``: trained ``--epochs`` epochs on the built-in data and run
+on its test samples (the real numbers: its real activity), or untrained on random events
+(``--epochs 0``, a smoke test: the event-driven C model's time follows the activity).
 
 Cases, alternated in every repeat (median of ``--repeats`` runs, with min and max):
-  * C model: the compiled ``<name>_step`` over all samples and steps (``-O2``, single thread);
+  * C model, event-driven and dense (``to_c(..., synapses=...)``): the compiled ``<name>_step``
+    over all samples and steps (``-O2``, single thread);
   * IntegerSNN, batch: one call on all samples (``torch.set_num_threads(1)``);
-  * IntegerSNN, one sample per call (the way the C model is used on a device).
-The C outputs are also compared with IntegerSNN's (agreement over all samples).
+  * IntegerSNN, one sample per call (the way the C model is used on a device);
+  * the fake-quantized float model (folded, eval mode), batch of N (``torch.set_num_threads(1)``).
+Also: synaptic operations per sample (nonzero input x output it reaches, counted exactly), the
+event-driven C model's nanoseconds per synaptic operation, the ratios the targets name, and the
+agreement of both C models with IntegerSNN (over all samples).
 
 Prints a table and writes ``benchmarks/results/bench_c_runtime.json`` (and ``.md``).
 
-    python benchmarks/bench_c_runtime.py               # the real numbers (quiet machine)
+    python benchmarks/bench_c_runtime.py --epochs 5 --repeats 21   # the real numbers (quiet machine)
     python benchmarks/bench_c_runtime.py --quick       # smoke test
 """
 from __future__ import annotations
@@ -42,7 +47,11 @@ import _nmnist_common  # noqa: E402  (the example module, loaded in one place)
 from _machine import cpu_name  # noqa: E402
 import snnquant  # noqa: E402
 from snnquant import QuantConfig, quantize_model  # noqa: E402
-from snnquant.export import IntegerSNN, c_memory, fold_batchnorm, load_integer, to_c, to_integer  # noqa: E402
+from snnquant.export import IntegerSNN, c_memory, fold_batchnorm, to_c, to_integer  # noqa: E402
+
+C_EVENTS = "C model, event-driven (gcc -O2, 1 thread)"
+C_DENSE = "C model, dense (gcc -O2, 1 thread)"
+FLOAT = "fake-quantized float model, eval (1 thread)"
 
 DRIVER = r"""
 #define _POSIX_C_SOURCE 199309L
@@ -92,23 +101,65 @@ int main(int argc, char **argv)
 """
 
 
-def example_network(channels: int):
-    mod = _nmnist_common.example()
+def example_network(channels: int, epochs: int = 0, T: int = 8, N: int = 64, density=0.05):
+    """``(desc, folded float model, x [T, N, 2, 34, 34] int64)``: the example's CSNN quantized
+    (W4/V8), untrained on random events of ``density`` (``epochs=0``), or trained ``epochs``
+    epochs on the built-in data and run on its first ``N`` test samples (its real activity)."""
     from spikingjelly.activation_based import functional
 
-    torch.manual_seed(0)
-    net = mod.build_csnn(channels=channels, tau=2.0)
-    q, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
-    x = (torch.rand(8, 8, 2, 34, 34) < 0.05).float()
-    with torch.no_grad():     # initialise the quantizers and BN statistics on event-like input
-        for m in q.modules():
-            if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
-                m.momentum = None
-        functional.reset_net(q)
-        q(x)
+    ex = _nmnist_common.example()
+    config = QuantConfig(weight_bits=4, v_bits=8)
+    if epochs:
+        bench = _nmnist_common.Bench(epochs, T=T)
+        q, acc = bench.train(config, seed=0)
+        print(f"trained {epochs} epochs on the built-in data: test accuracy {100 * acc:.2f}%")
+        _, loader = ex.make_loaders(bench.train_set, bench.test_set, bench.args, 0, 1, 0)
+        frames = torch.cat([f for f, _ in loader], dim=0)[:N]
+        x = frames.transpose(0, 1).round().to(torch.int64)
+    else:
+        torch.manual_seed(0)
+        q, _ = quantize_model(ex.build_csnn(channels=channels, tau=2.0), config)
+        warm = (torch.rand(T, 8, 2, 34, 34) < density).float()
+        with torch.no_grad():     # initialise the quantizers and BN statistics on event-like input
+            for m in q.modules():
+                if isinstance(m, torch.nn.modules.batchnorm._BatchNorm):
+                    m.momentum = None
+            functional.reset_net(q)
+            q(warm)
+        g = torch.Generator().manual_seed(1)
+        x = (torch.rand((T, N, 2, 34, 34), generator=g) < density).long()
     q.eval()
     functional.reset_net(q)
-    return to_integer(fold_batchnorm(q))
+    folded = fold_batchnorm(q)
+    return to_integer(folded), folded, x
+
+
+def synaptic_ops(desc, x) -> float:
+    """Synaptic operations per sample and step: for every synaptic layer, the (nonzero input,
+    output it reaches) pairs, counted exactly on the spikes IntegerSNN computes."""
+    import torch.nn.functional as F
+    from snnquant.export import NeuronOp, SynapseOp
+
+    T, N = x.shape[:2]
+    sim = IntegerSNN(desc)
+    _, layers = sim(x, record=True)
+    total, feed = 0.0, x.reshape((T * N,) + tuple(x.shape[2:]))
+    for op, prm in zip(desc.ops, sim._params):
+        if isinstance(op, NeuronOp):
+            feed = layers[op.name].reshape(feed.shape)
+            continue
+        if isinstance(op, SynapseOp):
+            mask = (feed != 0).double()
+            if op.kind == "linear":
+                total += float(mask.sum()) * op.out_channels
+            else:
+                ones = torch.ones((op.out_channels,) + tuple(op.weight.shape[1:]),
+                                  dtype=torch.float64)
+                conv = F.conv1d if op.kind == "conv1d" else F.conv2d
+                total += float(conv(mask, ones, None, op.stride, op.padding, op.dilation,
+                                    op.groups).sum())
+        feed = sim._stateless(op, prm, feed)
+    return total / (T * N)
 
 
 def compiler_version(cc):
@@ -125,39 +176,47 @@ def main(argv=None):
     ap.add_argument("--channels", type=int, default=16, help="channels of the example CSNN")
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--density", type=float, default=0.05, help="fraction of pixels with an event")
-    ap.add_argument("--integer", default=None, help="a saved integer network (model_int.safetensors) "
-                                                  "of the example instead of an untrained one")
+    ap.add_argument("--epochs", type=int, default=0,
+                    help="train the example this many epochs on the built-in data and time it on "
+                         "test samples (its real activity); 0: untrained, random events")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"))
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, 3 repeats")
     ap.add_argument("--out", default=str(HERE / "results"))
     args = ap.parse_args(argv)
     if args.quick:
-        args.T, args.N, args.channels, args.repeats = 4, 4, 4, 3
+        args.T, args.N, args.channels, args.repeats, args.epochs = 4, 4, 4, 3, 0
     if shutil.which(args.cc) is None:
         sys.exit(f"--cc={args.cc!r}: no such C compiler")
     torch.set_num_threads(1)
-    desc = load_integer(args.integer) if args.integer else example_network(args.channels)
+    desc, folded, x = example_network(args.channels, args.epochs, args.T, args.N, args.density)
+    args.N = x.shape[1]
     shape = (2, 34, 34)
-    g = torch.Generator().manual_seed(1)
-    x = (torch.rand((args.T, args.N) + shape, generator=g) < args.density).long()
-    mem = c_memory(desc, shape)
+    mems = {form: c_memory(desc, shape, synapses=form) for form in ("events", "dense")}
+    synops = synaptic_ops(desc, x)
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        _, source = to_c(desc, tmp, "snn", input_shape=shape)
-        (tmp / "driver.c").write_text(DRIVER)
-        exe = tmp / "driver"
-        cmd = [args.cc, "-std=c99", "-O2", "-Wall", "-Wextra", "-pedantic", str(source),
-               str(tmp / "driver.c"), "-o", str(exe)]
-        subprocess.run(cmd, check=True)
         data = x.to(torch.int32).transpose(0, 1).contiguous().numpy()
         (tmp / "in.bin").write_bytes(np.array([args.T, args.N], np.int32).tobytes() + data.tobytes())
+        exes = {}
+        for form in ("events", "dense"):
+            folder = tmp / form
+            _, source = to_c(desc, folder, "snn", input_shape=shape, synapses=form)
+            (folder / "driver.c").write_text(DRIVER)
+            cmd = [args.cc, "-std=c99", "-O2", "-Wall", "-Wextra", "-pedantic", str(source),
+                   str(folder / "driver.c"), "-o", str(folder / "driver")]
+            subprocess.run(cmd, check=True)
+            exes[form] = folder / "driver"
         sim = IntegerSNN(desc)
+        xf = x.float()
+        outputs = {}
 
-        def run_c():
-            res = subprocess.run([str(exe), str(tmp / "in.bin"), str(tmp / "out.bin")],
-                                 capture_output=True, text=True, check=True)
-            return float(res.stdout.strip()) * 1e-9
+        def run_c(form):
+            def run():
+                res = subprocess.run([str(exes[form]), str(tmp / "in.bin"), str(tmp / f"{form}.bin")],
+                                     capture_output=True, text=True, check=True)
+                return float(res.stdout.strip()) * 1e-9
+            return run
 
         def run_batch():
             t0 = time.perf_counter()
@@ -170,44 +229,68 @@ def main(argv=None):
                 sim(x[:, n:n + 1])
             return time.perf_counter() - t0
 
-        cases = {"C model (gcc -O2, 1 thread)": run_c,
+        def run_float():
+            from spikingjelly.activation_based import functional
+            t0 = time.perf_counter()
+            with torch.no_grad():
+                functional.reset_net(folded)
+                folded(xf)
+            return time.perf_counter() - t0
+
+        cases = {C_EVENTS: run_c("events"), C_DENSE: run_c("dense"),
                  "IntegerSNN, batch of N (1 thread)": run_batch,
-                 "IntegerSNN, one sample per call (1 thread)": run_single}
+                 "IntegerSNN, one sample per call (1 thread)": run_single,
+                 FLOAT: run_float}
         for fn in cases.values():      # warm-up
             fn()
         times = {k: [] for k in cases}
         for _ in range(args.repeats):
             for k, fn in cases.items():
                 times[k].append(fn() / args.N)
-        got = np.frombuffer((tmp / "out.bin").read_bytes(), np.int64).reshape(args.N, args.T, -1)
+        for form in exes:
+            outputs[form] = np.frombuffer((tmp / f"{form}.bin").read_bytes(),
+                                          np.int64).reshape(args.N, args.T, -1)
     ref = sim(x).to(torch.int64).reshape(args.T, args.N, -1).transpose(0, 1).numpy()
-    agreement = float((got == ref).all(axis=(1, 2)).mean())
+    agreement = {form: float((got == ref).all(axis=(1, 2)).mean()) for form, got in outputs.items()}
 
-    c_med = statistics.median(times["C model (gcc -O2, 1 thread)"])
+    med = {k: statistics.median(v) for k, v in times.items()}
     rows = []
     for k, v in times.items():
-        med = statistics.median(v)
-        rows.append(dict(case=k, median_ms_per_sample=med * 1e3, min_ms=min(v) * 1e3,
-                         max_ms=max(v) * 1e3, relative_to_c=med / c_med))
-    head = f"{'case':<44} {'ms/sample':>10} {'min':>9} {'max':>9} {'x C':>7}"
+        rows.append(dict(case=k, median_ms_per_sample=med[k] * 1e3, min_ms=min(v) * 1e3,
+                         max_ms=max(v) * 1e3, relative_to_float=med[k] / med[FLOAT]))
+    head = f"{'case':<46} {'ms/sample':>10} {'min':>9} {'max':>9} {'x float':>8}"
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['case']:<44} {r['median_ms_per_sample']:>10.3f} {r['min_ms']:>9.3f} "
-                     f"{r['max_ms']:>9.3f} {r['relative_to_c']:>7.1f}")
-    lines.append(f"agreement C vs IntegerSNN: {100 * agreement:.2f}% of {args.N} samples "
-                 f"(T={args.T}); ROM {mem.rom_bytes} B, RAM {mem.ram_bytes} B")
+        lines.append(f"{r['case']:<46} {r['median_ms_per_sample']:>10.3f} {r['min_ms']:>9.3f} "
+                     f"{r['max_ms']:>9.3f} {r['relative_to_float']:>8.2f}")
+    ns_per_synop = med[C_EVENTS] * 1e9 / (synops * args.T) if synops else float("nan")
+    ratios = dict(event_c_vs_float=med[C_EVENTS] / med[FLOAT],
+                  dense_c_vs_event_c=med[C_DENSE] / med[C_EVENTS],
+                  integer_snn_batch_vs_float=med["IntegerSNN, batch of N (1 thread)"] / med[FLOAT])
+    lines.append(f"synaptic operations per sample: {synops * args.T:.0f} (T={args.T}); event-driven "
+                 f"C: {ns_per_synop:.2f} ns per synaptic operation")
+    lines.append(f"targets: event-driven C / float {ratios['event_c_vs_float']:.2f} (<= 0.5), dense "
+                 f"C / event-driven C {ratios['dense_c_vs_event_c']:.1f} (>= 4), IntegerSNN batch / "
+                 f"float {ratios['integer_snn_batch_vs_float']:.2f} (<= 1.5)")
+    lines.append(f"agreement with IntegerSNN: event-driven {100 * agreement['events']:.2f}%, dense "
+                 f"{100 * agreement['dense']:.2f}% of {args.N} samples; ROM "
+                 f"{mems['events'].rom_bytes} B, RAM {mems['events'].ram_bytes} B event-driven "
+                 f"({mems['events'].scratch_bytes} B sums), {mems['dense'].ram_bytes} B dense")
     table = "\n".join(lines)
     print(table)
     result = dict(
         benchmark="bench_c_runtime", command=" ".join([sys.executable] + sys.argv),
         params=dict(T=args.T, N=args.N, channels=args.channels, repeats=args.repeats,
-                    density=args.density, integer=args.integer, quick=args.quick),
+                    density=None if args.epochs else args.density, epochs=args.epochs,
+                    quick=args.quick),
         machine=dict(platform=platform.platform(), cpu=cpu_name(), cores=os.cpu_count(),
                      python=platform.python_version(), torch=torch.__version__,
                      snnquant=snnquant.__version__, compiler=compiler_version(args.cc),
                      compile_command=" ".join(Path(c).name if i > 0 and "/" in c else c
                                               for i, c in enumerate(cmd))),
-        rom_bytes=mem.rom_bytes, ram_bytes=mem.ram_bytes, agreement=agreement, results=rows)
+        rom_bytes=mems["events"].rom_bytes, ram_bytes=mems["events"].ram_bytes,
+        ram_bytes_dense=mems["dense"].ram_bytes, synaptic_ops_per_sample=synops * args.T,
+        ns_per_synaptic_op=ns_per_synop, ratios=ratios, agreement=agreement, results=rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = "bench_c_runtime_quick" if args.quick else "bench_c_runtime"

@@ -192,8 +192,9 @@ def test_simulator_uses_integer_ops_only():
 
 
 def test_int32_where_the_bounds_allow_gives_the_int64_results(monkeypatch):
-    """IntegerSNN runs in int32 where the proven bounds stay below 2^31 (conv, neuron) and in
-    int64 elsewhere; forcing int64 everywhere changes no spike."""
+    """IntegerSNN runs in int16/int32 where the proven bounds stay below 2^15/2^31 (int16: the
+    synapses' accumulation only) and in int64 elsewhere; forcing int64 everywhere changes no
+    spike."""
     cfg = dict(seed=2, arch="conv", kind="lif", tau=2.0, soft=True, decay_input=False, bias=True,
                pool="avg", weight_bits=4, v_bits=8, gain=3.0)
     net, shape = random_net(cfg)
@@ -202,11 +203,12 @@ def test_int32_where_the_bounds_allow_gives_the_int64_results(monkeypatch):
     x_int = x.to(torch.int64)
     with RecordDtypes() as rec:
         out, layers = IntegerSNN(desc)(x_int, record=True)
-    assert any("convolution" in f and d == torch.int32 for f, d in rec.dtypes)
+    assert any("convolution" in f and d in (torch.int16, torch.int32) for f, d in rec.dtypes)
     monkeypatch.setattr(simulator_module, "_INT32_LIMIT", 0)
+    monkeypatch.setattr(simulator_module, "_INT16_LIMIT", 0)
     with RecordDtypes() as rec:
         out64, layers64 = IntegerSNN(desc)(x_int, record=True)
-    assert not any(d == torch.int32 for _, d in rec.dtypes)
+    assert not any(d in (torch.int16, torch.int32) for _, d in rec.dtypes)
     assert torch.equal(out, out64)
     assert all(torch.equal(layers[k], layers64[k]) for k in layers)
     assert out.dtype == torch.int8 and any(int(s.sum()) for s in layers.values())

@@ -91,9 +91,9 @@ int main(int argc, char **argv)
 """
 
 
-def build(desc, folder: pathlib.Path, name="snn", input_shape=None, extra=()):
+def build(desc, folder: pathlib.Path, name="snn", input_shape=None, extra=(), synapses="events"):
     """Generate, compile (strict flags) and return the path of the driver program."""
-    header, source = to_c(desc, folder, name, input_shape=input_shape)
+    header, source = to_c(desc, folder, name, input_shape=input_shape, synapses=synapses)
     driver = folder / "driver.c"
     driver.write_text(DRIVER.format(name=name, NAME=name.upper()))
     exe = folder / "driver"
@@ -237,6 +237,7 @@ config = st.fixed_dictionaries({
     "gain": st.sampled_from([1.0, 3.0, 8.0]),
     "train_steps": st.sampled_from([0, 0, 2]),
     "negative": st.booleans(),
+    "synapses": st.sampled_from(["events", "dense"]),
 }).map(lambda c: {**c, "leak_bits": 12 if c["kind"] == "lif" and c["tau"] == 3.0 else None,
                   "pool": None if c["arch"] == "mlp" or (c["pool"] == "max_current" and
                                                          c["arch"] != "conv") else c["pool"]})
@@ -261,7 +262,7 @@ def test_random_networks_match_integer_snn(cfg, tmp_path_factory):
     if cfg["leak_bits"]:
         assert not desc.exact
     folder = tmp_path_factory.mktemp("c")
-    exe = build(desc, folder, input_shape=shape)
+    exe = build(desc, folder, input_shape=shape, synapses=cfg["synapses"])
     x = sample_input(desc, shape, 8, 6, cfg["seed"], cfg["negative"])
     assert assert_same(desc, exe, x) == 1.0
 
@@ -306,6 +307,9 @@ def test_trained_example_network_matches_integer_snn(tmp_path):
     x_test = ((torch.rand((8, 16, 2, 34, 34), generator=g) < 0.1).long()
               * torch.randint(1, 3, (8, 16, 2, 34, 34), generator=g))
     assert assert_same(desc, exe, x_test) == 1.0
+    dense = build(desc, tmp_path / "dense", name="csnn", input_shape=(2, 34, 34),
+                  synapses="dense")
+    assert assert_same(desc, dense, x_test) == 1.0
     _, layers = IntegerSNN(desc)(x_test, record=True)
     rates = {k: float(s.float().mean()) for k, s in layers.items()}
     assert all(0 < r < 1 for r in rates.values()), rates   # every layer spikes
@@ -347,6 +351,61 @@ def test_generated_code_is_plain_integer_c99(tmp_path):
     assert mem.rom_bytes >= 120 + 50 + 10 + 5
     assert mem.state_bytes == 10    # one int8 membrane per neuron of the hidden layer
     assert (mem.input_size, mem.output_size) == (12, 5)
+
+
+def test_event_driven_sums_are_counted_in_ram(tmp_path):
+    desc = _mlp_desc(arch="conv", pool="max")
+    events = c_memory(desc, (2, 6, 6))
+    dense = c_memory(desc, (2, 6, 6), synapses="dense")
+    assert dense.scratch_bytes == 0 and events.scratch_bytes > 0
+    assert events.ram_bytes == dense.ram_bytes + events.scratch_bytes
+    assert events.rom_bytes == dense.rom_bytes
+    header, source = to_c(desc, tmp_path, input_shape=(2, 6, 6))
+    assert f"#define SNN_RAM_BYTES {events.ram_bytes}\n" in header.read_text()
+    assert "} scratch;" in header.read_text()
+    with pytest.raises(ValueError, match=r"synapses must be one of \('events', 'dense'\), got "
+                                         r"'sparse'"):
+        to_c(desc, tmp_path / "x", input_shape=(2, 6, 6), synapses="sparse")
+    assert not (tmp_path / "x").exists()
+
+
+def test_c_rounding_helper_matches_round_half_even_shift(tmp_path):
+    """The C reading of the 'rhe' opcode equals round_half_even_shift (ties to even) on ties,
+    negatives and the ends of the range it is used on (|d| < 2^62, 1 <= k <= 61)."""
+    from snnquant.export import round_half_even_shift
+    from snnquant.export.program import c_rhe_helper
+
+    cases = []
+    for k in (1, 2, 3, 7, 20, 40, 61):
+        half = 1 << (k - 1)
+        for base in (0, 1, 2, 3, 5, -1, -2, -3, -5, 1000, -1000, (1 << 61) >> k, -((1 << 61) >> k)):
+            for extra in (-half - 1, -half, -half + 1, -1, 0, 1, half - 1, half, half + 1):
+                d = (base << k) + extra
+                if abs(d) < (1 << 62):
+                    cases.append((d, k))
+    cases += [((1 << 62) - 1, 61), (-(1 << 62) + 1, 61), ((1 << 62) - 1, 1), (-(1 << 62) + 1, 1)]
+    table = ",\n".join(f"    {{INT64_C({d}), {k}}}" for d, k in cases)
+    (tmp_path / "rhe.c").write_text(f"""#include <stdint.h>
+#include <stdio.h>
+{c_rhe_helper("t")}
+static const struct {{ int64_t d; int k; }} cases[] = {{
+{table}
+}};
+int main(void)
+{{
+    unsigned i;
+    for (i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {{
+        printf("%lld\\n", (long long)t_rhe(cases[i].d, cases[i].k));
+    }}
+    return 0;
+}}
+""")
+    exe = tmp_path / "rhe"
+    res = subprocess.run([compiler(), *STRICT, *sanitizer_flags(), str(tmp_path / "rhe.c"), "-o",
+                          str(exe)], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    out = subprocess.run([str(exe)], capture_output=True, text=True, check=True).stdout.split()
+    assert [int(v) for v in out] == [round_half_even_shift(d, k) for d, k in cases]
 
 
 def test_ram_bytes_is_sizeof_state(tmp_path):
@@ -533,10 +592,14 @@ def test_summary_reports_the_c_model_memory():
 
 
 @pytest.mark.filterwarnings("ignore:Using padding='same' with even kernel")
-@pytest.mark.parametrize("padding,kernel,dilation", [("same", 2, 1), ("same", 4, 1), (2, 3, 2)])
-def test_convolution_padding_forms(tmp_path, padding, kernel, dilation):
+@pytest.mark.parametrize("synapses", ["events", "dense"])
+@pytest.mark.parametrize("padding,kernel,dilation,stride", [("same", 2, 1, 1), ("same", 4, 1, 1),
+                                                            (2, 3, 2, 1), (1, 3, 1, 2),
+                                                            (2, 4, 2, 3)])
+def test_convolution_padding_forms(tmp_path, padding, kernel, dilation, stride, synapses):
     torch.manual_seed(0)
-    net = nn.Sequential(layer.Conv2d(2, 3, kernel, padding=padding, dilation=dilation),
+    net = nn.Sequential(layer.Conv2d(2, 3, kernel, padding=padding, dilation=dilation,
+                                     stride=stride),
                         neuron.IFNode(v_reset=None), layer.Flatten())
     sjf.set_step_mode(net, "m")
     q, _ = quantize_model(net, QuantConfig(weight_bits=6, v_bits=10))
@@ -546,7 +609,7 @@ def test_convolution_padding_forms(tmp_path, padding, kernel, dilation):
     q.eval()
     desc = to_integer(q)
     desc.ops[0].name = "odd */ name ??/"      # a layer name cannot break the C comment
-    exe = build(desc, tmp_path, input_shape=(2, 7, 6))
+    exe = build(desc, tmp_path, input_shape=(2, 7, 6), synapses=synapses)
     assert assert_same(desc, exe, x) == 1.0
     assert int(IntegerSNN(desc)(x).sum()) > 0
 
@@ -573,5 +636,6 @@ def test_binary_and_ternary_weights_match_integer_snn(weights, tmp_path):
     assert len(synapses) == 2
     levels = set().union(*(set(op.weight.unique().tolist()) for op in synapses))
     assert levels == ({-1, 1} if weights == "binary" else {-1, 0, 1}), levels
-    exe = build(desc, tmp_path, input_shape=shape)
-    assert assert_same(desc, exe, sample_input(desc, shape, 6, 8, cfg["seed"], False)) == 1.0
+    for synapses in ("events", "dense"):
+        exe = build(desc, tmp_path / synapses, input_shape=shape, synapses=synapses)
+        assert assert_same(desc, exe, sample_input(desc, shape, 6, 8, cfg["seed"], False)) == 1.0

@@ -237,11 +237,15 @@ def test_layer_called_twice_is_refused_by_name():
 def test_to_c_refuses_a_graph_by_name(tmp_path):
     from snnquant.export import c_memory, to_c
     desc = to_integer(_TwoBranches(2.0 ** -2, 2.0 ** -6).eval(), input_max=1)
-    with pytest.raises(ExportError, match=r"to_c does not support graphs yet.*the branch into "
-                                          r"'b'.*the add join 'add'"):
+    with pytest.raises(ExportError, match=r"the C generator \(to_c, c_memory\) does not support "
+                                          r"graphs yet.*the branch into 'b'.*the add join 'add'"):
         to_c(desc, tmp_path, input_shape=(8,))
-    with pytest.raises(ExportError, match=r"c_memory does not support graphs yet"):
+    with pytest.raises(ExportError, match=r"\(to_c, c_memory\) does not support graphs yet"):
         c_memory(desc, input_shape=(8,))
+    # a sequence with an adaptive pool or a VotingLayer is refused too, by name
+    voting = to_integer(_deployable("NMNISTNet")[0])
+    with pytest.raises(ExportError, match=r"the average over 10 values 'conv_fc\.15'"):
+        to_c(voting, tmp_path, input_shape=(2, 34, 34))
     assert not list(tmp_path.iterdir())  # nothing written
 
 

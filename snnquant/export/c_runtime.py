@@ -9,11 +9,15 @@ from the description, when the code is written:
   :math:`\{0, 1\}`, a sum pool of values in :math:`[l, h]` in :math:`[a\,l, a\,h]`;
 * a synaptic layer's accumulator and current are bounded by
   :math:`|X_c| \le \lVert w_c \rVert_1\, |x|_{max}\, m_c 2^{\sigma_c} + |b_c|`;
-* a neuron's charge by the bounds of every term of :class:`~snnquant.export.NeuronOp`'s update.
+* a neuron's charge by the bounds of every register of its operation list
+  (:meth:`~snnquant.export.program.NeuronProgram.intervals`), the same list
+  :class:`~snnquant.export.IntegerSNN` runs and this module prints as C.
 
-From these bounds each layer picks the narrowest C type that holds it (``int32_t`` accumulators
-where :math:`2^{31}` is never reached, ``int64_t`` as :class:`~snnquant.export.IntegerSNN` uses
-otherwise), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
+The partial sums of an accumulator are bounded by the same :math:`\lVert w_c \rVert_1 |x|_{max}`
+in any order and over any subset of the inputs, so the event-driven form (only the nonzero inputs,
+see :func:`to_c`) and the dense form need the same types. From these bounds each layer picks the
+narrowest C type that holds it (``int32_t`` accumulators where :math:`2^{31}` is never reached,
+``int64_t`` otherwise), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
 undefined behaviour, so the code never relies on it. Shifts of negative numbers are written as
 multiplications by :math:`2^k` (left) and as ``~(~d >> k)`` (floor right shift), so the code does
 not depend on implementation-defined behaviour either.
@@ -79,10 +83,12 @@ class CMemory:
 
     Attributes:
         rom_bytes: constant data (weights, biases, rescale factors), code not included.
-        ram_bytes: ``sizeof(<name>_state)``: the membranes of one sample and the buffers between
-            layers.
+        ram_bytes: ``sizeof(<name>_state)``: the membranes of one sample, the buffers between
+            layers and the sums of the event-driven layers.
         state_bytes: the membranes alone.
         input_size: ``<NAME>_INPUT_SIZE``; ``output_size``: ``<NAME>_OUTPUT_SIZE``.
+        scratch_bytes: the sums of the event-driven synaptic layers (one layer's at a time; 0
+            with ``synapses='dense'``), included in ``ram_bytes``.
     """
 
     rom_bytes: int
@@ -90,6 +96,7 @@ class CMemory:
     state_bytes: int
     input_size: int
     output_size: int
+    scratch_bytes: int = 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -129,8 +136,11 @@ def _numel(shape) -> int:
 class _Gen:
     """Writes the C source of one network; ``self.rom``/``self.ram`` collect the memory."""
 
-    def __init__(self, desc: IntegerNetwork, name: str, input_shape):
+    def __init__(self, desc: IntegerNetwork, name: str, input_shape, synapses: str = "events"):
         self.desc, self.name, self.NAME = desc, name, name.upper()
+        self.synapses = synapses
+        self.const_types: dict = {}
+        self.scratch: List[Tuple[str, int, int, int]] = []   # (ctype, n, bytes, op index)
         self.input_shape = tuple(int(v) for v in input_shape)
         self.shapes = op_shapes(desc, self.input_shape)
         self.consts: List[str] = []
@@ -152,7 +162,15 @@ class _Gen:
         self.consts.append(f"static const {ctype} {ident}[{len(values)}] = {{\n"
                            + ",\n".join(body) + "\n};")
         self.rom += size * len(values)
+        self.const_types[ident] = ctype
         return ident
+
+    def scratch_array(self, i: int, ctype: str, n: int) -> str:
+        """An array of ``n`` ``ctype`` in the state's scratch union (sums of an event-driven
+        layer; one layer uses it at a time); returns the C expression that names it."""
+        size = {a: b for a, _, _, b in _TYPES}[ctype]
+        self.scratch.append((ctype, n, size * n, i))
+        return f"s->scratch.s{i}"
 
     # -- operations -----------------------------------------------------------------------------
     def synapse(self, i: int, op: SynapseOp, in_shape, out_shape, in_range, in_t, out_t_fixed,
@@ -172,23 +190,55 @@ class _Gen:
         acc_t = "int32_t" if wide < (1 << 31) else "int64_t"
         out_range = bound.out_range
         out_t = out_t_fixed or _ctype(*out_range)[0]
-        wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
         rescale = rescale_def.c_lines("acc", acc_t, self.const_array, i)
         if fuse_with is None:
             rescale.append(f"out[o] = ({out_t})acc;")
         else:
             rescale.append(f"out[o] = ({out_t}){self.name}_n{fuse_with}(s, o, (int64_t)acc);")
+
         def rescale_code(indent):
             return "\n".join(" " * indent + line for line in rescale)
 
-        state = "" if fuse_with is None else f"{self.name}_state *s, "
+        events = self.synapses == "events"
+        state = "" if fuse_with is None and not events else f"{self.name}_state *s, "
         sig = f"static void {self.name}_op{i}({state}const {in_t} *in, {out_t} *out)"
+        # the sums of the event-driven form: the accumulator's bound alone (no rescale yet)
+        sum_t = _ctype(-max(bound.accumulator + (1,)), max(bound.accumulator + (1,)), signed=True)[0]
+        # an event of a spike (0/1) adds the weight itself
+        times_x = "" if (in_range[0] >= 0 and in_range[1] <= 1) else f" * ({acc_t})x"
         if op.kind == "linear":
             if len(in_shape) != 1:
                 raise ExportError(f"layer {op.name!r}: a linear layer on a per-sample input of "
                                   f"shape {in_shape} (not flattened) is not supported by to_c")
             n_in = int(w.shape[1])
-            body = f"""{{
+            if events:
+                # a weight column per nonzero input: weights stored [in][out]
+                wname = self.const_array(f"w{i}", w.t().reshape(-1).tolist())
+                sums = self.scratch_array(i, sum_t, c_out)
+                body = f"""{{
+    {sum_t} *sum = {sums};
+    int32_t oc, j;
+    memset(sum, 0, sizeof({sum_t}) * {c_out});
+    for (j = 0; j < {n_in}; j++) {{
+        const {in_t} x = in[j];
+        if (x != 0) {{
+            const {self.const_types[wname]} *wj = {wname} + j * {c_out};
+            for (oc = 0; oc < {c_out}; oc++) {{
+                sum[oc] = ({sum_t})(sum[oc] + ({acc_t})wj[oc]{times_x});
+            }}
+        }}
+    }}
+    for (oc = 0; oc < {c_out}; oc++) {{
+        const int32_t o = oc;
+        {acc_t} acc = sum[oc];
+        {{
+{rescale_code(12)}
+        }}
+    }}
+}}"""
+            else:
+                wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
+                body = f"""{{
     int32_t oc, j;
     for (oc = 0; oc < {c_out}; oc++) {{
         const int32_t o = oc;
@@ -203,7 +253,7 @@ class _Gen:
 }}"""
         else:
             if op.kind == "conv1d":
-                hi_, wi = 1, in_shape[1]
+                ci, hi_, wi = in_shape[0], 1, in_shape[1]
                 co, ho_, wo = out_shape[0], 1, out_shape[1]
                 kh, kw = 1, int(w.shape[2])
                 sh, sw = 1, op.stride[0]
@@ -211,7 +261,7 @@ class _Gen:
                 pads = self._conv_pads(op, (kw,))
                 ph, pw = 0, pads[0]
             else:
-                _, hi_, wi = in_shape
+                ci, hi_, wi = in_shape
                 co, ho_, wo = out_shape
                 kh, kw = int(w.shape[2]), int(w.shape[3])
                 sh, sw = op.stride
@@ -219,7 +269,72 @@ class _Gen:
                 ph, pw = self._conv_pads(op, (kh, kw))
             cig = int(w.shape[1])
             cog = c_out // op.groups
-            body = f"""{{
+            if events:
+                # a kernel stamp per nonzero input: weights stored [c_in][ky][kx][out of group],
+                # sums [oy][ox][oc]
+                wt = w.reshape(op.groups, cog, cig, kh, kw).permute(0, 2, 3, 4, 1)
+                wname = self.const_array(f"w{i}", wt.reshape(-1).tolist())
+                sums = self.scratch_array(i, sum_t, co * ho_ * wo)
+
+                def target(axis, stride, size, indent):
+                    """The check that input row/column t<axis> reaches an output, and its index."""
+                    pad = " " * indent
+                    cond = (f"t{axis} < 0 || t{axis} >= {size}" if stride == 1 else
+                            f"t{axis} < 0 || t{axis} % {stride} != 0 || t{axis} / {stride} >= {size}")
+                    return (f"if ({cond}) {{\n{pad}    continue;\n{pad}}}",
+                            f"t{axis}" if stride == 1 else f"t{axis} / {stride}")
+                check_y, oy_expr = target("y", sh, ho_, 20)
+                check_x, ox_expr = target("x", sw, wo, 24)
+                body = f"""{{
+    {sum_t} *sum = {sums};
+    int32_t c, iy, ix, ky, kx, oc, oy, ox;
+    memset(sum, 0, sizeof({sum_t}) * {co * ho_ * wo});
+    for (c = 0; c < {ci}; c++) {{
+        const int32_t g = c / {cig};
+        for (iy = 0; iy < {hi_}; iy++) {{
+            for (ix = 0; ix < {wi}; ix++) {{
+                const {in_t} x = in[(c * {hi_} + iy) * {wi} + ix];
+                if (x == 0) {{
+                    continue;
+                }}
+                for (ky = 0; ky < {kh}; ky++) {{
+                    const int32_t ty = iy + {ph} - ky * {dh};
+                    {check_y}
+                    oy = {oy_expr};
+                    for (kx = 0; kx < {kw}; kx++) {{
+                        const int32_t tx = ix + {pw} - kx * {dw};
+                        {sum_t} *dst;
+                        const {self.const_types[wname]} *wk;
+                        {check_x}
+                        ox = {ox_expr};
+                        dst = sum + (oy * {wo} + ox) * {co} + g * {cog};
+                        wk = {wname} + ((c * {kh} + ky) * {kw} + kx) * {cog};
+                        for (oc = 0; oc < {cog}; oc++) {{
+                            dst[oc] = ({sum_t})(dst[oc] + ({acc_t})wk[oc]{times_x});
+                        }}
+                    }}
+                }}
+            }}
+        }}
+    }}
+    for (oc = 0; oc < {co}; oc++) {{
+        for (oy = 0; oy < {ho_}; oy++) {{
+            for (ox = 0; ox < {wo}; ox++) {{
+                const int32_t o = (oc * {ho_} + oy) * {wo} + ox;
+                {acc_t} acc = sum[(oy * {wo} + ox) * {co} + oc];
+                {{
+{rescale_code(20)}
+                }}
+            }}
+        }}
+    }}
+}}"""
+            else:
+                wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
+
+                def window(indent, *inner):
+                    return self._window(indent, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner)
+                body = f"""{{
     int32_t oc, oy, ox, ic, ky, kx;
     for (oc = 0; oc < {co}; oc++) {{
         const int32_t g = oc / {cog};
@@ -229,20 +344,8 @@ class _Gen:
                 {acc_t} acc = 0;
                 for (ic = 0; ic < {cig}; ic++) {{
                     const int32_t c = g * {cig} + ic;
-                    for (ky = 0; ky < {kh}; ky++) {{
-                        const int32_t iy = oy * {sh} - {ph} + ky * {dh};
-                        if (iy < 0 || iy >= {hi_}) {{
-                            continue;
-                        }}
-                        for (kx = 0; kx < {kw}; kx++) {{
-                            const int32_t ix = ox * {sw} - {pw} + kx * {dw};
-                            if (ix < 0 || ix >= {wi}) {{
-                                continue;
-                            }}
-                            acc += ({acc_t}){wname}[((oc * {cig} + ic) * {kh} + ky) * {kw} + kx]
-                                * ({acc_t})in[(c * {hi_} + iy) * {wi} + ix];
-                        }}
-                    }}
+{window(20, f"acc += ({acc_t}){wname}[((oc * {cig} + ic) * {kh} + ky) * {kw} + kx]",
+        f"    * ({acc_t})in[(c * {hi_} + iy) * {wi} + ix];")}
                 }}
                 {{
 {rescale_code(20)}
@@ -255,6 +358,20 @@ class _Gen:
         self.funcs.append(f"/* {_quote(op.name)}: {op.kind}, {op.weight_bits}-bit weights, "
                           f"{acc_t} accumulator{fused} */\n{sig}\n{body}")
         return out_range, out_t
+
+    @staticmethod
+    def _window(indent: int, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner: str) -> str:
+        """C loops over the window of output (oy, ox): ``ky``/``kx`` with the input row ``iy``
+        and column ``ix`` inside the input; ``inner`` lines run for each."""
+        pad = " " * indent
+        lines = [f"for (ky = 0; ky < {kh}; ky++) {{",
+                 f"    const int32_t iy = oy * {sh} - {ph} + ky * {dh};",
+                 f"    if (iy < 0 || iy >= {hi_}) {{", "        continue;", "    }",
+                 f"    for (kx = 0; kx < {kw}; kx++) {{",
+                 f"        const int32_t ix = ox * {sw} - {pw} + kx * {dw};",
+                 f"        if (ix < 0 || ix >= {wi}) {{", "            continue;", "        }"]
+        lines += ["        " + ln for ln in inner] + ["    }", "}"]
+        return "\n".join(pad + ln for ln in lines)
 
     @staticmethod
     def _conv_pads(op: SynapseOp, kernel) -> Tuple[int, ...]:
@@ -285,10 +402,7 @@ class _Gen:
         if op.kind == "max":
             out_range = in_range
             init = "int first = 1;"
-            update = ("if (first || in[j] > best) {\n"
-                      "                            best = in[j];\n"
-                      "                            first = 0;\n"
-                      "                        }")
+            update = "if (first || in[j] > best) {\n    best = in[j];\n    first = 0;\n}"
             acc_t = in_t
             start = f"{acc_t} best = 0;\n                {init}"
             result = "best"
@@ -299,28 +413,17 @@ class _Gen:
             update = f"best += ({acc_t})in[j];"
             result = "best"
         out_t = out_t_fixed or _ctype(*out_range)[0]
+
+        def window(indent, *inner):
+            return self._window(indent, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner)
         body = f"""static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)
 {{
-    int32_t ch, oy, ox, ky, kx;
+    int32_t ch, oy, ox, ky, kx, j;
     for (ch = 0; ch < {c}; ch++) {{
         for (oy = 0; oy < {ho_}; oy++) {{
             for (ox = 0; ox < {wo}; ox++) {{
                 {start}
-                for (ky = 0; ky < {kh}; ky++) {{
-                    const int32_t iy = oy * {sh} - {ph} + ky * {dh};
-                    if (iy < 0 || iy >= {hi_}) {{
-                        continue;
-                    }}
-                    for (kx = 0; kx < {kw}; kx++) {{
-                        const int32_t ix = ox * {sw} - {pw} + kx * {dw};
-                        int32_t j;
-                        if (ix < 0 || ix >= {wi}) {{
-                            continue;
-                        }}
-                        j = (ch * {hi_} + iy) * {wi} + ix;
-                        {update}
-                    }}
-                }}
+{window(16, f"j = (ch * {hi_} + iy) * {wi} + ix;", *update.split(chr(10)))}
                 out[(ch * {ho_} + oy) * {wo} + ox] = ({out_t}){result};
             }}
         }}
@@ -335,7 +438,7 @@ class _Gen:
         regs, (v_lo, v_hi) = program.intervals(in_range)
         big = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
         shift = max(program.shifts() + [0])
-        if big >= (1 << _LIMIT_BITS) or shift > _LIMIT_BITS:
+        if big >= (1 << _LIMIT_BITS) or shift >= _LIMIT_BITS:
             raise ExportError(f"layer {op.name!r}: the charge is bounded only by {big} (grid shift "
                               f"{op.grid_shift}, leak shift {op.leak_shift}), which reaches "
                               f"2^{_LIMIT_BITS}: the C code would overflow int64")
@@ -418,7 +521,8 @@ class _Gen:
                 buffers[u].append((t, n, size * n, i))
                 dst = f"s->buf{u}.a{i}"
             args = f"{src}, {dst}"
-            if isinstance(op, NeuronOp) or j != i:
+            if isinstance(op, NeuronOp) or j != i or (isinstance(op, SynapseOp)
+                                                      and self.synapses == "events"):
                 args = f"s, {args}"
             calls.append(f"{self.name}_op{i}({args});")
             src, in_t = dst, t
@@ -433,6 +537,13 @@ class _Gen:
             size8 = -(-size // 8) * 8
             decl = "".join(f"        {t} a{i}[{n}];\n" for t, n, _, i in bufs)
             members.append(f"    union {{\n{decl}        uint8_t bytes[{size8}];\n    }} buf{u};")
+            ram += size8
+        self.scratch_bytes = 0
+        if self.scratch:
+            size8 = -(-max(b for _, _, b, _ in self.scratch) // 8) * 8
+            self.scratch_bytes = size8
+            decl = "".join(f"        {t} s{i}[{n}];\n" for t, n, _, i in self.scratch)
+            members.append(f"    union {{\n{decl}        uint8_t bytes[{size8}];\n    }} scratch;")
             ram += size8
         for _, decl in sorted(self.state_members, key=lambda e: -e[0]):
             members.append("    " + decl)
@@ -531,11 +642,18 @@ void {n}_step({n}_state *s, const int32_t *input, int64_t *output)
 # ------------------------------------------------------------------------------------------------
 # public API
 
-def _prepare(desc, name, input_shape) -> _Gen:
+#: The forms of a synaptic layer's accumulation that :func:`to_c` writes.
+SYNAPSE_FORMS = ("events", "dense")
+
+
+def _prepare(desc, name, input_shape, synapses="events") -> _Gen:
     if not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork (from to_integer or load_integer), got "
                         f"{type(desc).__name__}")
+    desc.refuse_graph("the C generator (to_c, c_memory)")
     name = _check_name(name)
+    if not isinstance(synapses, str) or synapses not in SYNAPSE_FORMS:
+        raise ValueError(f"synapses must be one of {SYNAPSE_FORMS}, got {synapses!r}")
     if input_shape is None:
         input_shape = _infer_input_shape(desc)
     if isinstance(input_shape, int):
@@ -546,23 +664,26 @@ def _prepare(desc, name, input_shape) -> _Gen:
         raise ValueError(f"input_shape must be a tuple of positive ints, got {input_shape!r}") from None
     if not input_shape or any(v <= 0 for v in input_shape):
         raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}")
-    return _Gen(desc, name, input_shape).build()
+    return _Gen(desc, name, input_shape, synapses).build()
 
 
-def c_memory(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = None) -> CMemory:
+def c_memory(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = None, *,
+             synapses: str = "events") -> CMemory:
     r"""ROM and RAM of the C model :func:`to_c` writes for ``desc``, without writing it.
 
     Args:
         desc: the integer network.
         input_shape: per-sample input shape, as for :func:`to_c`.
+        synapses: ``'events'`` or ``'dense'``, as for :func:`to_c`.
 
     Returns:
         A :class:`CMemory` (``rom_bytes`` = ``<NAME>_ROM_BYTES``, ``ram_bytes`` =
         ``<NAME>_RAM_BYTES``).
     """
-    g = _prepare(desc, "snn", input_shape)
+    g = _prepare(desc, "snn", input_shape, synapses)
     return CMemory(rom_bytes=g.rom, ram_bytes=g.ram, state_bytes=g.state_bytes,
-                   input_size=_numel(g.input_shape), output_size=g.out_size)
+                   input_size=_numel(g.input_shape), output_size=g.out_size,
+                   scratch_bytes=g.scratch_bytes)
 
 
 def _pair_texts(gen: "_Gen") -> Tuple[bytes, bytes]:
@@ -580,7 +701,8 @@ def _pair_texts(gen: "_Gen") -> Tuple[bytes, bytes]:
 
 
 def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "snn", *,
-         input_shape: Optional[Sequence[int]] = None) -> Tuple[Path, Path]:
+         input_shape: Optional[Sequence[int]] = None, synapses: str = "events"
+         ) -> Tuple[Path, Path]:
     r"""Write a bit-exact, portable C99 model of an integer network: ``<name>.h`` and ``<name>.c``.
 
     The C model computes, one time step of one sample per call, exactly what
@@ -607,6 +729,15 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
       ``output`` receives the spikes (0/1) or, for a network ending in a synaptic layer, the
       integer currents in units of :math:`2^{-F}` (``desc.output_frac_bits``).
 
+    Synapses. With ``synapses='events'`` (the default) a synaptic layer adds only what its
+    nonzero inputs contribute: a weight column per nonzero input of a linear layer, a kernel
+    stamp per nonzero input of a convolution (weights stored input-major), into sums kept in the
+    state (``scratch``, counted in ``NAME_RAM_BYTES``); its time then grows with the synaptic
+    operations (nonzero inputs times fan-out), not with the layer size. Every synaptic input of an
+    exported network is spikes or event counts, so this is the faster form for SNN activity;
+    ``synapses='dense'`` writes the dense loops (every input times every weight), which need no
+    scratch and win only for inputs that are mostly nonzero. Both compute the same integers.
+
     Layer names. The source model's module names (any text: ``'capa_oculta_ñ'``, spaces,
     quotes, ``'fc/*hidden*/'``) never become C identifiers: every generated symbol is
     ``<name>_<kind><position>`` (``snn_w0``, ``snn_n1``), unique by construction, and a module name
@@ -630,18 +761,22 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
         input_shape: per-sample input shape without time and batch. Needed when the network does
             not start with a linear layer (the description holds no image size); by default
             ``(in_features,)`` of the first linear layer.
+        synapses: ``'events'`` (default) or ``'dense'``: the form of every synaptic layer's
+            accumulation (see above).
 
     Returns:
         ``(header_path, source_path)``.
 
     Raises:
         TypeError: ``desc`` is not an :class:`~snnquant.export.IntegerNetwork`.
-        ValueError: a bad ``name`` or ``input_shape``.
+        ValueError: a bad ``name``, ``input_shape`` or ``synapses``.
         OSError: a file could not be written (the message names it; the earlier pair is kept).
         ExportError: a bound of an intermediate value reaches :math:`2^{62}` (the C code would
-            overflow), or a layer form the C runtime does not implement.
+            overflow), or a layer form the C runtime does not implement, or the network is a
+            graph (joins, branches, adaptive pools, a ``VotingLayer`` average:
+            :meth:`~snnquant.export.IntegerNetwork.graph_features`), not supported yet.
     """
-    gen = _prepare(desc, name, input_shape)
+    gen = _prepare(desc, name, input_shape, synapses)
     texts = _pair_texts(gen)
     out = Path(out_dir)
     if out.exists() and not out.is_dir():

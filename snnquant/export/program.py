@@ -48,14 +48,14 @@ def c_literal(v: int) -> str:
 def c_rhe_helper(prefix: str) -> str:
     """The C99 function ``<prefix>_rhe(d, k)``: the C reading of the ``rhe`` opcode
     (:func:`~snnquant.export.round_half_even_shift`)."""
-    return f"""/* round(d / 2^k), ties to even (k >= 1), as torch.round and IntegerSNN;
- * ~(~d >> k) is floor(d / 2^k) for d < 0 without shifting a negative number */
+    return f"""/* round(d / 2^k), ties to even (1 <= k <= 61, |d| < 2^62), as torch.round and IntegerSNN:
+ * (e + 2^(k-1) - 1 + floor(e / 2^k) mod 2) >> k on e = d + 2^62 >= 0, in uint64_t (no shift of a
+ * negative number, no overflow); 2^62 is a multiple of 2^(k+1), so ties go the same way */
 static int64_t {prefix}_rhe(int64_t d, int k)
 {{
-    const int64_t f = d >= 0 ? d >> k : ~((~d) >> k);
-    const int64_t rest = d & ((((int64_t)1) << k) - 1);
-    const int64_t half = ((int64_t)1) << (k - 1);
-    return f + ((rest > half || (rest == half && (f & 1) != 0)) ? 1 : 0);
+    const uint64_t e = (uint64_t)d + ((uint64_t)1 << 62);
+    const uint64_t r = (e + ((e >> k) & 1u) + ((((uint64_t)1) << (k - 1)) - 1u)) >> k;
+    return (int64_t)r - (((int64_t)1) << (62 - k));
 }}
 """
 
@@ -318,6 +318,20 @@ class SynapseRescale:
     def same_factor(self) -> bool:
         """Whether every channel has the same factor."""
         return all(f == self.factor[0] for f in self.factor)
+
+    def apply(self, acc: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """The torch reading on an accumulator ``[B, C, *spatial]`` (or ``[B, C]``): ``X`` in
+        ``dtype``."""
+        acc = acc.to(dtype)
+        shape = [1, -1] + [1] * (acc.dim() - 2)
+        if self.same_factor:
+            if self.factor and self.factor[0] != 1:
+                acc = acc * self.factor[0]
+        else:
+            acc = acc * torch.tensor(self.factor, dtype=dtype).reshape(shape)
+        if self.bias is not None:
+            acc = acc + torch.tensor(self.bias, dtype=dtype).reshape(shape)
+        return acc
 
     def folded(self, weight: torch.Tensor, dtype: torch.dtype
                ) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:

@@ -1,8 +1,8 @@
 r"""Integer simulator of an exported network: :class:`IntegerSNN`.
 
-Every torch operation in a call produces an integer or bool tensor (``int32`` arithmetic where
-the bounds proven from the description stay below :math:`2^{31}`, else ``int64``; ``int8``
-spikes): the float scales of the description are never used inside the time loop. Stateless
+Every torch operation in a call produces an integer or bool tensor (``int16`` accumulation of
+a synaptic layer and ``int32`` arithmetic where the bounds proven from the description stay below
+:math:`2^{15}` and :math:`2^{31}`, else ``int64``; ``int8`` spikes): the float scales of the description are never used inside the time loop. Stateless
 operations (synapses, pooling, flatten) run on all time steps at once (``[T*N, ...]``); neurons
 loop over time, exactly as SpikingJelly's multi-step mode does, and whatever of their step
 depends on the input only (its shift onto the shared grid) is computed for all steps at once
@@ -26,10 +26,14 @@ from .program import (SynapseRescale, adaptive_windows, join_range, neuron_progr
 __all__ = ["IntegerSNN", "op_shapes"]
 
 _INT32_LIMIT = 1 << 31
+_INT16_LIMIT = 1 << 15
 
 
-def _dtype_for(magnitude: int) -> torch.dtype:
-    """``int32`` when every value (and every intermediate) stays below :math:`2^{31}`."""
+def _dtype_for(magnitude: int, narrowest: torch.dtype = torch.int32) -> torch.dtype:
+    """``int16`` (only where ``narrowest`` allows it) or ``int32`` when every value (and every
+    intermediate) stays below :math:`2^{15}` or :math:`2^{31}`, else ``int64``."""
+    if narrowest == torch.int16 and magnitude < _INT16_LIMIT:
+        return torch.int16
     return torch.int32 if magnitude < _INT32_LIMIT else torch.int64
 
 
@@ -43,9 +47,10 @@ class IntegerSNN:
     :class:`~snnquant.export.NeuronOp`; the leak is :math:`M (\cdot)` with an integer
     multiplication when ``leak_multiplier`` :math:`M \ne 1`), the operation list of
     :func:`~snnquant.export.program.neuron_program`, which :func:`~snnquant.export.to_c` prints
-    as C. The membrane starts at ``v_init`` on every call. Each layer computes in ``int32`` where
-    the bounds proven from the description (the same ones the C runtime uses) stay below
-    :math:`2^{31}`, else in ``int64``; the results do not depend on it.
+    as C. The membrane starts at ``v_init`` on every call. Each layer computes in the narrowest
+    of ``int16`` (a synapse's accumulation and, when it fits too, its rescale), ``int32`` and
+    ``int64`` that the bounds proven from the description (the same ones the C runtime uses)
+    allow for the largest magnitude of the call's input; the results do not depend on it.
 
     On the same integer input its spikes equal those of the fake-quantized float model in eval
     mode (in the description's ``reference_dtype``), layer by layer and step by step, when the
@@ -66,20 +71,44 @@ class IntegerSNN:
         if self.device.type != "cpu":
             raise ValueError(f"device must be 'cpu', got {device!r}: PyTorch implements integer "
                              f"convolutions and matrix products on the CPU only")
-        self._params = []
-        ranges = {NETWORK_INPUT: (-int(desc.input_max), int(desc.input_max))}
-        for i, op in enumerate(desc.ops):
-            rng = ranges[desc.op_inputs(i)[0]]
+        self._plans: Dict[int, list] = {}
+        self._params = self._plan(int(desc.input_max))
+        # the last operation that reads each value: a call frees the value after that one
+        self._last_use = {}
+        for i in range(len(desc.ops)):
+            for j in desc.op_inputs(i):
+                self._last_use[j] = i
+
+    def _plan(self, input_bound: int) -> list:
+        """Per operation: its tensors and integer types for inputs with :math:`|x| \\le`
+        ``input_bound`` (cached: a call on spikes gets the narrow types of spikes)."""
+        if input_bound in self._plans:
+            return self._plans[input_bound]
+        plan = []
+        ranges = {NETWORK_INPUT: (-input_bound, input_bound)}
+        for i, op in enumerate(self.desc.ops):
+            rng = ranges[self.desc.op_inputs(i)[0]]
             if isinstance(op, SynapseOp):
                 rescale = SynapseRescale.of(op)
                 bound = synapse_bounds(op, rescale, rng)
+                # the current's type; the accumulation in int16 where its own bound allows
+                # (PyTorch's int16 convolution is the fastest), then the rescale apart
                 dtype = _dtype_for(max([bound.widest, *map(abs, rng)]
                                        + [abs(f) for f in rescale.factor]))
+                acc_dtype = _dtype_for(max(bound.accumulator + bound.l1 + tuple(map(abs, rng))),
+                                       torch.int16)
                 if any(d != 1 for d in op.dilation):
-                    dtype = torch.int64  # PyTorch's dilated convolution has no int32 kernel
-                weight, bias = rescale.folded(op.weight, dtype)
-                self._params.append(dict(weight=weight.to(self.device), dtype=dtype,
-                                         bias=None if bias is None else bias.to(self.device)))
+                    dtype = acc_dtype = torch.int64  # no int16/int32 dilated convolution
+                if _dtype_for(bound.widest, torch.int16) == acc_dtype:
+                    dtype = acc_dtype   # the rescale fits the accumulator's type: fold it
+                if acc_dtype == dtype:
+                    weight, bias = rescale.folded(op.weight, dtype)
+                    rescale = None
+                else:
+                    weight, bias = op.weight.to(acc_dtype), None
+                plan.append(dict(weight=weight.to(self.device), dtype=acc_dtype,
+                                         bias=None if bias is None else bias.to(self.device),
+                                         rescale=rescale, out_dtype=dtype))
                 rng = bound.out_range
             elif isinstance(op, NeuronOp):
                 program = neuron_program(op)
@@ -87,24 +116,21 @@ class IntegerSNN:
                 widest = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
                 # rhe adds up to 2^(k-1) before its shift
                 dtype = _dtype_for(widest + (1 << max(program.shifts() + [0])))
-                self._params.append(dict(program=program, dtype=dtype))
+                plan.append(dict(program=program, dtype=dtype))
                 rng = (0, 1)
             elif isinstance(op, PoolOp):
                 rng = pool_range(op, rng)
-                self._params.append(dict(dtype=_dtype_for(max(map(abs, rng)))))
+                plan.append(dict(dtype=_dtype_for(max(map(abs, rng)))))
             elif isinstance(op, JoinOp):
-                operands = [ranges[j] for j in desc.op_inputs(i)]
+                operands = [ranges[j] for j in self.desc.op_inputs(i)]
                 rng = join_range(op, operands)
                 widest = max(max(abs(lo), abs(hi)) << k for (lo, hi), k in zip(operands, op.shifts))
-                self._params.append(dict(dtype=_dtype_for(max(widest, *map(abs, rng)))))
+                plan.append(dict(dtype=_dtype_for(max(widest, *map(abs, rng)))))
             else:
-                self._params.append(None)
+                plan.append(None)
             ranges[i] = rng
-        # the last operation that reads each value: the simulator frees it after that one
-        self._last_use = {}
-        for i in range(len(desc.ops)):
-            for j in desc.op_inputs(i):
-                self._last_use[j] = i
+        self._plans[input_bound] = plan
+        return plan
 
     # ---- operations -------------------------------------------------------------------------
     def _stateless(self, op, prm, x: torch.Tensor) -> torch.Tensor:
@@ -123,9 +149,13 @@ class IntegerSNN:
         r""":math:`X = \mathrm{conv}(x, f w) + b`: the rescale folded into the weights."""
         w, b = prm["weight"], prm["bias"]
         if op.kind == "linear":
-            return F.linear(x, w, b)
-        conv = F.conv1d if op.kind == "conv1d" else F.conv2d
-        return conv(x, w, b, op.stride, op.padding, op.dilation, op.groups)
+            acc = F.linear(x, w, b)
+        else:
+            conv = F.conv1d if op.kind == "conv1d" else F.conv2d
+            acc = conv(x, w, b, op.stride, op.padding, op.dilation, op.groups)
+        if prm["rescale"] is None:
+            return acc
+        return prm["rescale"].apply(acc, prm["out_dtype"])
 
     @staticmethod
     def _join(op: JoinOp, prm, xs) -> torch.Tensor:
@@ -220,9 +250,11 @@ class IntegerSNN:
                 raise ValueError(f"x_seq has an entry of magnitude {peak}, above input_max="
                                  f"{self.desc.input_max} for which the export is exact")
         T, N = x.shape[0], x.shape[1]
+        # the types follow the bound of this input, rounded up to 2^b - 1 (few cached plans)
+        plan = self._plan((1 << peak.bit_length()) - 1 if x.numel() else 1)
         values = {NETWORK_INPUT: x.reshape((T * N,) + tuple(x.shape[2:]))}
         layers = {}
-        for i, (op, prm) in enumerate(zip(self.desc.ops, self._params)):
+        for i, (op, prm) in enumerate(zip(self.desc.ops, plan)):
             src = self.desc.op_inputs(i)
             if isinstance(op, JoinOp):
                 y = self._join(op, prm, [values[j] for j in src])
