@@ -430,7 +430,8 @@ def test_refuses_unknown_module_and_bad_structure():
         def forward(self, x):
             return self.fc(x)
 
-    with pytest.raises(ExportError, match=r"\(Block\): module type not supported"):
+    # a custom block is traced (torch.fx): its unquantized layer is named inside it
+    with pytest.raises(ExportError, match=r"layer '0\.fc' \(Linear\): unquantized synaptic"):
         to_integer(nn.Sequential(Block()))
 
     class Wrapper(nn.Module):  # SpikingJelly examples' style: forward() calls self.conv_fc
@@ -441,9 +442,19 @@ def test_refuses_unknown_module_and_bad_structure():
         def forward(self, x):
             return self.conv_fc(x)
 
-    with pytest.raises(ExportError, match=r"pass its sequential part.*model\.conv_fc"):
-        to_integer(Wrapper(_mlp()))
+    wrapped = to_integer(Wrapper(_mlp()))
+    assert str(wrapped).replace("conv_fc.", "") == str(to_integer(Wrapper(_mlp()).conv_fc))
     assert len(to_integer(Wrapper(_mlp()).conv_fc).ops) == 4
+
+    class Untraceable(Wrapper):
+        def forward(self, x):
+            if x.sum() > 0:  # data-dependent control flow: torch.fx cannot trace it
+                return self.conv_fc(x)
+            return x
+
+    with pytest.raises(ExportError, match=r"torch.fx cannot trace.*pass its sequential part.*"
+                                          r"model\.conv_fc"):
+        to_integer(Untraceable(_mlp()))
 
     class Plain(nn.Sequential):  # a Sequential subclass that keeps Sequential.forward
         pass

@@ -12,8 +12,9 @@ from _dtype_recorder import RecordDtypes
 
 from snnquant import QuantConfig, quantize_model
 from snnquant import nn as qnn
-from snnquant.export import (ExportError, IntegerSNN, compare_integer, fold_batchnorm,
-                             integer_agreement, load_integer, save_integer, to_integer, to_nir)
+from snnquant.export import (FORMAT_VERSION, ExportError, IntegerSNN, compare_integer,
+                             fold_batchnorm, integer_agreement, load_integer, save_integer,
+                             to_integer, to_nir)
 
 
 def inputs(shape, T, N, seed, max_count=1):
@@ -195,7 +196,7 @@ def test_save_load_round_trip_and_version_1_files(tmp_path):
     path = tmp_path / "leak.safetensors"
     save_integer(desc, path)
     back = load_integer(path)
-    assert str(back) == str(desc) and back.exact is False and back.format_version == 2
+    assert str(back) == str(desc) and back.exact is False and back.format_version == FORMAT_VERSION
     assert dataclasses.asdict(back.layer("1")) == dataclasses.asdict(desc.layer("1"))
     x = inputs((16,), 8, 5, 1).long()
     assert torch.equal(IntegerSNN(back)(x), IntegerSNN(desc)(x))
@@ -230,8 +231,8 @@ def test_save_load_round_trip_and_version_1_files(tmp_path):
         old = load_integer(rewrite("v1.safetensors", record, "1"))
     assert old.format_version == 1 and old.exact and old.layer("1").leak_multiplier == 1
     assert torch.equal(IntegerSNN(old)(x), IntegerSNN(exact)(x))
-    with pytest.raises(ValueError, match=r"format_version '3'.*reads format_version 1 and 2"):
-        load_integer(rewrite("v3.safetensors", record, "3"))
+    with pytest.raises(ValueError, match=r"format_version '4'.*reads format_version 1, 2 and 3"):
+        load_integer(rewrite("v4.safetensors", record, "4"))
     with pytest.raises(ValueError, match="corrupt.*description says format_version 1"), \
             pytest.warns(UserWarning, match="older snnquant"):
         load_integer(rewrite("mixed.safetensors", record, "2"))

@@ -12,8 +12,8 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 * :func:`to_c`: a bit-exact, portable C99 model of the integer network (``<name>.h``/``.c``).
 """
 
-from .description import (FORMAT_VERSION, ExportError, FlattenOp, IntegerNetwork, NeuronOp,
-                          PoolOp, SynapseOp)
+from .description import (FORMAT_VERSION, NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork,
+                          JoinOp, NeuronOp, PoolOp, SynapseOp)
 from .integer_ops import pack_int, round_half_even_shift, unpack_int
 from .exporter import to_integer
 from .simulator import IntegerSNN
@@ -28,7 +28,8 @@ from .c_runtime import CMemory, c_memory, to_c
 
 __all__ = [
     "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",
-    "FlattenOp", "round_half_even_shift", "pack_int", "unpack_int", "to_integer", "IntegerSNN",
+    "FlattenOp", "JoinOp", "NETWORK_INPUT", "round_half_even_shift", "pack_int", "unpack_int",
+    "to_integer", "IntegerSNN",
     "IntegerAgreement", "compare_integer", "integer_agreement", "fold_batchnorm", "save_integer",
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
     "c_memory", "CMemory", "saturation_report", "SaturationReport", "LayerSaturation",

@@ -140,7 +140,8 @@ def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[Intege
     """
     x_int = _integer_input(x_seq)
     if desc is None:
-        desc = to_integer(model, reference_dtype=reference_dtype, leak_bits=leak_bits)
+        desc = to_integer(model, reference_dtype=reference_dtype, leak_bits=leak_bits,
+                          input_shape=tuple(x_seq.shape[2:]))
     elif not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork, got {type(desc).__name__}")
     dtype = getattr(torch, desc.reference_dtype)

@@ -650,6 +650,7 @@ def _prepare(desc, name, input_shape, synapses="events") -> _Gen:
     if not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork (from to_integer or load_integer), got "
                         f"{type(desc).__name__}")
+    desc.refuse_graph("the C generator (to_c, c_memory)")
     name = _check_name(name)
     if not isinstance(synapses, str) or synapses not in SYNAPSE_FORMS:
         raise ValueError(f"synapses must be one of {SYNAPSE_FORMS}, got {synapses!r}")
@@ -771,7 +772,9 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
         ValueError: a bad ``name``, ``input_shape`` or ``synapses``.
         OSError: a file could not be written (the message names it; the earlier pair is kept).
         ExportError: a bound of an intermediate value reaches :math:`2^{62}` (the C code would
-            overflow), or a layer form the C runtime does not implement.
+            overflow), or a layer form the C runtime does not implement, or the network is a
+            graph (joins, branches, adaptive pools, a ``VotingLayer`` average:
+            :meth:`~snnquant.export.IntegerNetwork.graph_features`), not supported yet.
     """
     gen = _prepare(desc, name, input_shape, synapses)
     texts = _pair_texts(gen)

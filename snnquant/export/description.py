@@ -2,7 +2,12 @@ r"""The integer network description that :func:`~snnquant.export.to_integer` ret
 
 An :class:`IntegerNetwork` is a list of operations applied in order to a sequence ``[T, N, ...]``:
 :class:`SynapseOp` (linear / convolution with integer weights), :class:`NeuronOp` (integer
-membrane), :class:`PoolOp` (max or sum pooling) and :class:`FlattenOp`. Every value the network
+membrane), :class:`PoolOp` (max or sum pooling), :class:`FlattenOp` and :class:`JoinOp` (the
+exact integer join of two branches: sum, AND, AND-NOT). Every operation reads the outputs of
+earlier operations named by ``inputs`` (indices into the list, :data:`NETWORK_INPUT` for the
+network input); the default ``()`` reads the operation just before it, so a sequence is the
+special case in which no operation names its inputs, and a residual network is a graph in
+topological order. The network's output is the last operation's. Every value the network
 computes is an integer; each integer has a stated scale (a power of two, or for weights the
 quantizer's step) that maps it back to the real value of the fake-quantized model.
 
@@ -30,17 +35,22 @@ import torch
 
 from .integer_ops import fits_packed, pack_int
 
-__all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "SynapseOp", "NeuronOp", "PoolOp", "FlattenOp", "IntegerNetwork",
-           "ExportError"]
+__all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "SynapseOp", "NeuronOp",
+           "PoolOp", "FlattenOp", "JoinOp", "IntegerNetwork", "ExportError"]
 
 #: Version of the description and of the file format of :func:`~snnquant.export.save_integer`.
 #: Version 2 adds the neuron fields ``leak_multiplier``, ``leak_round_shift``, ``exact`` and
 #: ``tau`` (fixed-point leak);
 #: a version-1 file is read with their defaults (1, 0, ``True``, ``None``): every layer exact.
-FORMAT_VERSION = 2
+#: Version 3 adds graphs: every operation's ``inputs`` and the :class:`JoinOp`; a version-1 or -2
+#: file is read with ``inputs=()`` (a sequence).
+FORMAT_VERSION = 3
 
 #: Format versions that :func:`~snnquant.export.load_integer` reads.
-READABLE_FORMAT_VERSIONS = (1, 2)
+READABLE_FORMAT_VERSIONS = (1, 2, 3)
+
+#: The index that stands for the network input in an operation's ``inputs``.
+NETWORK_INPUT = -1
 
 
 class ExportError(ValueError):
@@ -78,6 +88,7 @@ class SynapseOp:
         stride, padding, dilation, groups: convolution parameters (per spatial dimension).
         weight_packed: for 1-, 2- and 4-bit weights, the weights packed by
             :func:`~snnquant.export.pack_int` (``uint8``), else ``None``.
+        inputs: the operation it reads (see :class:`IntegerNetwork`); ``()`` = the one before.
     """
 
     name: str
@@ -96,6 +107,7 @@ class SynapseOp:
     dilation: Tuple[int, ...] = ()
     groups: int = 1
     weight_packed: Optional[torch.Tensor] = None
+    inputs: Tuple[int, ...] = ()
 
     op_type = "synapse"
 
@@ -184,6 +196,7 @@ class NeuronOp:
             fixed-point leak).
         tau: the float model's :math:`\tau` (LIF ``tau``, or :math:`1/\mathrm{sigmoid}(w)`), or
             ``None`` (IF, or a version-1 description).
+        inputs: the operation it reads (see :class:`IntegerNetwork`); ``()`` = the one before.
     """
 
     name: str
@@ -206,6 +219,7 @@ class NeuronOp:
     leak_round_shift: int = 0
     exact: bool = True
     tau: Optional[float] = None
+    inputs: Tuple[int, ...] = ()
 
     op_type = "neuron"
 
@@ -253,6 +267,16 @@ class PoolOp:
     ``'max'``: :math:`y = \max_{window} x` (on binary spikes: logical OR). ``'sum'``:
     :math:`y = \sum_{window} x`, and the output units gain :math:`a` fractional bits
     (``frac_bits_added``): the real value is the average :math:`y / 2^a`.
+
+    With ``output_size`` (an adaptive average pool), the windows are PyTorch's adaptive ones,
+    :math:`[\lfloor i H / h \rfloor, \lceil (i + 1) H / h \rceil)` for input size :math:`H` and
+    output size :math:`h` per dimension, each of ``kernel_size`` elements (checked at export for
+    the given input size, and by the simulator on every input).
+
+    ``divisor`` :math:`D \ne 1` (SpikingJelly's ``VotingLayer`` over :math:`D` neurons, not a
+    power of two; only as the network's last operation): the integer output is the sum
+    :math:`y` and the real value is :math:`y / D`, which the float model rounds. A 1-d pooling
+    of a ``[N, F]`` tensor pools the features (as ``VotingLayer`` does).
     """
 
     name: str
@@ -264,6 +288,9 @@ class PoolOp:
     dilation: Tuple[int, ...]
     ceil_mode: bool
     frac_bits_added: int
+    inputs: Tuple[int, ...] = ()
+    output_size: Tuple[int, ...] = ()
+    divisor: int = 1
 
     op_type = "pool"
 
@@ -284,6 +311,7 @@ class FlattenOp:
     name: str
     start_dim: int
     end_dim: int
+    inputs: Tuple[int, ...] = ()
 
     op_type = "flatten"
 
@@ -291,8 +319,64 @@ class FlattenOp:
         return ""
 
 
-Op = Union[SynapseOp, NeuronOp, PoolOp, FlattenOp]
-_OP_CLASSES = {cls.op_type: cls for cls in (SynapseOp, NeuronOp, PoolOp, FlattenOp)}
+#: The kinds of :class:`JoinOp`.
+JOIN_KINDS = ("add", "and", "iand")
+
+
+@dataclass
+class JoinOp:
+    r"""The exact integer join of two or more branches (a residual connection).
+
+    ``'add'``: the operands :math:`x_i` are integers in units of :math:`2^{-F_i}`; each is shifted
+    onto the finest grid :math:`2^{-F}`, :math:`F = \max_i F_i` (``out_frac_bits``), and summed:
+
+    .. math::
+
+        y = \sum_i x_i \ll \sigma_i,\qquad \sigma_i = F - F_i
+
+    with the ``shifts`` :math:`\sigma_i`: the real sum :math:`\sum_i x_i 2^{-F_i}` exactly (the
+    float model's sum is exact when the export's bound holds, see
+    :func:`~snnquant.export.to_integer`). ``'and'`` and ``'iand'`` join two spike tensors (SpikingJelly ``sew_resnet``'s ``cnf='AND'``/``'IAND'``):
+
+    .. math::
+
+        \text{and:}\quad y = x_0\, x_1,\qquad \text{iand:}\quad y = x_0\,(1 - x_1)
+
+    Attributes:
+        name: the module (or traced operation) the join comes from.
+        kind: one of :data:`JOIN_KINDS`.
+        shifts: :math:`\sigma_i \ge 0` per operand (all 0 for ``'and'``/``'iand'``).
+        out_frac_bits: :math:`F`.
+        inputs: indices of the operands (two or more; two for ``'and'``/``'iand'``).
+    """
+
+    name: str
+    kind: str
+    shifts: Tuple[int, ...]
+    out_frac_bits: int
+    inputs: Tuple[int, ...] = ()
+
+    op_type = "join"
+
+    def __post_init__(self):
+        if self.kind not in JOIN_KINDS:
+            raise ValueError(f"kind must be one of {JOIN_KINDS}, got {self.kind!r}")
+        n = len(self.inputs)
+        if n < 2 or (self.kind != "add" and n != 2):
+            count = "two or more" if self.kind == "add" else "two"
+            raise ValueError(f"a {self.kind!r} join needs {count} inputs, got "
+                             f"inputs={self.inputs!r}")
+        if len(self.shifts) != n or any(not isinstance(k, int) or k < 0 for k in self.shifts):
+            raise ValueError(f"shifts must be {n} ints >= 0 (one per input), got {self.shifts!r}")
+        if self.kind != "add" and any(self.shifts):
+            raise ValueError(f"a {self.kind!r} join of spikes has no shifts, got {self.shifts!r}")
+
+    def leak_text(self) -> str:  # pragma: no cover
+        return ""
+
+
+Op = Union[SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp]
+_OP_CLASSES = {cls.op_type: cls for cls in (SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp)}
 
 
 @dataclass
@@ -300,7 +384,9 @@ class IntegerNetwork:
     r"""An integer spiking network: operations, bit widths and scales.
 
     Attributes:
-        ops: the operations in order.
+        ops: the operations in topological order; operation ``i`` reads
+            :meth:`op_inputs` ``(i)`` (its ``inputs``, or ``(i - 1,)`` when they are ``()``;
+            :data:`NETWORK_INPUT` is the network input). The output is the last operation's.
         input_max: largest input magnitude for which the exactness bound holds (the simulator
             refuses larger inputs).
         output_kind: ``'spikes'`` (the network ends in a neuron layer, possibly pooled or
@@ -322,6 +408,51 @@ class IntegerNetwork:
     mantissa_bits: int = 24
     format_version: int = FORMAT_VERSION
     notes: List[str] = field(default_factory=list)
+
+    def __post_init__(self):
+        for i, op in enumerate(self.ops):
+            if any(isinstance(j, bool) or not isinstance(j, int) or not NETWORK_INPUT <= j < i
+                   for j in op.inputs):
+                raise ValueError(f"operation {i} ({op.name!r}) has inputs={op.inputs!r}: each must "
+                                 f"be an earlier operation's index or {NETWORK_INPUT} (the input)")
+
+    def op_inputs(self, index: int) -> Tuple[int, ...]:
+        """The indices of the values operation ``index`` reads (:data:`NETWORK_INPUT` = input)."""
+        op = self.ops[index]
+        return tuple(op.inputs) if op.inputs else (index - 1,)
+
+    @property
+    def is_graph(self) -> bool:
+        """True when some operation reads anything but the one before it (branches, joins)."""
+        return any(self.op_inputs(i) != (i - 1,) for i in range(len(self.ops)))
+
+    def graph_features(self) -> List[str]:
+        """What in this network needs graph support from a backend, in words (empty for a plain
+        sequence of synapses, neurons, pools and flattens): joins, branches (an operation that
+        reads anything but the one before it), adaptive pools and averages over a number of
+        values that is not a power of two."""
+        out = []
+        for i, op in enumerate(self.ops):
+            if isinstance(op, JoinOp):
+                out.append(f"the {op.kind} join {op.name!r}")
+            elif self.op_inputs(i) != (i - 1,):
+                out.append(f"the branch into {op.name!r} (it reads operation "
+                           f"{list(self.op_inputs(i))}, not {i - 1})")
+            elif isinstance(op, PoolOp) and op.output_size:
+                out.append(f"the adaptive pool {op.name!r}")
+            elif isinstance(op, PoolOp) and op.divisor != 1:
+                out.append(f"the average over {op.divisor} values {op.name!r}")
+        return out
+
+    def refuse_graph(self, backend: str) -> None:
+        """Raise :class:`ExportError` naming :meth:`graph_features` when there are any:
+        ``backend`` (e.g. ``'to_c'``) does not support them yet."""
+        features = self.graph_features()
+        if features:
+            shown = ", ".join(features[:4]) + (f" and {len(features) - 4} more"
+                                               if len(features) > 4 else "")
+            raise ExportError(f"{backend} does not support graphs yet: the network has {shown}. "
+                              f"Use IntegerSNN and save_integer for this network")
 
     def layer(self, name: str) -> Op:
         """The operation exported from module ``name``."""
@@ -362,7 +493,9 @@ class IntegerNetwork:
                f"{', '.join(self.approximate_layers)}; agreement not guaranteed)")
         lines = [f"IntegerNetwork (format {self.format_version}, {rel}, input |x| <= "
                  f"{self.input_max}, output: {self.output_kind})"]
-        for op in self.ops:
+        for i, op in enumerate(self.ops):
+            if self.is_graph:
+                lines.append(f"  [{i}] <- {list(self.op_inputs(i))}")
             if isinstance(op, SynapseOp):
                 pow2 = bool((op.multiplier == 1).all())
                 lines.append(
@@ -377,6 +510,9 @@ class IntegerNetwork:
                     f"{op.v_reset if op.reset_mode == 'hard' else ''}, leak: {op.leak_text()}")
             elif isinstance(op, PoolOp):
                 lines.append(f"  {op.name}: {op.kind} pool {op.kernel_size}")
+            elif isinstance(op, JoinOp):
+                lines.append(f"  {op.name}: join {op.kind}, shifts {list(op.shifts)}, output units "
+                             f"2^-{op.out_frac_bits}")
             else:
                 lines.append(f"  {op.name}: flatten {op.start_dim}..{op.end_dim}")
         return "\n".join(lines)

@@ -39,6 +39,8 @@ with the float model is measured, not guaranteed.
 from __future__ import annotations
 
 import math
+import operator
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Optional, Tuple
 
@@ -47,9 +49,12 @@ import torch.nn as nn
 
 from ..nn import registry
 from ..utils import copy_model, is_multi_step, model_walk
+from .fold import SpikingTracer, connect_functions, is_sequence
 from .integer_ops import pow2_exponent
+from .program import adaptive_windows
 
-from .description import (ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp)
+from .description import (NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork, JoinOp, NeuronOp,
+                          PoolOp, SynapseOp)
 
 __all__ = ["to_integer", "model_walk", "is_multi_step"]
 
@@ -426,6 +431,47 @@ def _export_pool(name, module, domain):
                   dilation=(1,) * dims, ceil_mode=False, frac_bits_added=int(a)), area
 
 
+def _export_voting(name, module, domain):
+    """SpikingJelly's ``VotingLayer``: the average of ``voting_size`` features, as a sum pool."""
+    if domain != "event":
+        _fail(name, module, "a VotingLayer of synaptic currents is not supported; vote with the "
+                            "spikes after the neuron")
+    size = int(module.voting_size)
+    a = pow2_exponent(float(size))
+    return PoolOp(name=name, kind="sum", dims=1, kernel_size=(size,), stride=(size,),
+                  padding=(0,), dilation=(1,), ceil_mode=False, frac_bits_added=int(a or 0),
+                  divisor=1 if a is not None else size), size
+
+
+def _export_adaptive_pool(name, module, domain, in_shape):
+    r"""An adaptive average pool whose windows all hold :math:`2^a` elements, as a sum pool."""
+    dims = 2 if isinstance(module, nn.AdaptiveAvgPool2d) else 1
+    if domain != "event":
+        _fail(name, module, "average pooling of synaptic currents is not supported; pool the "
+                            "spikes after the neuron instead")
+    size_in = tuple(int(v) for v in in_shape[-dims:])
+    size_out = module.output_size
+    size_out = (size_out,) * dims if isinstance(size_out, int) else tuple(size_out)
+    size_out = tuple(int(o) if o is not None else i for o, i in zip(size_out, size_in))
+    kernel = []
+    for i, o in zip(size_in, size_out):
+        widths = {b - a for a, b in adaptive_windows(i, o)}
+        if len(widths) != 1:
+            _fail(name, module, f"adaptive pooling from {size_in} to {size_out} has windows of "
+                                f"{sorted(widths)} elements, so its divisor is not one number; "
+                                f"use an input size that the output size divides")
+        kernel.append(widths.pop())
+    area = math.prod(kernel)
+    a = pow2_exponent(float(area))
+    if a is None:
+        _fail(name, module, f"adaptive average pooling from {size_in} to {size_out} divides by "
+                            f"{area}, not a power of two, so the pooled value is not an exact "
+                            f"binary fraction")
+    return PoolOp(name=name, kind="sum", dims=dims, kernel_size=tuple(kernel),
+                  stride=tuple(kernel), padding=(0,) * dims, dilation=(1,) * dims,
+                  ceil_mode=False, frac_bits_added=int(a), output_size=size_out), area
+
+
 def _export_flatten(name, module, lead):
     start, end = int(module.start_dim), int(module.end_dim)
     if start >= 0:
@@ -441,24 +487,352 @@ def _export_flatten(name, module, lead):
 
 
 # --------------------------------------------------------------------------------------------------
+# graphs
+
+_POOL_TYPES = (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d)
+_ADAPTIVE_TYPES = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
+_ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__iadd__"}
+_MUL_FUNCTIONS = {operator.mul, operator.imul, torch.mul, "mul", "mul_"}
+_FLATTEN_FUNCTIONS = {torch.flatten, "flatten"}
+_CONNECT_KINDS = {"ADD": "add", "AND": "and", "IAND": "iand"}
+
+
+@dataclass(frozen=True)
+class _Value:
+    """What the export knows about one value of the graph (the input or an operation's output).
+
+    ``domain``: ``'event'`` (spikes, event counts, their sums and sum pools) or ``'current'``
+    (a synaptic current); ``frac``: its fractional bits; ``x_bound``: ``('input', factor)``
+    (a multiple of the network input) or ``('abs', m)`` (``|value| <= m`` integer units);
+    ``cur_log2``: log2 of the largest integer of a current; ``binary``: values are 0 or 1.
+    """
+
+    domain: str
+    frac: int
+    x_bound: Tuple[str, int]
+    cur_log2: float = 0.0
+    binary: bool = False
+
+
+_SPIKES = _Value("event", 0, ("abs", 1), 0.0, True)
+
+
+class _FlattenCall:
+    """``torch.flatten(x, start_dim, end_dim)`` as the module :func:`_export_flatten` reads."""
+
+    def __init__(self, start_dim=0, end_dim=-1):
+        self.start_dim, self.end_dim = int(start_dim), int(end_dim)
+
+
+def _lead(module, multi: bool, default: int) -> int:
+    """Leading (time/batch) dimensions ``module`` sees, as :func:`model_walk` counts them."""
+    base, _, _ = _sj()
+    if not multi:
+        return 1
+    if isinstance(module, base.StepModule) and getattr(module, "step_mode", "s") == "m":
+        return 1
+    return default
+
+
+class _GraphBuilder:
+    """Build the operations of an :class:`IntegerNetwork` from a module tree.
+
+    Sequence containers are walked in order (:func:`model_walk`); any other module with children
+    is traced with :class:`~snnquant.export.fold.SpikingTracer` (torch.fx), whose graph gives
+    branches and joins. Every value the graph computes is an index into ``values``.
+    """
+
+    def __init__(self, work, dtype, p, input_max, leak_bits, input_shape):
+        self.work, self.dtype, self.p = work, dtype, p
+        self.input_max, self.leak_bits, self.input_shape = input_max, leak_bits, input_shape
+        self.multi = is_multi_step(work)
+        self.ops, self.notes = [], []
+        self.values = {NETWORK_INPUT: _Value("event", 0, ("input", 1))}
+        self.allowed_input = None
+        self.seen_synapse = False
+        self.called = {}
+        self._pool_sizes = None
+        _, sj_layer, _ = _sj()
+        self.identity_types = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d,
+                               nn.Dropout3d, sj_layer.Dropout)
+
+    def build(self) -> int:
+        """Emit every operation; returns the index of the output value."""
+        return self.module("", self.work, 1 if not self.multi else 2, NETWORK_INPUT)
+
+    def _emit(self, op, value: _Value, src: Tuple[int, ...]) -> int:
+        index = len(self.ops)
+        op.inputs = () if tuple(src) == (index - 1,) else tuple(src)
+        self.ops.append(op)
+        self.values[index] = value
+        return index
+
+    # ---- modules ----------------------------------------------------------------------------
+    def module(self, name, module, lead, src) -> int:
+        if is_sequence(module):
+            for child_name, child, child_lead in model_walk(module):
+                src = self.module(f"{name}.{child_name}" if name else child_name, child,
+                                  child_lead, src)
+            return src
+        if self._is_known(module):
+            label = name or type(module).__name__
+            self.called[label] = self.called.get(label, 0) + 1
+            _, _, sj_neuron = _sj()
+            weighted = (registry.layer_kind(module) is not None
+                        or registry.neuron_kind(module) is not None
+                        or isinstance(module, sj_neuron.BaseNode))
+            if self.called[label] > 1 and weighted:
+                _fail(label, module, f"it is called {self.called[label]} times; the integer "
+                                     f"export needs one module per layer (its state and weights "
+                                     f"belong to one place in the graph)")
+            return self.leaf(label, module, lead, src)
+        tracer = SpikingTracer()
+        if next(module.children(), None) is None:
+            self._unsupported(name or type(module).__name__, module, "")
+        try:
+            graph = tracer.trace(module)
+        except Exception as err:  # data-dependent control flow and the like
+            seqs = [n for n, c in module.named_children() if isinstance(c, nn.Sequential)]
+            hint = (f"; pass its sequential part instead (e.g. model.{seqs[0]})" if seqs else "")
+            self._unsupported(name or type(module).__name__, module,
+                              f"; torch.fx cannot trace its forward() ({type(err).__name__}: "
+                              f"{err}){hint}")
+        return self.traced(name, module, graph, lead, src)
+
+    def _is_known(self, module) -> bool:
+        _, sj_layer, sj_neuron = _sj()
+        return (registry.layer_kind(module) is not None or registry.neuron_kind(module) is not None
+                or isinstance(module, (sj_neuron.BaseNode, nn.Flatten, sj_layer.VotingLayer,
+                                       nn.modules.batchnorm._BatchNorm) + _POOL_TYPES
+                              + _ADAPTIVE_TYPES + self.identity_types))
+
+    def _unsupported(self, name, module, hint):
+        _fail(name, module, "module type not supported by the integer export (supported: "
+                            "quantized Linear/Conv1d/Conv2d, quantized IF/LIF/PLIF neurons, "
+                            "MaxPool, AvgPool and AdaptiveAvgPool of spikes, Flatten, Identity, "
+                            "Dropout, in nn.Sequential, SpikingJelly containers or modules "
+                            "torch.fx traces, joined by +, and SpikingJelly's sew_function)"
+                            + hint)
+
+    def leaf(self, name, module, lead, src) -> int:
+        v = self.values[src]
+        _, sj_layer, sj_neuron = _sj()
+        if registry.layer_kind(module) is not None:
+            if v.domain != "event":
+                _fail(name, module, "two synaptic layers follow each other without a neuron "
+                                    "between them; not supported")
+            op, frac, cur_log2, allowed = _export_synapse(name, module, self.dtype, self.p,
+                                                          v.frac, v.x_bound, self.input_max)
+            if v.x_bound[0] == "input" and allowed is not None:
+                self.allowed_input = (allowed if self.allowed_input is None
+                                      else min(self.allowed_input, allowed))
+            self.seen_synapse = True
+            return self._emit(op, _Value("current", frac, ("abs", 0), cur_log2), (src,))
+        if registry.neuron_kind(module) is not None or isinstance(module, sj_neuron.BaseNode):
+            if v.domain != "current":
+                _fail(name, module, "a neuron layer must follow a synaptic layer (its input must "
+                                    "be a synaptic current)")
+            op = _export_neuron(name, module, self.dtype, self.p, v.frac, v.cur_log2,
+                                self.leak_bits)
+            if not op.exact:
+                self.notes.append(f"{name}: tau = {op.tau:.6g} approximated by the fixed-point "
+                                  f"leak {op.leak_multiplier} / 2^{op.leak_shift} (tau_eff = "
+                                  f"{op.effective_tau:.6g}); this layer is not exact")
+            return self._emit(op, _SPIKES, (src,))
+        if isinstance(module, _POOL_TYPES + _ADAPTIVE_TYPES + (sj_layer.VotingLayer,)):
+            if isinstance(module, sj_layer.VotingLayer):
+                op, growth = _export_voting(name, module, v.domain)
+            elif isinstance(module, _ADAPTIVE_TYPES):
+                op, growth = _export_adaptive_pool(name, module, v.domain, self._pool_input(name))
+            else:
+                op, growth = _export_pool(name, module, v.domain)
+            if op.kind == "sum":
+                v = _Value(v.domain, v.frac + op.frac_bits_added,
+                           (v.x_bound[0], v.x_bound[1] * growth), v.cur_log2, False)
+            return self._emit(op, v, (src,))
+        if isinstance(module, nn.Flatten):
+            return self._emit(_export_flatten(name, module, lead), v, (src,))
+        if isinstance(module, nn.modules.batchnorm._BatchNorm):
+            from .fold import batchnorm_refusal
+            _fail(name, module, batchnorm_refusal(self.work, name))
+        self.notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")
+        return src
+
+    def _pool_input(self, name) -> Tuple[int, ...]:
+        """The spatial input size of the adaptive pool ``name`` (one run on zeros)."""
+        if self.input_shape is None:
+            module = self.work.get_submodule(name)
+            _fail(name, module, "adaptive average pooling divides by an area that depends on the "
+                                "input size, which the export does not know: pass "
+                                "to_integer(model, input_shape=(C, H, W)) (one sample's shape)")
+        if self._pool_sizes is None:
+            from spikingjelly.activation_based import functional as sjf
+            sizes = {}
+            hooks = [m.register_forward_pre_hook(
+                lambda mod, args, n=n: sizes.__setitem__(n, tuple(args[0].shape)))
+                for n, m in self.work.named_modules() if isinstance(m, _ADAPTIVE_TYPES)]
+            lead = (1, 1) if self.multi else (1,)
+            was = self.work.training
+            try:
+                sjf.reset_net(self.work)
+                with torch.no_grad():
+                    self.work.eval()(torch.zeros(lead + self.input_shape, dtype=self.dtype))
+            except (RuntimeError, ValueError, IndexError) as err:
+                raise ValueError(f"input_shape={self.input_shape} does not fit the model: "
+                                 f"{err}") from None
+            finally:
+                for h in hooks:
+                    h.remove()
+                sjf.reset_net(self.work)
+                self.work.train(was)
+            self._pool_sizes = sizes
+        return self._pool_sizes[name]
+
+    # ---- traced graphs ----------------------------------------------------------------------
+    def traced(self, name, module, graph, lead, src) -> int:
+        at = {}
+        for node in graph.nodes:
+            if node.op == "placeholder":
+                if at:
+                    _fail(name or type(module).__name__, module,
+                          "its forward() takes more than one input")
+                at[node] = src
+            elif node.op == "output":
+                out = node.args[0]
+                if not isinstance(out, torch.fx.Node) or out not in at:
+                    _fail(name or type(module).__name__, module,
+                          "its forward() returns something other than one tensor")
+                return at[out]
+            elif node.op == "call_module":
+                target = f"{name}.{node.target}" if name else node.target
+                sub = self.work.get_submodule(target)
+                at[node] = self.module(target, sub, _lead(sub, self.multi, lead),
+                                       self._arg(name, module, node, at, 0))
+            elif node.op in ("call_function", "call_method"):
+                at[node] = self.function(name, module, node, at, lead)
+            elif node.op == "get_attr":
+                _fail(name or type(module).__name__, module,
+                      f"its forward() reads the tensor {node.target!r} directly; only modules, "
+                      f"+, flatten and sew_function are exported")
+        raise ExportError(f"the traced graph of {name!r} has no output")  # pragma: no cover
+
+    @staticmethod
+    def _node_label(name, node) -> str:
+        return f"{name}.{node.name}" if name else node.name
+
+    def _arg(self, name, module, node, at, i) -> int:
+        arg = node.args[i] if i < len(node.args) else None
+        if not isinstance(arg, torch.fx.Node) or arg not in at:
+            _fail(self._node_label(name, node), module,
+                  f"argument {i} of {node.target!r} is not a tensor the export computes "
+                  f"({arg!r})")
+        return at[arg]
+
+    def function(self, name, module, node, at, lead) -> int:
+        label = self._node_label(name, node)
+        target = node.target
+        what = getattr(target, "__name__", str(target))
+        if target in _FLATTEN_FUNCTIONS:
+            src = self._arg(name, module, node, at, 0)
+            args = [a for a in node.args[1:]]
+            start = node.kwargs.get("start_dim", args[0] if args else 0)
+            end = node.kwargs.get("end_dim", args[1] if len(args) > 1 else -1)
+            op = _export_flatten(label, _FlattenCall(start, end), lead)
+            return self._emit(op, self.values[src], (src,))
+        if target in _ADD_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
+            return self.join(label, module, "add", [self._arg(name, module, node, at, i)
+                                                    for i in (0, 1)])
+        if target in _MUL_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
+            return self.join(label, module, "and", [self._arg(name, module, node, at, i)
+                                                    for i in (0, 1)])
+        if what == "sew_function" and target in connect_functions():
+            cnf = node.args[2] if len(node.args) > 2 else node.kwargs.get("cnf")
+            if cnf not in _CONNECT_KINDS:
+                _fail(label, module, f"sew_function with cnf={cnf!r} is not supported (only "
+                                     f"{sorted(_CONNECT_KINDS)})")
+            return self.join(label, module, _CONNECT_KINDS[cnf],
+                             [self._arg(name, module, node, at, i) for i in (0, 1)])
+        _fail(label, module, f"the operation {what}{tuple(node.args)!r} in its forward() is not "
+                             f"supported by the integer export (supported: modules, +, * of "
+                             f"spikes, flatten, SpikingJelly's sew_function)")
+
+    def join(self, label, module, kind, srcs) -> int:
+        vals = [self.values[i] for i in srcs]
+        where = [("the network input" if i == NETWORK_INPUT else repr(self.ops[i].name))
+                 for i in srcs]
+        if kind != "add":
+            bad = [w for w, v in zip(where, vals) if not v.binary]
+            if bad:
+                _fail(label, module, f"a {kind.upper()} join needs two spike tensors (0 or 1), "
+                                     f"but the output of {', '.join(bad)} is not binary spikes; "
+                                     f"use cnf='ADD' or join the outputs of neuron layers")
+            return self._emit(JoinOp(name=label, kind=kind, shifts=(0, 0), out_frac_bits=0,
+                                     inputs=tuple(srcs)), _SPIKES, tuple(srcs))
+        frac = max(v.frac for v in vals)
+        shifts = tuple(frac - v.frac for v in vals)
+        mags = []
+        for w, v in zip(where, vals):
+            if v.domain == "current":
+                mags.append(2.0 ** v.cur_log2)
+            elif v.x_bound[0] == "input":
+                if self.input_max is None:
+                    _fail(label, module, f"it adds {w}, whose largest value depends on the "
+                                         f"input: pass to_integer(..., input_max=...)")
+                mags.append(float(v.x_bound[1] * self.input_max))
+            else:
+                mags.append(float(v.x_bound[1]))
+        total = sum(m * 2.0 ** s for m, s in zip(mags, shifts))
+        if total > 2.0 ** self.p:
+            _fail(label, module, f"the sum of {' and '.join(where)} on the common grid 2^-{frac} "
+                                 f"(the operands have {[v.frac for v in vals]} fractional bits) "
+                                 f"can reach {total:.4g}, more than 2^{self.p}: the "
+                                 f"{self.dtype} addition of the fake-quantized model is not exact. "
+                                 f"Use fewer weight/membrane bits on the branches, or power-of-two "
+                                 f"steps that differ less between them")
+        if math.log2(max(total, 1.0)) + 2 > _INT64_LIMIT_BITS:
+            _fail(label, module, f"the integer sum needs {math.log2(total):.0f} bits, more than "
+                                 f"int64 holds")
+        domain = "current" if any(v.domain == "current" for v in vals) else "event"
+        value = _Value(domain, frac, ("abs", int(math.ceil(total))), math.log2(max(total, 1.0)))
+        return self._emit(JoinOp(name=label, kind="add", shifts=shifts, out_frac_bits=frac,
+                                 inputs=tuple(srcs)), value, tuple(srcs))
+
+
+
+# --------------------------------------------------------------------------------------------------
 
 #: Accepted range of ``leak_bits`` (fractional bits of a fixed-point leak multiplier).
 LEAK_BITS_RANGE = (1, 32)
 
 
 def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = None,
-               input_max: Optional[int] = None, leak_bits: Optional[int] = None) -> IntegerNetwork:
+               input_max: Optional[int] = None, leak_bits: Optional[int] = None,
+               input_shape: Optional[Tuple[int, ...]] = None) -> IntegerNetwork:
     r"""Export a quantized spiking network as an exact integer network.
 
-    The network must be a sequence (``nn.Sequential``, SpikingJelly ``SeqToANNContainer`` /
-    ``MultiStepContainer`` / ``StepModeContainer``, nested freely) of:
+    The network is a sequence (``nn.Sequential``, SpikingJelly ``SeqToANNContainer`` /
+    ``MultiStepContainer`` / ``StepModeContainer``, nested freely) or a graph that
+    :mod:`torch.fx` traces (layers, neurons and containers kept whole; residual blocks such as
+    SpikingJelly's ``spiking_resnet`` and ``sew_resnet``) of:
     :class:`~snnquant.nn.QuantLinear` / ``QuantConv1d`` / ``QuantConv2d`` (weight quantizer with
     a uniform grid; bias quantized or exactly on a binary grid), quantized neurons
     (:class:`~snnquant.nn.QuantIFNode`, :class:`~snnquant.nn.QuantLIFNode` with :math:`\tau = 2^k`,
     :class:`~snnquant.nn.QuantParametricLIFNode` whose :math:`\mathrm{sigmoid}(w)` is a power of
     two; membrane quantizer with a power-of-two step; hard or soft reset), max pooling, average
-    pooling of spikes over :math:`2^a` elements, flatten, and identity-in-eval modules
-    (``Identity``, ``Dropout``). BatchNorm must be folded first
+    pooling of spikes over :math:`2^a` elements (also adaptive, given ``input_shape``; a
+    ``VotingLayer`` over any number of neurons as the last layer), flatten (module or
+    ``torch.flatten``), identity-in-eval modules (``Identity``, ``Dropout``), and joins
+    (:class:`~snnquant.export.JoinOp`): ``+`` of two branches, and ``sew_resnet``'s connect
+    function ``sew_function`` with ``cnf='ADD'``, ``'AND'`` (:math:`x y`) or ``'IAND'``
+    (:math:`x (1 - y)`) on spikes. A sum of two values on the grids :math:`2^{-F_1}` and
+    :math:`2^{-F_2}` is computed on :math:`2^{-\max(F_1, F_2)}`, the coarser operand shifted
+    left; it is exported only when the float model's sum is exact,
+
+    .. math::
+
+        \sum_i \max|x_i|\, 2^{\sigma_i} \le 2^p \quad\text{(integer units of the common grid)},
+
+    and refused with the join's name otherwise. BatchNorm must be folded first
     (:func:`~snnquant.export.fold_batchnorm`). Anything else is refused with an
     :class:`~snnquant.export.ExportError` naming the layer and the reason.
 
@@ -511,13 +885,16 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         leak_bits: ``None`` (default: refuse a :math:`\tau` that is not a power of two), or the
             fractional bits :math:`F` (an int in ``[1, 32]``, e.g. 8..16) of the fixed-point
             leak multiplier of such layers (approximate export).
+        input_shape: one sample's input shape (without time and batch), needed only when the
+            network has an adaptive average pool (its divisor depends on the input size).
 
     Returns:
         An :class:`~snnquant.export.IntegerNetwork`.
 
     Raises:
         ExportError: a layer cannot be represented exactly (the message names it and why).
-        ValueError: a bad argument (``reference_dtype``, ``input_max``, ``leak_bits``).
+        ValueError: a bad argument (``reference_dtype``, ``input_max``, ``leak_bits``,
+            ``input_shape``).
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -534,71 +911,33 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     if leak_bits is not None and (isinstance(leak_bits, bool) or not isinstance(leak_bits, int)
                                   or not lo <= leak_bits <= hi):
         raise ValueError(f"leak_bits must be None or an int in [{lo}, {hi}], got {leak_bits!r}")
+    if input_shape is not None:
+        if isinstance(input_shape, (str, bytes)) or not all(
+                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in input_shape):
+            raise ValueError(f"input_shape must be None or a tuple of ints >= 1 (one sample's "
+                             f"shape, without time and batch), got {input_shape!r}")
+        input_shape = tuple(int(v) for v in input_shape)
     p = _MANTISSA_BITS[reference_dtype]
     work = copy_model(model).to(reference_dtype).cpu()
-    _, sj_layer, sj_neuron = _sj()
-
-    ops = []
-    notes = []
-    domain, frac = "event", 0
-    x_bound = ("input", 1)          # ('input', factor) before the first neuron, else ('abs', max)
-    cur_log2 = 0.0
-    allowed_input = None
-    seen_synapse = False
-    identity_types = (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d,
-                      sj_layer.Dropout)
-    for name, module, lead in model_walk(work):
-        if registry.layer_kind(module) is not None:
-            if domain != "event":
-                _fail(name, module, "two synaptic layers follow each other without a neuron "
-                                    "between them; not supported")
-            op, frac, cur_log2, allowed = _export_synapse(name, module, reference_dtype, p, frac,
-                                                          x_bound, input_max)
-            if x_bound[0] == "input" and allowed is not None:
-                allowed_input = allowed if allowed_input is None else min(allowed_input, allowed)
-            ops.append(op)
-            domain = "current"
-            seen_synapse = True
-        elif registry.neuron_kind(module) is not None or isinstance(module, sj_neuron.BaseNode):
-            if domain != "current":
-                _fail(name, module, "a neuron layer must follow a synaptic layer (its input must "
-                                    "be a synaptic current)")
-            op = _export_neuron(name, module, reference_dtype, p, frac, cur_log2, leak_bits)
-            if not op.exact:
-                notes.append(f"{name}: tau = {op.tau:.6g} approximated by the fixed-point leak "
-                             f"{op.leak_multiplier} / 2^{op.leak_shift} (tau_eff = "
-                             f"{op.effective_tau:.6g}); this layer is not exact")
-            ops.append(op)
-            domain, frac, x_bound = "event", 0, ("abs", 1)
-        elif isinstance(module, (nn.MaxPool1d, nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d)):
-            op, growth = _export_pool(name, module, domain)
-            ops.append(op)
-            if op.kind == "sum":
-                frac += op.frac_bits_added
-                x_bound = (x_bound[0], x_bound[1] * growth)
-        elif isinstance(module, nn.Flatten):
-            ops.append(_export_flatten(name, module, lead))
-        elif isinstance(module, nn.modules.batchnorm._BatchNorm):
-            from .fold import batchnorm_refusal
-            _fail(name, module, batchnorm_refusal(work, name))
-        elif isinstance(module, identity_types):
-            notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")
-        else:
-            hint = ""
-            if any(True for _ in module.children()):
-                seqs = [n for n, c in module.named_children() if isinstance(c, nn.Sequential)]
-                hint = (f"; its forward() is unknown to the export: pass its sequential part "
-                        f"instead (e.g. model.{seqs[0]})" if seqs else "")
-            _fail(name, module, "module type not supported by the integer export (supported: "
-                                "quantized Linear/Conv1d/Conv2d, quantized IF/LIF/PLIF neurons, "
-                                "MaxPool, AvgPool of spikes, Flatten, Identity, Dropout, inside "
-                                "nn.Sequential or SpikingJelly containers)" + hint)
-    if not seen_synapse:
+    graph = _GraphBuilder(work, reference_dtype, p, input_max, leak_bits, input_shape)
+    out = graph.build()
+    ops, notes = graph.ops, graph.notes
+    if not graph.seen_synapse:
         raise ExportError("the model has no synaptic layer to export")
+    if out != len(ops) - 1:
+        raise ExportError(f"the model's output is the value of {ops[out].name!r}, not of the last "
+                          f"operation {ops[-1].name!r}: operations after it are not used")
+    for op in ops[:-1]:
+        if getattr(op, "divisor", 1) != 1:
+            raise ExportError(f"layer {op.name!r}: it averages {op.divisor} values, not a power "
+                              f"of two, so its output is not an exact binary fraction; such an "
+                              f"average is exported only as the network's last operation")
+    allowed_input = graph.allowed_input
     if input_max is None:
         input_max = min(allowed_input, (1 << 31) - 1) if allowed_input is not None else (1 << 31) - 1
-    if domain == "current":
-        output_kind, output_frac = "current", frac
+    last = graph.values[out]
+    if last.domain == "current":
+        output_kind, output_frac = "current", last.frac
     else:
         output_kind, output_frac = "spikes", 0
     return IntegerNetwork(ops=ops, input_max=int(input_max), output_kind=output_kind,

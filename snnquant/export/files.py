@@ -178,8 +178,9 @@ def load_integer(path: PathLike) -> IntegerNetwork:
         ValueError: naming the file, when it is not such a file, is corrupt (any changed byte of
             the header or the tensors, a truncation, appended bytes), or has a ``format_version``
             this snnquant does not read
-            (:data:`~snnquant.export.description.READABLE_FORMAT_VERSIONS`: 1 and 2; a
-            version-1 file has no fixed-point leak and loads with every layer exact).
+            (:data:`~snnquant.export.description.READABLE_FORMAT_VERSIONS`: 1, 2 and 3; a
+            version-1 file has no fixed-point leak and loads with every layer exact; a version-1
+            or -2 file is a sequence).
 
     Files written by older snnquant versions (their ``"checksum"`` covers the tensors only) still
     load, with a ``UserWarning`` that their header is not verified: save them again.
@@ -205,9 +206,9 @@ def _from_bytes(data: bytes, path_s: str) -> IntegerNetwork:
     version = meta.get("format_version")
     readable = [str(v) for v in READABLE_FORMAT_VERSIONS]
     if version not in readable:
+        listed = f"{', '.join(readable[:-1])} and {readable[-1]}"
         raise ValueError(f"{path_s!r} has format_version {version!r}; this snnquant reads "
-                         f"format_version {' and '.join(readable)}. Re-export the model with "
-                         f"this version")
+                         f"format_version {listed}. Re-export the model with this version")
     try:
         tensors = st.load(data)
     except Exception as exc:  # safetensors raises its own error types

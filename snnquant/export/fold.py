@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 import operator
+import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -106,7 +107,7 @@ def _is_batchnorm(m) -> bool:
     return isinstance(m, nn.modules.batchnorm._BatchNorm)
 
 
-def _is_sequence(m) -> bool:
+def is_sequence(m) -> bool:
     """A container whose children run one after the other (what :func:`model_walk` flattens)."""
     from spikingjelly.activation_based import layer
     if isinstance(m, (layer.SeqToANNContainer, layer.MultiStepContainer, layer.StepModeContainer)):
@@ -119,14 +120,29 @@ _PASSTHROUGH_FUNCTIONS = {operator.add, operator.iadd, torch.add, torch.flatten,
                           "flatten", "view", "reshape"}
 
 
-class _Tracer(torch.fx.Tracer):
-    """torch.fx tracer that keeps layers, neurons and SpikingJelly containers whole."""
+def connect_functions() -> tuple:
+    """SpikingJelly's residual connect functions, kept as one traced call (``sew_function``)."""
+    # a model built from sew_resnet's blocks has imported it; importing it here costs seconds
+    sew = sys.modules.get("spikingjelly.activation_based.model.sew_resnet")
+    function = getattr(sew, "sew_function", None)
+    return (function,) if function is not None else ()
+
+
+class SpikingTracer(torch.fx.Tracer):
+    """torch.fx tracer that keeps layers, neurons and SpikingJelly containers whole.
+
+    Shared by :func:`fold_batchnorm` and :func:`~snnquant.export.to_integer`. SpikingJelly's
+    ``sew_resnet.sew_function`` (the connect function ``cnf``) stays one call node.
+    """
+
+    def __init__(self):
+        super().__init__(autowrap_functions=connect_functions())
 
     def is_leaf_module(self, m, module_qualified_name):
         from spikingjelly.activation_based import base
         if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
             return False
-        if _is_sequence(m) or isinstance(m, (base.StepModule, base.MemoryModule)):
+        if is_sequence(m) or isinstance(m, (base.StepModule, base.MemoryModule)):
             return True
         return super().is_leaf_module(m, module_qualified_name)
 
@@ -160,7 +176,7 @@ def _plan(model: nn.Module) -> _FoldPlan:
 
     def unit(name: str, m: nn.Module) -> Tuple[str, str]:
         """Register one more call of ``m``; return the units its input enters, its output leaves."""
-        if _is_sequence(m):
+        if is_sequence(m):
             ends = [unit(_join(name, n), child) for n, child, _ in model_walk(m)]
             if not ends:
                 plan.calls[name] = plan.calls.get(name, 0) + 1
@@ -168,16 +184,16 @@ def _plan(model: nn.Module) -> _FoldPlan:
             for (_, a_out), (b_in, _) in zip(ends, ends[1:]):
                 plan.link(a_out, b_in)
             return ends[0][0], ends[-1][1]
-        if _Tracer().is_leaf_module(m, name):
+        if SpikingTracer().is_leaf_module(m, name):
             plan.calls[name] = plan.calls.get(name, 0) + 1
             return name, name
         try:
-            graph = _Tracer().trace(m)
+            graph = SpikingTracer().trace(m)
         except Exception as err:  # untraceable forward: its children are looked at one by one
             plan.untraced[name] = f"{type(err).__name__}: {err}"
             plan.calls[name] = plan.calls.get(name, 0) + 1
             for n, child in m.named_children():
-                if _is_sequence(child) or not _Tracer().is_leaf_module(child, _join(name, n)):
+                if is_sequence(child) or not SpikingTracer().is_leaf_module(child, _join(name, n)):
                     unit(_join(name, n), child)
             return name, name
         port_in, port_out = f"{name}:<input>", f"{name}:<output>"

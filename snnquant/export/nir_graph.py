@@ -168,7 +168,8 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     Raises:
         ImportError: ``nir`` is missing or older than 1.0.6.
         ExportError: a layer has no NIR equivalent (soft reset, max pooling of non-binary values,
-            1-d or dilated pooling).
+            1-d or dilated pooling), or the network is a graph (joins, branches, adaptive pools:
+            :meth:`~snnquant.export.IntegerNetwork.graph_features`), not supported yet.
     """
     nir = import_nir("to_nir")
     if units not in UNITS:
@@ -180,7 +181,8 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
         raise ValueError(f"max_pool must be one of {MAX_POOL_FORMS}, got {max_pool!r}")
     if isinstance(source, nn.Module):
         from .exporter import to_integer
-        desc = to_integer(source)
+        shape = (input_shape,) if isinstance(input_shape, int) else input_shape
+        desc = to_integer(source, input_shape=tuple(int(v) for v in shape))
     elif isinstance(source, IntegerNetwork):
         desc = source
     else:
@@ -190,6 +192,7 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     input_shape = tuple(int(v) for v in input_shape)
     if not input_shape or any(v <= 0 for v in input_shape):
         raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}")
+    desc.refuse_graph("to_nir")
     in_out = op_shapes(desc, input_shape)
     shapes = [before for before, _ in in_out]
     out_shape = in_out[-1][1] if in_out else tuple(input_shape)

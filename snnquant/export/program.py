@@ -25,10 +25,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from . import integer_ops
-from .description import NeuronOp, PoolOp, SynapseOp
+from .description import JoinOp, NeuronOp, PoolOp, SynapseOp
 
 __all__ = ["Instr", "NeuronProgram", "neuron_program", "SynapseRescale", "OPCODES",
-           "c_literal", "c_rhe_helper", "SynapseBounds", "synapse_bounds", "pool_range"]
+           "c_literal", "c_rhe_helper", "SynapseBounds", "synapse_bounds", "pool_range",
+           "join_range", "adaptive_windows"]
 
 Arg = Union[str, int]
 Interval = Tuple[int, int]
@@ -410,3 +411,20 @@ def pool_range(op: PoolOp, in_range: Interval) -> Interval:
     for k in op.kernel_size:
         area *= int(k)
     return min(0, area * in_range[0]), max(0, area * in_range[1])
+
+
+def join_range(op: JoinOp, in_ranges: Sequence[Interval]) -> Interval:
+    r"""The range of a join's output: :math:`\sum_i x_i 2^{\sigma_i}` (``'add'``), or
+    :math:`[0, 1]` (``'and'``/``'iand'`` of spikes)."""
+    if op.kind != "add":
+        return 0, 1
+    return (sum(lo << s for (lo, _), s in zip(in_ranges, op.shifts)),
+            sum(hi << s for (_, hi), s in zip(in_ranges, op.shifts)))
+
+
+def adaptive_windows(size_in: int, size_out: int) -> List[Tuple[int, int]]:
+    r"""``[(start, end), ...]`` of PyTorch's adaptive pooling along one dimension:
+    :math:`[\lfloor i\, n / m \rfloor, \lceil (i + 1)\, n / m \rceil)` for input size :math:`n`
+    and output size :math:`m`."""
+    return [((i * size_in) // size_out, -((-(i + 1) * size_in) // size_out))
+            for i in range(size_out)]

@@ -6,7 +6,8 @@ a synaptic layer and ``int32`` arithmetic where the bounds proven from the descr
 operations (synapses, pooling, flatten) run on all time steps at once (``[T*N, ...]``); neurons
 loop over time, exactly as SpikingJelly's multi-step mode does, and whatever of their step
 depends on the input only (its shift onto the shared grid) is computed for all steps at once
-before the loop.
+before the loop. A graph (branches and :class:`~snnquant.export.JoinOp` joins) runs in the order
+of its operations, each reading its inputs from a table of values by operation index.
 """
 
 from __future__ import annotations
@@ -16,9 +17,11 @@ from typing import Dict, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .description import FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
+from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
+                          SynapseOp)
 from .integer_ops import round_half_even_shift
-from .program import SynapseRescale, neuron_program, pool_range, synapse_bounds
+from .program import (SynapseRescale, adaptive_windows, join_range, neuron_program, pool_range,
+                      synapse_bounds)
 
 __all__ = ["IntegerSNN", "op_shapes"]
 
@@ -70,6 +73,11 @@ class IntegerSNN:
                              f"convolutions and matrix products on the CPU only")
         self._plans: Dict[int, list] = {}
         self._params = self._plan(int(desc.input_max))
+        # the last operation that reads each value: a call frees the value after that one
+        self._last_use = {}
+        for i in range(len(desc.ops)):
+            for j in desc.op_inputs(i):
+                self._last_use[j] = i
 
     def _plan(self, input_bound: int) -> list:
         """Per operation: its tensors and integer types for inputs with :math:`|x| \\le`
@@ -77,8 +85,9 @@ class IntegerSNN:
         if input_bound in self._plans:
             return self._plans[input_bound]
         plan = []
-        rng = (-input_bound, input_bound)
-        for op in self.desc.ops:
+        ranges = {NETWORK_INPUT: (-input_bound, input_bound)}
+        for i, op in enumerate(self.desc.ops):
+            rng = ranges[self.desc.op_inputs(i)[0]]
             if isinstance(op, SynapseOp):
                 rescale = SynapseRescale.of(op)
                 bound = synapse_bounds(op, rescale, rng)
@@ -112,8 +121,14 @@ class IntegerSNN:
             elif isinstance(op, PoolOp):
                 rng = pool_range(op, rng)
                 plan.append(dict(dtype=_dtype_for(max(map(abs, rng)))))
+            elif isinstance(op, JoinOp):
+                operands = [ranges[j] for j in self.desc.op_inputs(i)]
+                rng = join_range(op, operands)
+                widest = max(max(abs(lo), abs(hi)) << k for (lo, hi), k in zip(operands, op.shifts))
+                plan.append(dict(dtype=_dtype_for(max(widest, *map(abs, rng)))))
             else:
                 plan.append(None)
+            ranges[i] = rng
         self._plans[input_bound] = plan
         return plan
 
@@ -143,7 +158,40 @@ class IntegerSNN:
         return prm["rescale"].apply(acc, prm["out_dtype"])
 
     @staticmethod
-    def _pool(op: PoolOp, x: torch.Tensor) -> torch.Tensor:
+    def _join(op: JoinOp, prm, xs) -> torch.Tensor:
+        r"""``'add'``: :math:`\sum_i x_i 2^{\sigma_i}`; ``'and'``: :math:`x_0 x_1`; ``'iand'``:
+        :math:`x_0 (1 - x_1)`."""
+        xs = [x.to(prm["dtype"]) for x in xs]
+        if op.kind == "and":
+            return xs[0] * xs[1]
+        if op.kind == "iand":
+            return xs[0] * (1 - xs[1])
+        out = xs[0] * (1 << op.shifts[0])
+        for x, k in zip(xs[1:], op.shifts[1:]):
+            out = out + x * (1 << k)
+        return out
+
+    @staticmethod
+    def _adaptive_sum(op: PoolOp, x: torch.Tensor) -> torch.Tensor:
+        """Sum over PyTorch's adaptive windows, one spatial dimension after the other."""
+        for axis, (size_out, width) in enumerate(zip(op.output_size, op.kernel_size)):
+            dim = x.dim() - op.dims + axis
+            size_in = x.shape[dim]
+            windows = adaptive_windows(size_in, size_out)
+            if any(b - a != width for a, b in windows):
+                raise ValueError(f"layer {op.name!r}: adaptive pooling of size {size_in} to "
+                                 f"{size_out} has windows other than the {width} elements it was "
+                                 f"exported for; use the input size given to to_integer")
+            index = torch.tensor([a for a, _ in windows], dtype=torch.int64, device=x.device)
+            x = sum(x.index_select(dim, index + j) for j in range(width))
+        return x
+
+    @classmethod
+    def _pool(cls, op: PoolOp, x: torch.Tensor) -> torch.Tensor:
+        if op.output_size:
+            return cls._adaptive_sum(op, x)
+        if op.dims == 1 and x.dim() == 2:  # features of [N, F] (VotingLayer)
+            return cls._pool(op, x.unsqueeze(1)).squeeze(1)
         if op.kind == "max":
             if op.dims == 2:
                 return F.max_pool2d(x, op.kernel_size, op.stride, op.padding, op.dilation,
@@ -202,19 +250,28 @@ class IntegerSNN:
                 raise ValueError(f"x_seq has an entry of magnitude {peak}, above input_max="
                                  f"{self.desc.input_max} for which the export is exact")
         T, N = x.shape[0], x.shape[1]
-        x = x.reshape((T * N,) + tuple(x.shape[2:]))
-        layers = {}
         # the types follow the bound of this input, rounded up to 2^b - 1 (few cached plans)
         plan = self._plan((1 << peak.bit_length()) - 1 if x.numel() else 1)
-        for op, prm in zip(self.desc.ops, plan):
-            if not isinstance(op, NeuronOp):
-                x = self._stateless(op, prm, x)
-            else:
+        values = {NETWORK_INPUT: x.reshape((T * N,) + tuple(x.shape[2:]))}
+        layers = {}
+        for i, (op, prm) in enumerate(zip(self.desc.ops, plan)):
+            src = self.desc.op_inputs(i)
+            if isinstance(op, JoinOp):
+                y = self._join(op, prm, [values[j] for j in src])
+            elif isinstance(op, NeuronOp):
+                x = values[src[0]]
                 s = self._neuron(prm, x.reshape((T, N) + tuple(x.shape[1:])))
                 if record:
                     layers[op.name] = s
-                x = s.reshape((T * N,) + tuple(s.shape[2:]))
-        out = x.reshape((T, N) + tuple(x.shape[1:]))
+                y = s.reshape((T * N,) + tuple(s.shape[2:]))
+            else:
+                y = self._stateless(op, prm, values[src[0]])
+            values[i] = y
+            for j in src:
+                if self._last_use.get(j) == i:
+                    del values[j]
+        y = values[len(self.desc.ops) - 1]
+        out = y.reshape((T, N) + tuple(y.shape[1:]))
         if self.desc.output_kind == "spikes":
             out = out.to(torch.int8)
         else:
@@ -235,15 +292,24 @@ def op_shapes(desc: IntegerNetwork, input_shape) -> list:
         ValueError: naming ``input_shape`` and the layer it does not fit.
     """
     sim = IntegerSNN(desc)
-    x = torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)
+    values = {NETWORK_INPUT: torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)}
     out = []
-    for op, prm in zip(desc.ops, sim._params):
-        before = tuple(x.shape[1:])
+    for i, (op, prm) in enumerate(zip(desc.ops, sim._params)):
+        xs = [values[j] for j in desc.op_inputs(i)]
+        before = tuple(xs[0].shape[1:])
         try:
-            if not isinstance(op, NeuronOp):
-                x = sim._stateless(op, prm, x)
+            if isinstance(op, JoinOp):
+                if len({tuple(x.shape) for x in xs}) != 1:
+                    raise ValueError(f"the operands have the shapes "
+                                     f"{[tuple(x.shape[1:]) for x in xs]}")
+                y = sim._join(op, prm, xs)
+            elif isinstance(op, NeuronOp):
+                y = xs[0]
+            else:
+                y = sim._stateless(op, prm, xs[0])
         except (RuntimeError, IndexError, ValueError) as err:
             raise ValueError(f"input_shape={tuple(input_shape)} does not fit layer {op.name!r} "
                              f"(its input would be {before}): {err}") from None
-        out.append((before, tuple(x.shape[1:])))
+        values[i] = y
+        out.append((before, tuple(y.shape[1:])))
     return out
