@@ -714,6 +714,10 @@ def _match_firing(model, todo, batches, num_batches, report):
                 rank = (distance, abs(j) + abs(k))
                 if best is None or rank < best[0]:
                     best = (rank, j, k)
+        if best is None:  # no candidate reaches the threshold: keep the 'mse' steps as they are
+            for q, qname, qkind in candidates:
+                q.set_step(base[(qname, qkind)])
+            continue
         _, j, k = best
         for q, qname, qkind in candidates:
             exponent = j if qkind == "weight" else k

@@ -28,6 +28,11 @@ __all__ = ["QuantConfig", "QuantConfigTypeError", "QuantReport", "ReplacedModule
 WEIGHT_QUANTIZERS = ("lsq", "lsq_pow2", "minmax", "quantized_bits", "ternary")
 
 
+def _or_none(error: Exception) -> str:
+    """A bit-width error of :func:`check_bit_width` for a field that may also be None."""
+    return str(error).replace(" must be an int ", " must be None or an int ", 1)
+
+
 class QuantConfigTypeError(TypeError, ValueError):
     """A :class:`QuantConfig` field of the wrong type (both a ``TypeError`` and a ``ValueError``)."""
 
@@ -104,9 +109,9 @@ class QuantConfig:
                     setattr(self, name, check_bit_width(value, name, 1 if name == "weight_bits"
                                                         else 2, 32))
                 except TypeError as exc:
-                    raise QuantConfigTypeError(f"{exc}, or None") from None
+                    raise QuantConfigTypeError(_or_none(exc)) from None
                 except ValueError as exc:
-                    raise ValueError(f"{exc}, or None") from None
+                    raise ValueError(_or_none(exc)) from None
         if not isinstance(self.per_channel, bool):
             raise QuantConfigTypeError(f"per_channel must be True or False, got "
                                        f"{self.per_channel!r} ({type(self.per_channel).__name__})")

@@ -13,7 +13,7 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 """
 
 from .description import (FORMAT_VERSION, NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork,
-                          JoinOp, NeuronOp, PoolOp, SynapseOp)
+                          JoinOp, NeuronOp, PoolOp, SynapseOp, check_input_shape)
 from .integer_ops import pack_int, round_half_even_shift, unpack_int
 from .exporter import to_integer
 from .simulator import IntegerSNN
@@ -33,5 +33,5 @@ __all__ = [
     "IntegerAgreement", "compare_integer", "integer_agreement", "fold_batchnorm", "save_integer",
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
     "c_memory", "CMemory", "saturation_report", "SaturationReport", "LayerSaturation",
-    "SaturationWarning", "widen_membrane_range", "FoldWarning",
+    "SaturationWarning", "widen_membrane_range", "FoldWarning", "check_input_shape",
 ]

@@ -166,8 +166,8 @@ def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[Intege
                                      f"{float(a[t, n, j]):g}, integer {int(b[t, n, j])}")
     of = out_f.cpu().double().reshape(T, N, -1)
     oi = out_i.double().reshape(T, N, -1)
-    if desc.output_kind == "current":
-        oi = oi * 2.0 ** (-desc.output_frac_bits)
+    if desc.output_divisor != 1:  # rounded to the float model's dtype, as the model rounds
+        oi = (oi / desc.output_divisor).to(dtype).double()
     if of.shape != oi.shape:
         raise RuntimeError(f"float output has shape {tuple(out_f.shape)}, integer output "
                            f"{tuple(out_i.shape)}")

@@ -35,7 +35,8 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from .._io import atomic_write_files
-from .description import ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
+from .description import (ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp,
+                          check_input_shape)
 from .program import (SynapseRescale, c_literal, c_rhe_helper, neuron_program, pool_range,
                       synapse_bounds)
 from .simulator import op_shapes
@@ -656,14 +657,7 @@ def _prepare(desc, name, input_shape, synapses="events") -> _Gen:
         raise ValueError(f"synapses must be one of {SYNAPSE_FORMS}, got {synapses!r}")
     if input_shape is None:
         input_shape = _infer_input_shape(desc)
-    if isinstance(input_shape, int):
-        input_shape = (input_shape,)
-    try:
-        input_shape = tuple(int(v) for v in input_shape)
-    except TypeError:
-        raise ValueError(f"input_shape must be a tuple of positive ints, got {input_shape!r}") from None
-    if not input_shape or any(v <= 0 for v in input_shape):
-        raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}")
+    input_shape = check_input_shape(input_shape)
     return _Gen(desc, name, input_shape, synapses).build()
 
 

@@ -36,7 +36,7 @@ import torch
 from .integer_ops import fits_packed, pack_int
 
 __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "SynapseOp", "NeuronOp",
-           "PoolOp", "FlattenOp", "JoinOp", "IntegerNetwork", "ExportError"]
+           "PoolOp", "FlattenOp", "JoinOp", "IntegerNetwork", "ExportError", "check_input_shape"]
 
 #: Version of the description and of the file format of :func:`~snnquant.export.save_integer`.
 #: Version 2 adds the neuron fields ``leak_multiplier``, ``leak_round_shift``, ``exact`` and
@@ -51,6 +51,23 @@ READABLE_FORMAT_VERSIONS = (1, 2, 3)
 
 #: The index that stands for the network input in an operation's ``inputs``.
 NETWORK_INPUT = -1
+
+
+def check_input_shape(input_shape, name: str = "input_shape") -> Tuple[int, ...]:
+    """One sample's input shape (without time and batch) as a tuple of ints >= 1; an int ``n``
+    means ``(n,)``. Anything else (a float, a bool, a string, zero, an empty tuple) raises
+    ``ValueError`` naming ``name`` and the value."""
+    shape = (input_shape,) if isinstance(input_shape, int) and not isinstance(input_shape, bool) \
+        else input_shape
+    try:
+        items = tuple(shape)
+    except TypeError:
+        items = None
+    if isinstance(shape, (str, bytes)) or not items or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in items):
+        raise ValueError(f"{name} must be a non-empty tuple of ints >= 1 (one sample's shape, "
+                         f"without time and batch), got {input_shape!r}")
+    return tuple(int(v) for v in items)
 
 
 class ExportError(ValueError):
@@ -420,6 +437,19 @@ class IntegerNetwork:
         """The indices of the values operation ``index`` reads (:data:`NETWORK_INPUT` = input)."""
         op = self.ops[index]
         return tuple(op.inputs) if op.inputs else (index - 1,)
+
+    @property
+    def output_divisor(self) -> float:
+        r"""What the integer output is divided by to give the float model's output: :math:`2^F`
+        for a ``'current'`` output (``output_frac_bits`` :math:`F`), :math:`2^a D` when the
+        network ends in a sum pool of spikes (an average pool of :math:`2^a` elements, or
+        ``VotingLayer``'s :math:`D`; the output is then a count, not 0/1), else 1."""
+        if self.output_kind == "current":
+            return 2.0 ** self.output_frac_bits
+        last = self.ops[-1]
+        if isinstance(last, PoolOp) and last.kind == "sum":
+            return 2.0 ** last.frac_bits_added * last.divisor
+        return 1.0
 
     @property
     def is_graph(self) -> bool:

@@ -53,7 +53,7 @@ from .fold import SpikingTracer, connect_functions, is_sequence
 from .integer_ops import pow2_exponent
 from .program import adaptive_windows
 
-from .description import (NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork, JoinOp, NeuronOp,
+from .description import (NETWORK_INPUT, ExportError, FlattenOp, check_input_shape, IntegerNetwork, JoinOp, NeuronOp,
                           PoolOp, SynapseOp)
 
 __all__ = ["to_integer", "model_walk", "is_multi_step"]
@@ -912,11 +912,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
                                   or not lo <= leak_bits <= hi):
         raise ValueError(f"leak_bits must be None or an int in [{lo}, {hi}], got {leak_bits!r}")
     if input_shape is not None:
-        if isinstance(input_shape, (str, bytes)) or not all(
-                isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in input_shape):
-            raise ValueError(f"input_shape must be None or a tuple of ints >= 1 (one sample's "
-                             f"shape, without time and batch), got {input_shape!r}")
-        input_shape = tuple(int(v) for v in input_shape)
+        input_shape = check_input_shape(input_shape)
     p = _MANTISSA_BITS[reference_dtype]
     work = copy_model(model).to(reference_dtype).cpu()
     graph = _GraphBuilder(work, reference_dtype, p, input_max, leak_bits, input_shape)

@@ -308,7 +308,7 @@ def _next_membrane_step(plan: _FoldPlan, modules, name: str) -> Optional[float]:
             return None
 
 
-def _grid_bias_quantizer(layer, membrane_step: Optional[float], bias_bits):
+def _grid_bias_quantizer(name: str, layer, membrane_step: Optional[float], bias_bits):
     """Give ``layer`` a bias quantizer on the power-of-two grid min(s_w, s_v)."""
     from ..nn.quantizers import UniformQuantizer
     candidates = [s for s in (_weight_step(layer), membrane_step) if s is not None]
@@ -319,7 +319,12 @@ def _grid_bias_quantizer(layer, membrane_step: Optional[float], bias_bits):
     peak = float(layer.bias.detach().abs().max()) if layer.bias.numel() else 0.0
     bits = bias_bits
     if bits is None:
-        bits = min(32, max(8, (math.ceil(peak / s_b) + 1).bit_length() + 1))
+        bits = max(8, (math.ceil(peak / s_b) + 1).bit_length() + 1)
+        if bits > 32:
+            raise ExportError(f"layer {name!r}: its folded bias (largest magnitude {peak:.6g}) "
+                              f"needs {bits} bits on the step {s_b:.6g} of the grid it is added "
+                              f"to (at most 32); give the layer's weights or membrane a larger "
+                              f"step, or pass bias_bits")
     layer.bias_quant = UniformQuantizer(bits, step=s_b).to(layer.weight.device)
 
 
@@ -436,13 +441,15 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
             if not wq.rescale_channels(scale.to(layer.weight.dtype)):
                 _reinit_weight_quantizer(layer)
         if hasattr(layer, "weight_quant"):
-            _grid_bias_quantizer(layer, _next_membrane_step(plan, modules, synapse_name), bias_bits)
+            _grid_bias_quantizer(synapse_name, layer,
+                                 _next_membrane_step(plan, modules, synapse_name), bias_bits)
         parent_name, _, child = bn_name.rpartition(".")
         setattr(model.get_submodule(parent_name), child, nn.Identity())
     if snap_biases:
         for name, layer in modules.items():
             if _is_synapse(layer) and hasattr(layer, "weight_quant") and layer.bias is not None \
                     and layer.bias_quant is None:
-                _grid_bias_quantizer(layer, _next_membrane_step(plan, modules, name), bias_bits)
+                _grid_bias_quantizer(name, layer, _next_membrane_step(plan, modules, name),
+                                     bias_bits)
     sjf.invalidate_reset_cache(model)
     return model

@@ -41,7 +41,8 @@ import numpy as np
 import torch
 import torch.nn as nn
 
-from .description import ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
+from .description import (ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp,
+                          check_input_shape)
 from .nir_schema import NIR_MIN_VERSION, SCHEMA_VERSION, import_nir
 from .simulator import IntegerSNN, op_shapes
 
@@ -179,19 +180,14 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     dt = float(dt)
     if max_pool not in MAX_POOL_FORMS:
         raise ValueError(f"max_pool must be one of {MAX_POOL_FORMS}, got {max_pool!r}")
+    input_shape = check_input_shape(input_shape)
     if isinstance(source, nn.Module):
         from .exporter import to_integer
-        shape = (input_shape,) if isinstance(input_shape, int) else input_shape
-        desc = to_integer(source, input_shape=tuple(int(v) for v in shape))
+        desc = to_integer(source, input_shape=input_shape)
     elif isinstance(source, IntegerNetwork):
         desc = source
     else:
         raise TypeError(f"source must be an IntegerNetwork or an nn.Module, got {type(source).__name__}")
-    if isinstance(input_shape, int):
-        input_shape = (input_shape,)
-    input_shape = tuple(int(v) for v in input_shape)
-    if not input_shape or any(v <= 0 for v in input_shape):
-        raise ValueError(f"input_shape must be a non-empty tuple of positive ints, got {input_shape!r}")
     desc.refuse_graph("to_nir")
     in_out = op_shapes(desc, input_shape)
     shapes = [before for before, _ in in_out]

@@ -228,9 +228,11 @@ class IntegerSNN:
                 (and, for a ``'current'`` output, the output under the last layer's name).
 
         Returns:
-            The output: ``int8`` spikes ``[T, N, ...]`` (``output_kind='spikes'``) or ``int64``
-            currents in units of :math:`2^{-F}` (``'current'``); with ``record``,
-            ``(output, layers)``.
+            The output: ``int8`` spikes ``[T, N, ...]`` (``output_kind='spikes'``), ``int64``
+            counts when the network ends in a sum pool of spikes, or ``int64`` currents in units
+            of :math:`2^{-F}` (``'current'``); dividing by
+            :attr:`~snnquant.export.IntegerNetwork.output_divisor` gives the float model's
+            output. With ``record``, ``(output, layers)``.
         """
         if not isinstance(x_seq, torch.Tensor):
             raise TypeError(f"x_seq must be a tensor, got {type(x_seq).__name__}")
@@ -272,7 +274,7 @@ class IntegerSNN:
                     del values[j]
         y = values[len(self.desc.ops) - 1]
         out = y.reshape((T, N) + tuple(y.shape[1:]))
-        if self.desc.output_kind == "spikes":
+        if self.desc.output_kind == "spikes" and self.desc.output_divisor == 1:  # 0/1 spikes
             out = out.to(torch.int8)
         else:
             out = out.to(torch.int64)

@@ -277,7 +277,8 @@ class _QuantNeuronMixin(NeuronConfigCheckMixin):
 
     def extra_repr(self):
         vq = self.v_quant
-        return super().extra_repr() + f", v_bits={getattr(vq, 'num_bits', None) if vq is not None else None}, backend={self.backend}"
+        v_bits = None if vq is None else vq.num_bits
+        return super().extra_repr() + f", v_bits={v_bits}, backend={self.backend}"
 
 
 class QuantIFNode(_QuantNeuronMixin, neuron.IFNode):
