@@ -59,3 +59,16 @@ def test_quant_config_bit_width_message_says_none_is_allowed():
 
     with pytest.raises(ValueError, match=r"weight_bits must be None or an int in \[1, 32\], got 99"):
         QuantConfig(weight_bits=99)
+
+
+def test_a_neuron_type_without_integer_form_is_named_with_the_supported_ones():
+    import pytest
+
+    from snnquant.export import ExportError
+
+    torch.manual_seed(0)
+    net = nn.Sequential(layer.Linear(4, 3), neuron.QIFNode())
+    q, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
+    q(torch.rand(2, 4))
+    with pytest.raises(ExportError, match=r"QIFNode.*no integer form.*IFNode, LIFNode"):
+        to_integer(q.eval())

@@ -267,7 +267,12 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
 
 def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
     neuron_kind = registry.neuron_kind(module)
-    if neuron_kind is None or not isinstance(module, neuron_kind.quant_cls):
+    if neuron_kind is None:
+        supported = ", ".join(k.float_cls.__name__ for k in registry.NEURON_KINDS)
+        _fail(name, module, f"this neuron type has no integer form; the supported neurons are "
+                            f"{supported} (quantized with quantize_model / "
+                            f"QuantConfig(v_bits=...))")
+    if not isinstance(module, neuron_kind.quant_cls):
         _fail(name, module, "unquantized neuron; quantize it with quantize_model / "
                             "QuantConfig(v_bits=...)")
     vq = module.v_quant
