@@ -459,7 +459,7 @@ def test_one_bit_width_check_everywhere():
     from snnquant.functional import BitWidthTypeError
     with pytest.raises(QuantConfigTypeError, match=r"weight_bits.*4\.0.*float"):
         QuantConfig(weight_bits=4.0)
-    with pytest.raises(ValueError, match=r"v_bits must be an int in \[2, 32\], got 1"):
+    with pytest.raises(ValueError, match=r"v_bits must be None or an int in \[2, 32\], got 1"):
         QuantConfig(v_bits=1)
     cfg = QuantConfig(weight_bits=np.int64(4))  # the one check accepts any integer, stored as int
     assert type(cfg.weight_bits) is int and cfg.weight_bits == 4
