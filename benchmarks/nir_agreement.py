@@ -40,7 +40,6 @@ import sys
 import time
 import warnings
 
-import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
@@ -49,7 +48,8 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))  # the networks and consumer run
 
 from _nir_consumers import (ARCHS, RUNNERS, build_network, events,  # noqa: E402
                             samples_identical)
-from snnquant.export import IntegerSNN, simulate_nir, to_nir  # noqa: E402
+from snnquant.export import (IntegerSNN, nir_out_of_bounds, simulate_nir,  # noqa: E402
+                             to_nir)
 
 DT = 1e-4  # snnTorch's importer assumes dt = 1e-4 for LIF
 # (networks, init of build_network, membrane bits, headroom bits of widen_membrane_range)
@@ -58,21 +58,6 @@ CONFIGS = [("excitatory", "excitatory", 8, 0), ("excitatory", "excitatory", 12, 
            ("mixed-sign + headroom", "default", 14, 6)]
 COLUMNS = ["NIR equations"] + [f"{c}{w}" for c in ("spikingjelly", "snntorch", "norse")
                                for w in ("", " + workaround")]
-
-
-def _in_bounds(graph, x):
-    """Per sample: the NIR membrane never leaves the saturation bounds in a way that matters."""
-    _, rec = simulate_nir(graph, x, record=True)
-    ok = torch.ones(x.shape[1], dtype=torch.bool)
-    for name, r in rec.items():
-        meta = graph.nodes[name].metadata
-        if meta.get("snnquant_op") != "neuron":
-            continue
-        u = float(meta["membrane_unit"])
-        bad = (r["v"] < float(meta["v_min"]) * u) | ((r["v"] > float(meta["v_max"]) * u)
-                                                    & (r["spikes"] == 0))
-        ok &= ~bad.reshape(bad.shape[0], bad.shape[1], -1).any(dim=2).any(dim=0)
-    return ok
 
 
 def _run(consumer, graph, x, ref, workaround):
@@ -98,7 +83,7 @@ def measure(kind, arch, weight_bits, v_bits, seeds, T, N, init="excitatory", hea
         plain = to_nir(desc, shape, dt=DT)
         alt = to_nir(desc, shape, dt=DT, max_pool="conv_if")
         n_total += N
-        n_bounds += int(_in_bounds(plain, x).sum())
+        n_bounds += int(nir_out_of_bounds(plain, x)[1].sum())
         same["NIR equations"] += samples_identical(simulate_nir(plain, x), ref) * N
         for consumer in RUNNERS:
             for workaround, graph in ((False, plain), (True, alt)):

@@ -21,3 +21,23 @@ def load_script(path, name=None):
     finally:
         sys.path.remove(folder)
     return module
+
+
+def neuron_outputs(model, x):
+    """``(output, {name: output of every SpikingJelly neuron layer})`` of ``model`` on ``x``,
+    without gradients, its states reset first (forward hooks)."""
+    import torch
+    from spikingjelly.activation_based import functional as sjf
+    from spikingjelly.activation_based import neuron
+
+    outputs = {}
+    hooks = [m.register_forward_hook(lambda mod, i, o, n=n: outputs.__setitem__(n, o.detach()))
+             for n, m in model.named_modules() if isinstance(m, neuron.BaseNode)]
+    sjf.reset_net(model)
+    try:
+        with torch.no_grad():
+            y = model(x)
+    finally:
+        for h in hooks:
+            h.remove()
+    return y, outputs

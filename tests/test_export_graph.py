@@ -8,6 +8,7 @@ from spikingjelly.activation_based.model import (parametric_lif_net, sew_resnet,
                                                  spiking_vgg)
 
 import snnquant.nn as qnn
+from conftest import neuron_outputs
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import (NETWORK_INPUT, ExportError, IntegerNetwork, IntegerSNN, JoinOp,
                              PoolOp, compare_integer, fold_batchnorm, load_integer, save_integer,
@@ -54,25 +55,12 @@ def _deployable(name):
     return fold_batchnorm(q.eval()), x, shape
 
 
-def _float_spikes(model, x):
-    """The output and every neuron layer's spikes of the fake-quantized model in eval mode."""
-    spikes = {}
-    hooks = [m.register_forward_hook(lambda mod, i, o, n=n: spikes.__setitem__(n, o.detach()))
-             for n, m in model.named_modules() if isinstance(m, neuron.BaseNode)]
-    sjf.reset_net(model)
-    with torch.no_grad():
-        y = model(x)
-    for h in hooks:
-        h.remove()
-    return y, spikes
-
-
 @pytest.mark.parametrize("name", sorted(ZOO))
 def test_zoo_network_runs_exactly_in_integers(name):
     model, x, shape = _deployable(name)
     desc = to_integer(model, input_shape=shape)
     out, layers = IntegerSNN(desc)(x.to(torch.int64), record=True)
-    y, spikes = _float_spikes(model, x)
+    y, spikes = neuron_outputs(model, x)
     assert sorted(desc.neuron_names) == sorted(spikes)
     assert sum(float(s.sum()) for s in spikes.values()) > 0
     for layer_name, s in spikes.items():

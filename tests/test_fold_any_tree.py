@@ -7,6 +7,7 @@ from spikingjelly.activation_based import layer, neuron
 from spikingjelly.activation_based.model import (parametric_lif_net, sew_resnet, spiking_resnet,
                                                  spiking_vgg)
 
+from conftest import neuron_outputs
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import ExportError, FoldWarning, fold_batchnorm, to_integer
 
@@ -52,16 +53,9 @@ def _zoo_net(name):
 
 
 def _spike_counts(model, x):
-    """The output and every neuron layer's spike count (forward hooks), in eval mode."""
-    counts = {}
-    hooks = [m.register_forward_hook(lambda mod, i, o, n=n: counts.__setitem__(n, float(o.sum())))
-             for n, m in model.named_modules() if isinstance(m, neuron.BaseNode)]
-    sjf.reset_net(model)
-    with torch.no_grad():
-        y = model(x)
-    for h in hooks:
-        h.remove()
-    return y, counts
+    """The output and every neuron layer's spike count, in eval mode."""
+    y, outputs = neuron_outputs(model, x)
+    return y, {name: float(o.sum()) for name, o in outputs.items()}
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))

@@ -122,3 +122,16 @@ def test_headroom_configuration_makes_importers_reproduce_mixed_sign_if_networks
             warnings.simplefilter("ignore")
             out = RUNNERS[consumer](graph, x, 1e-4, shift_flatten=True)
         assert samples_identical(out, ref) == 1.0, consumer
+
+
+def test_nir_out_of_bounds_finds_the_samples_that_saturate():
+    pytest.importorskip("nir")
+    from snnquant.export import nir_out_of_bounds, to_nir
+    q, x = _mixed_sign_mlp()
+    layers, in_bounds = nir_out_of_bounds(to_nir(q, (16,)), x)
+    assert in_bounds.dtype == torch.bool and in_bounds.shape == (x.shape[1],)
+    assert layers and not bool(in_bounds.all())
+    layers, in_bounds = nir_out_of_bounds(to_nir(widen_membrane_range(q, 8), (16,)), x)
+    assert layers == [] and bool(in_bounds.all())
+    with pytest.raises(ValueError, match="data must be a tensor"):
+        nir_out_of_bounds(to_nir(q, (16,)), [1, 2])

@@ -22,7 +22,7 @@ from .fold import FoldWarning, fold_batchnorm
 from .files import load_integer, save_integer
 from .nir_graph import to_nir
 from .saturation import (LayerSaturation, SaturationReport, SaturationWarning,
-                         saturation_report, widen_membrane_range)
+                         nir_out_of_bounds, saturation_report, widen_membrane_range)
 from .nir_import import NIRImportError, from_nir, simulate_nir
 from .c_runtime import CMemory, c_memory, to_c
 
@@ -34,4 +34,5 @@ __all__ = [
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
     "c_memory", "CMemory", "saturation_report", "SaturationReport", "LayerSaturation",
     "SaturationWarning", "widen_membrane_range", "FoldWarning", "check_input_shape",
+    "nir_out_of_bounds",
 ]

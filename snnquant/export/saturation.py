@@ -17,7 +17,7 @@ import torch
 import torch.nn as nn
 
 __all__ = ["LayerSaturation", "SaturationReport", "saturation_report", "SaturationWarning",
-           "widen_membrane_range"]
+           "widen_membrane_range", "nir_out_of_bounds"]
 
 
 class SaturationWarning(UserWarning):
@@ -217,7 +217,8 @@ def nir_saturation_warning(source, graph, data) -> None:
                   for r in report.layers if r.saturated > 0]
         in_bounds = report.samples_in_bounds
     else:
-        layers, in_bounds = _nir_out_of_bounds(graph, data)
+        layers, samples = nir_out_of_bounds(graph, data)
+        in_bounds = float(samples.double().mean())
     if layers:
         warnings.warn(
             f"membranes saturate at v_min or v_max on the data given to to_nir in layers "
@@ -227,7 +228,19 @@ def nir_saturation_warning(source, graph, data) -> None:
             f"or see snnquant.export.saturation_report", SaturationWarning, stacklevel=3)
 
 
-def _nir_out_of_bounds(graph, data):
+def nir_out_of_bounds(graph, data: torch.Tensor):
+    r"""Where NIR's own equations (:func:`~snnquant.export.simulate_nir`) take a neuron's membrane
+    out of snnquant's bounds on ``data``: below :math:`v_{min}`, or above :math:`v_{max}` without
+    firing (exactly the steps snnquant's membrane saturated at).
+
+    Args:
+        graph: a NIR graph written by :func:`~snnquant.export.to_nir`.
+        data: input ``[T, N, ...]``.
+
+    Returns:
+        ``(layers, in_bounds)``: the saturating layers in words (name and % of neuron steps),
+        and a bool tensor ``[N]``, True for the samples that stay in bounds everywhere.
+    """
     from .nir_import import simulate_nir
     if not isinstance(data, torch.Tensor) or data.dim() < 2:
         got = tuple(data.shape) if isinstance(data, torch.Tensor) else type(data).__name__
@@ -246,7 +259,7 @@ def _nir_out_of_bounds(graph, data):
             layers.append(f"{meta.get('snnquant_name', key)} "
                           f"({100 * float(out.double().mean()):.2f}% of neuron steps)")
             bad |= out.reshape(out.shape[0], out.shape[1], -1).any(dim=2).any(dim=0)
-    return layers, float((~bad).double().mean())
+    return layers, ~bad
 
 
 def widen_membrane_range(model: nn.Module, extra_bits: int) -> nn.Module:
