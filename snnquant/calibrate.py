@@ -30,13 +30,14 @@ with :math:`r_\pm` the largest positive / negative magnitude kept, and for a pow
 * ``'mse'``: the candidate that minimises :math:`\sum (Q_s(x) - x)^2` over
   :math:`r = \frac{k}{K} \max|x|`, :math:`k = 1..K` (or over the powers of two near the
   min/max step for a power-of-two grid).
-* ``'firing'``: starts from the ``'mse'`` steps, then matches the float network's spikes layer by
-  layer, front to back. For neuron layer :math:`l` it tries the steps
-  :math:`2^{j} s_w` of the weight quantizer that feeds it and :math:`2^{k} s_v` of its membrane
+* ``'firing'``: starts from the ``'mse'`` steps and from the ``'minmax'`` steps, then matches
+  the float network's spikes layer by layer, front to back. For neuron layer :math:`l` it tries
+  the steps :math:`2^{j} s_w` of the weight quantizer that feeds it and :math:`2^{k} s_v` of its
+  membrane, with :math:`s_w` and :math:`s_v` each the ``'mse'`` or the ``'minmax'`` step
   (:math:`j, k` in :data:`FIRING_SEARCH_EXPONENTS`; membrane steps that no longer reach the
   threshold are left out), with the layers before it fixed, and keeps the pair whose output
-  spikes :math:`S^q_l` differ least from the float network's :math:`S^f_l` on the batches (the
-  ``'mse'`` pair on a tie):
+  spikes :math:`S^q_l` differ least from the float network's :math:`S^f_l` on the batches (on a
+  tie: the ``'mse'`` start, then the smallest :math:`|j| + |k|`):
 
   .. math::
 
@@ -67,7 +68,7 @@ __all__ = ["calibrate", "CalibrationReport", "CalibratedQuantizer", "SkippedQuan
 
 CALIBRATION_METHODS = ("minmax", "percentile", "mse", "firing")
 
-#: The factors :math:`2^k` by which ``method='firing'`` tries to scale the ``'mse'`` steps.
+#: The factors :math:`2^k` by which ``method='firing'`` scales the ``'mse'`` and ``'minmax'`` steps.
 FIRING_SEARCH_EXPONENTS = (-2, -1, 0, 1, 2)
 
 #: Values of the charge kept per neuron layer for the percentile and MSE methods.
@@ -366,6 +367,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
         batches = list(batches if num_batches is None else itertools.islice(batches, num_batches))
     report = CalibrationReport(method=method, num_batches=0)
     settings = dict(method=method, percentile=float(percentile), mse_candidates=mse_candidates)
+    starts = {} if method == "firing" else None  # the min/max steps, the search's second start
     modes = {m: m.training for m in model.modules()}
     try:
         model.eval()
@@ -379,15 +381,16 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
         for name, module, kind, q in todo:
             if kind == "weight":
                 entry = _calibrate_tensor(name, kind, q, module.weight.detach(), power_of_two,
-                                          settings)
+                                          settings, starts=starts)
                 (report.calibrated if isinstance(entry, CalibratedQuantizer)
                  else report.skipped).append(entry)
         membrane_todo = [t for t in todo if t[2] == "membrane"]
         if membrane_todo:
             report.num_batches = _calibrate_membranes(model, membrane_todo, batches, num_batches,
-                                                      power_of_two, settings, seed, report)
+                                                      power_of_two, settings, seed, report,
+                                                      starts)
         if method == "firing" and membrane_todo:
-            _match_firing(model, todo, batches, num_batches, report)
+            _match_firing(model, todo, batches, num_batches, report, starts)
         if freeze:
             for _, _, _, q in todo:
                 q.freeze()
@@ -403,7 +406,7 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
     return report
 
 
-def _calibrate_tensor(name, kind, q, x, power_of_two, settings, floor=None):
+def _calibrate_tensor(name, kind, q, x, power_of_two, settings, floor=None, starts=None):
     q.ensure_initialized(x)
     grid = q.grid()
     if grid is None or grid.step is None:
@@ -425,8 +428,13 @@ def _calibrate_tensor(name, kind, q, x, power_of_two, settings, floor=None):
     else:
         step = _choose_step(rows, qmin=qmin, qmax=qmax, power_of_two=pow2, floor=floor,
                             **settings)
-    step_t = step.to(torch.float32) if cdim is not None else step.reshape(()).to(torch.float32)
-    q.set_step(step_t)
+    as_step = (lambda st: st.to(torch.float32) if cdim is not None
+               else st.reshape(()).to(torch.float32))
+    if starts is not None:  # 'firing' also searches from the min/max steps (see _match_firing)
+        starts[(name, kind)] = as_step(_choose_step(rows, qmin=qmin, qmax=qmax,
+                                                    power_of_two=pow2, floor=floor,
+                                                    **dict(settings, method="minmax")))
+    q.set_step(as_step(step))
     new = q.grid().step.detach().double().reshape(-1).expand(rows.shape[0]).reshape(-1, 1)
     clipped = ((rows.double() > qmax * new) | (rows.double() < qmin * new)).double().mean()
     steps = [float(v) for v in new.reshape(-1)]
@@ -474,7 +482,8 @@ def _membrane_recorders(pairs):
             m.v_quant = q
 
 
-def _calibrate_membranes(model, todo, batches, num_batches, power_of_two, settings, seed, report):
+def _calibrate_membranes(model, todo, batches, num_batches, power_of_two, settings, seed, report,
+                         starts=None):
     generator = torch.Generator().manual_seed(seed)
     reservoirs = {}
     with _membrane_recorders([(m, _ChargeRecorder(reservoirs.setdefault(
@@ -498,7 +507,8 @@ def _calibrate_membranes(model, todo, batches, num_batches, power_of_two, settin
                                torch.tensor([max(-vr, 0.0)], dtype=torch.float64), qmin, qmax)
         values = res.sample if settings["method"] != "minmax" else torch.tensor([res.low, res.high])
         values = torch.cat([values, torch.tensor([res.low, res.high])])
-        entry = _calibrate_tensor(name, kind, q, values, power_of_two, settings, floor=need)
+        entry = _calibrate_tensor(name, kind, q, values, power_of_two, settings, floor=need,
+                                  starts=starts)
         if isinstance(entry, CalibratedQuantizer):
             entry = entry._replace(observed=(res.low, res.high))
             report.calibrated.append(entry)
@@ -676,7 +686,7 @@ def _spike_distance(model, neuron_module, batches, num_batches, reference):
     return diff / max(sum(r.numel() for r in reference), 1)
 
 
-def _match_firing(model, todo, batches, num_batches, report):
+def _match_firing(model, todo, batches, num_batches, report, starts):
     """The search of ``method='firing'`` (see :mod:`snnquant.calibrate`)."""
     by_name = {(e.name, e.kind): i for i, e in enumerate(report.calibrated)}
     order = {id(m): i for i, m in enumerate(model.modules())}
@@ -696,36 +706,45 @@ def _match_firing(model, todo, batches, num_batches, report):
         candidates = [(vq, name, "membrane")]
         if before:
             candidates.insert(0, (before[-1][2], before[-1][0], "weight"))
-        base = {(qname, qkind): q.grid().step.detach().clone() for q, qname, qkind in candidates}
+        # every quantizer's starts: its 'mse' step, then its min/max step where that differs
+        bases = {}
+        for q, qname, qkind in candidates:
+            mse = q.grid().step.detach().clone()
+            other = starts.get((qname, qkind))
+            bases[qkind] = [("mse", mse)] + ([("minmax", other.to(mse))] if other is not None
+                                             and not torch.equal(other.to(mse), mse) else [])
         vth = abs(float(neuron_module.v_threshold))
         vr = 0.0 if neuron_module.v_reset is None else abs(float(neuron_module.v_reset))
         vmax = int(vq.grid().qmax)
+        w_choices = ([(b, j) for b in range(len(bases["weight"])) for j in FIRING_SEARCH_EXPONENTS]
+                     if "weight" in bases else [(0, 0)])
         best = None
-        for j in (FIRING_SEARCH_EXPONENTS if len(candidates) == 2 else (0,)):
-            for k in FIRING_SEARCH_EXPONENTS:
-                v_step = base[(name, "membrane")] * 2.0 ** k
-                if float(v_step.max()) * vmax < max(vth, vr):
-                    continue  # the membrane grid must still reach the threshold and the reset
-                if len(candidates) == 2:
-                    q, wname, _ = candidates[0]
-                    q.set_step(base[(wname, "weight")] * 2.0 ** j)
-                vq.set_step(v_step)
-                distance = _spike_distance(model, neuron_module, batches, num_batches, reference)
-                rank = (distance, abs(j) + abs(k))
-                if best is None or rank < best[0]:
-                    best = (rank, j, k)
+        for bw, j in w_choices:
+            for bv, (_, v_base) in enumerate(bases["membrane"]):
+                for k in FIRING_SEARCH_EXPONENTS:
+                    v_step = v_base * 2.0 ** k
+                    if float(v_step.max()) * vmax < max(vth, vr):
+                        continue  # the membrane grid must still reach the threshold and reset
+                    if "weight" in bases:
+                        candidates[0][0].set_step(bases["weight"][bw][1] * 2.0 ** j)
+                    vq.set_step(v_step)
+                    distance = _spike_distance(model, neuron_module, batches, num_batches,
+                                               reference)
+                    rank = (distance, bw + bv, abs(j) + abs(k))  # ties: the 'mse' start, nearest
+                    if best is None or rank < best[0]:
+                        best = (rank, {"weight": (bw, j), "membrane": (bv, k)})
         if best is None:  # no candidate reaches the threshold: keep the 'mse' steps as they are
             for q, qname, qkind in candidates:
-                q.set_step(base[(qname, qkind)])
+                q.set_step(bases[qkind][0][1])
             continue
-        _, j, k = best
         for q, qname, qkind in candidates:
-            exponent = j if qkind == "weight" else k
-            q.set_step(base[(qname, qkind)] * 2.0 ** exponent)
+            b, exponent = best[1][qkind]
+            start, base = bases[qkind][b]
+            q.set_step(base * 2.0 ** exponent)
             entry = report.calibrated[by_name[(qname, qkind)]]
             step = q.grid().step.detach().double().reshape(-1)
             steps = [float(v) for v in step]
             report.calibrated[by_name[(qname, qkind)]] = entry._replace(
-                method=f"firing (2^{exponent} x mse)",
+                method=f"firing (2^{exponent} x {start})",
                 step=steps if isinstance(entry.step, list) else steps[0],
                 covered=(entry.qmin * max(steps), entry.qmax * max(steps)))

@@ -167,12 +167,40 @@ def test_firing_method_matches_the_float_spikes_at_least_as_well_as_mse():
     assert spike_mismatch(by_firing, net, data, "1") <= spike_mismatch(by_mse, net, data, "1")
     for entry in report.calibrated:
         assert entry.method.startswith("firing (2^")
-        base = mse_report[entry.name, entry.kind].step
-        ratio = torch.tensor(entry.step) / torch.tensor(base)
-        exponent = torch.log2(ratio)
-        assert torch.equal(exponent, torch.round(exponent))  # the steps stay on the 2^k ladder
-        assert -2 <= float(exponent.min()) and float(exponent.max()) <= 2
+        start = entry.method.rsplit(" ", 1)[-1].rstrip(")")
+        assert start in ("mse", "minmax")
+        if start == "mse":
+            base = mse_report[entry.name, entry.kind].step
+            ratio = torch.tensor(entry.step) / torch.tensor(base)
+            exponent = torch.log2(ratio)
+            assert torch.equal(exponent, torch.round(exponent))  # the steps stay on the 2^k ladder
+            assert -2 <= float(exponent.min()) and float(exponent.max()) <= 2
     # the membrane grids still reach the thresholds
     for name in ("1", "3"):
         grid = dict(by_firing.named_modules())[name].v_quant.grid()
         assert float(grid.step) * grid.qmax >= 1.0
+
+
+def test_firing_method_also_searches_from_the_minmax_steps():
+    """Per-channel weights: the min/max steps are not one power of two times the 'mse' steps, so
+    only a search that starts from them too is sure to match the float spikes at least as well as
+    'minmax' does (the first neuron layer: nothing before it differs)."""
+    import copy
+    net = mlp()
+    with torch.no_grad():  # channels of very different ranges: per-channel steps differ
+        net[0].weight.mul_(torch.logspace(-1, 1, 32).reshape(-1, 1))
+    data = batches(n=4)
+    config = QuantConfig(weight_bits=2, v_bits=4, per_channel=True)
+    found = {}
+    for method in ("minmax", "mse", "firing"):
+        q, _ = quantize_model(copy.deepcopy(net), config)
+        report = calibrate(q, data, method=method, check_firing=False)
+        found[method] = (spike_mismatch(q, net, data, "1"), report)
+    assert found["minmax"][0] != found["mse"][0]  # the two starts are different networks
+    assert found["firing"][0] <= min(found["minmax"][0], found["mse"][0])
+    methods = {(e.name, e.kind): e.method for e in found["firing"][1].calibrated}
+    assert all(m.startswith("firing (2^") for m in methods.values())
+    # here a multiple of the min/max steps matches the float spikes strictly better than every
+    # multiple of the 'mse' steps (a tie would keep the 'mse' start): a search from 'mse' alone
+    # could not have found it
+    assert methods["0", "weight"].endswith(" x minmax)"), methods
