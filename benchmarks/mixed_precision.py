@@ -13,7 +13,8 @@ layer quantized post-training at a time) and ``hessian`` (``method='hessian'``: 
 the Hessian trace, HAWQ-V2, ``--hessian-samples`` Hutchinson vectors per batch; the membranes
 measured). ``snnquant.assign_bits`` picks one width per layer and kind within each budget. Every
 configuration (uniform and mixed) is then trained from scratch with the same training
-(``--epochs`` epochs, same seed) and its test accuracy taken (fake-quantized), and deployed:
+(``--epochs`` epochs, same seed; or, with ``--qat-epochs N``, ``N`` epochs of quantization-aware
+fine-tuning that start from the seed's full-precision network) and its test accuracy taken (fake-quantized), and deployed:
 BatchNorm folded (``fold_batchnorm``), fine-tuned ``--finetune-epochs`` epochs at a tenth of the
 learning rate, exported (``to_integer``) and run by ``IntegerSNN`` on the test set (deployed
 accuracy). Seeds are the outer loop (interleaved cases).
@@ -34,6 +35,7 @@ fits it by at least 1.0 point, median over the seeds, deployed accuracy, on the 
 """
 from __future__ import annotations
 
+import copy
 import os
 import statistics
 import sys
@@ -122,6 +124,10 @@ def main():
     ap.add_argument("--hessian-samples", type=int, default=16)
     ap.add_argument("--finetune-epochs", type=int, default=1,
                     help="epochs of fine-tuning after BatchNorm folding, before the export")
+    ap.add_argument("--qat-epochs", type=int, default=None,
+                    help="train every quantized configuration this many epochs starting from the "
+                         "seed's full-precision network (quantization-aware fine-tuning) instead "
+                         "of --epochs epochs from scratch")
     ap.add_argument("--budgets", type=fraction, nargs="+", default=[1 / 3, 2 / 3],
                     help="budgets as fractions of the way from uniform W2/V4 to W4/V8 bytes")
     ap.add_argument("--combine", nargs="+", metavar="JSON", default=None,
@@ -166,7 +172,11 @@ def main():
                 record["hessian_trace"] = res.hessian_trace
         assignments.append(record)
         for name in names:
-            model, acc = bench.train(configs[name], seed)
+            if args.qat_epochs is None:
+                model, acc = bench.train(configs[name], seed)
+            else:  # quantization-aware fine-tuning of the full-precision network
+                start, _ = snnquant.quantize_model(copy.deepcopy(fp), configs[name])
+                model, acc = bench.train(configs[name], seed, epochs=args.qat_epochs, model=start)
             size = model_bytes(model, x1)
             limit = max(b["bytes"] for b in budgets if name in b["uniform"] + b["mixed"])
             assert size <= limit + 1e-6, (name, size, limit)
@@ -189,7 +199,7 @@ def combine(args):
                 part = json.load(f)
             part_rows, part_dep, part_assign = part["rows"], part["deployed"], part["assignments"]
             key = (part["epochs"], part["data"], sorted(part_rows), part["budgets"],
-                   part["finetune_epochs"])
+                   part["finetune_epochs"], part.get("qat_epochs"))
         except (OSError, ValueError, KeyError) as e:
             raise SystemExit(f"--combine: cannot read the results file {path!r}: {e}")
         if first is None:
@@ -222,7 +232,7 @@ def combine(args):
     assignments = [assignments[i] for i in order]
     rows = {name: [values[i] for i in order] for name, values in rows.items()}
     deployed = {name: [values[i] for i in order] for name, values in deployed.items()}
-    args.epochs, args.finetune_epochs = first[0], first[4]
+    args.epochs, args.finetune_epochs, args.qat_epochs = first[0], first[4], first[5]
     args.seeds = [a["seed"] for a in assignments]
     builtin = common.data_label(args, None)
     report(args, rows, deployed, first[3], assignments, args.seeds, data=first[1],
@@ -247,7 +257,10 @@ def report(args, rows, deployed, budgets, assignments, seeds_done, data=None, su
     """Print the tables (one per budget) and (unless --quick) write the results, after every
     seed."""
     data = data or common.data_label(args, args.root)
-    lines = [f"Data: {data}; every configuration trained {args.epochs} epochs from scratch "
+    trained = (f"trained {args.epochs} epochs from scratch" if args.qat_epochs is None else
+               f"trained {args.qat_epochs} epochs from the seed's full-precision network "
+               f"(itself trained {args.epochs} epochs)")
+    lines = [f"Data: {data}; every configuration {trained} "
              f"(quantization-aware), seeds {seeds_done} (of {args.seeds} asked); deployed = "
              f"BatchNorm folded, fine-tuned {args.finetune_epochs} epoch(s), "
              f"exported to integers and run by IntegerSNN; bytes as snnquant.summary counts them "
@@ -297,7 +310,7 @@ def report(args, rows, deployed, budgets, assignments, seeds_done, data=None, su
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
             data_sha256=args.data_sha256, budgets=budgets, rows=rows, deployed=deployed,
             verdicts=verdicts, assignments=assignments,
-            finetune_epochs=args.finetune_epochs,
+            finetune_epochs=args.finetune_epochs, qat_epochs=args.qat_epochs,
             **({"parts": parts} if parts else {})), table, args.out)
 
 
