@@ -42,11 +42,12 @@ ZOO = {
 }
 
 
-def _deployable(name):
-    """quantize_model (4-bit weights, 8-bit membranes), one training-mode pass, fold_batchnorm."""
+def _deployable(name, transform=None):
+    """quantize_model (4-bit weights, 8-bit membranes), one training-mode pass, fold_batchnorm;
+    ``transform(net)`` (if given) changes the built network first."""
     torch.manual_seed(0)
     build, shape = ZOO[name]
-    net = build()
+    net = build() if transform is None else transform(build())
     sjf.set_step_mode(net, "m")
     q, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
     x = (torch.rand(T, N, *shape) > 0.7).float()

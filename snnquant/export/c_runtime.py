@@ -35,10 +35,10 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from .._io import atomic_write_files
-from .description import (ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp,
-                          check_input_shape)
-from .program import (SynapseRescale, c_literal, c_rhe_helper, neuron_program, pool_range,
-                      synapse_bounds)
+from .description import (NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork, JoinOp, NeuronOp,
+                          PoolOp, SynapseOp, check_input_shape)
+from .program import (SynapseRescale, adaptive_windows, c_literal, c_rhe_helper, join_bound,
+                      join_range, neuron_program, pool_range, synapse_bounds)
 from .simulator import op_shapes
 
 __all__ = ["to_c", "c_memory", "CMemory"]
@@ -55,6 +55,7 @@ _C_KEYWORDS = {
 
 _TYPES = [("uint8_t", 0, 255, 1), ("int8_t", -128, 127, 1), ("int16_t", -(1 << 15), (1 << 15) - 1, 2),
           ("int32_t", -(1 << 31), (1 << 31) - 1, 4), ("int64_t", -(1 << 63), (1 << 63) - 1, 8)]
+_TYPES_BYTES = {name: size for name, _, _, size in _TYPES}
 
 
 def _ctype(lo: int, hi: int, signed: bool = False) -> Tuple[str, int]:
@@ -169,7 +170,7 @@ class _Gen:
     def scratch_array(self, i: int, ctype: str, n: int) -> str:
         """An array of ``n`` ``ctype`` in the state's scratch union (sums of an event-driven
         layer; one layer uses it at a time); returns the C expression that names it."""
-        size = {a: b for a, _, _, b in _TYPES}[ctype]
+        size = _TYPES_BYTES[ctype]
         self.scratch.append((ctype, n, size * n, i))
         return f"s->scratch.s{i}"
 
@@ -334,7 +335,8 @@ class _Gen:
                 wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
 
                 def window(indent, *inner):
-                    return self._window(indent, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner)
+                    return self._window(indent, kh, kw, f"oy * {sh} - {ph}", f"ox * {sw} - {pw}",
+                                        dh, dw, hi_, wi, *inner)
                 body = f"""{{
     int32_t oc, oy, ox, ic, ky, kx;
     for (oc = 0; oc < {co}; oc++) {{
@@ -361,15 +363,16 @@ class _Gen:
         return out_range, out_t
 
     @staticmethod
-    def _window(indent: int, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner: str) -> str:
-        """C loops over the window of output (oy, ox): ``ky``/``kx`` with the input row ``iy``
-        and column ``ix`` inside the input; ``inner`` lines run for each."""
+    def _window(indent: int, kh, kw, y0, x0, dh, dw, hi_, wi, *inner: str) -> str:
+        """C loops over the window of output (oy, ox), whose first input row and column are the
+        C expressions ``y0`` and ``x0``: ``ky``/``kx`` with the input row ``iy`` and column
+        ``ix`` inside the input; ``inner`` lines run for each."""
         pad = " " * indent
         lines = [f"for (ky = 0; ky < {kh}; ky++) {{",
-                 f"    const int32_t iy = oy * {sh} - {ph} + ky * {dh};",
+                 f"    const int32_t iy = {y0} + ky * {dh};",
                  f"    if (iy < 0 || iy >= {hi_}) {{", "        continue;", "    }",
                  f"    for (kx = 0; kx < {kw}; kx++) {{",
-                 f"        const int32_t ix = ox * {sw} - {pw} + kx * {dw};",
+                 f"        const int32_t ix = {x0} + kx * {dw};",
                  f"        if (ix < 0 || ix >= {wi}) {{", "            continue;", "        }"]
         lines += ["        " + ln for ln in inner] + ["    }", "}"]
         return "\n".join(pad + ln for ln in lines)
@@ -387,8 +390,10 @@ class _Gen:
 
     def pool(self, i: int, op: PoolOp, in_shape, out_shape, in_range, in_t, out_t_fixed):
         if op.dims == 1:
-            c, hi_, wi = in_shape[0], 1, in_shape[1]
-            ho_, wo = 1, out_shape[1]
+            # [C, L], or the features [F] of a VotingLayer as one channel
+            c, wi, wo = (1, in_shape[0], out_shape[0]) if len(in_shape) == 1 else \
+                (in_shape[0], in_shape[1], out_shape[1])
+            hi_, ho_ = 1, 1
             kh, kw = 1, op.kernel_size[0]
             sh, sw = 1, op.stride[0]
             ph, pw = 0, op.padding[0]
@@ -400,6 +405,16 @@ class _Gen:
             sh, sw = op.stride
             ph, pw = op.padding
             dh, dw = op.dilation if op.kind == "max" else (1, 1)
+        y0, x0 = f"oy * {sh} - {ph}", f"ox * {sw} - {pw}"
+        if op.output_size:
+            # PyTorch's adaptive windows (each of kernel_size elements, checked by op_shapes)
+            # start where adaptive_windows says: one table per pooled dimension
+            starts = [self.const_array(f"p{i}_{axis}", [a for a, _ in adaptive_windows(n, m)])
+                      for axis, (n, m) in enumerate(zip((hi_, wi)[2 - op.dims:],
+                                                        (ho_, wo)[2 - op.dims:]))]
+            x0 = f"{starts[-1]}[ox]"
+            if op.dims == 2:
+                y0 = f"{starts[0]}[oy]"
         if op.kind == "max":
             out_range = in_range
             init = "int first = 1;"
@@ -416,7 +431,7 @@ class _Gen:
         out_t = out_t_fixed or _ctype(*out_range)[0]
 
         def window(indent, *inner):
-            return self._window(indent, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner)
+            return self._window(indent, kh, kw, y0, x0, dh, dw, hi_, wi, *inner)
         body = f"""static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)
 {{
     int32_t ch, oy, ox, ky, kx, j;
@@ -470,70 +485,136 @@ class _Gen:
         return (0, 1), out_t
 
     # -- whole network --------------------------------------------------------------------------
-    def build(self):
+    def join(self, i: int, op: JoinOp, shape, in_ranges, in_ts, out_t_fixed):
+        n = _numel(shape)
+        out_range = join_range(op, in_ranges)
+        if op.kind == "add":
+            wide = join_bound(op, in_ranges)
+            if wide >= (1 << _LIMIT_BITS):
+                raise ExportError(f"layer {op.name!r}: the add join is bounded only by {wide} "
+                                  f"(shifts {list(op.shifts)}), which reaches 2^{_LIMIT_BITS}: the "
+                                  f"C code would overflow int64")
+            acc_t = "int32_t" if wide < (1 << 31) else "int64_t"
+            value = " + ".join(f"({acc_t})in{k}[j]" + (f" * {_lit(1 << s)}" if s else "")
+                               for k, s in enumerate(op.shifts))
+        else:
+            for r in in_ranges:
+                if r[0] < 0 or r[1] > 1:
+                    raise ExportError(f"layer {op.name!r}: the {op.kind} join reads values in "
+                                      f"[{r[0]}, {r[1]}], not spikes (0/1)")
+            value = ("(int32_t)in0[j] * (int32_t)in1[j]" if op.kind == "and" else
+                     "(int32_t)in0[j] * (1 - (int32_t)in1[j])")
+        out_t = out_t_fixed or _ctype(*out_range)[0]
+        params = ", ".join(f"const {t} *in{k}" for k, t in enumerate(in_ts))
+        self.funcs.append(
+            f"/* {_quote(op.name)}: {op.kind} join, shifts {list(op.shifts)} */\n"
+            f"static void {self.name}_op{i}({params}, {out_t} *out)\n"
+            f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
+            f"        out[j] = ({out_t})({value});\n    }}\n}}")
+        return out_range, out_t
+
+    # -- whole network --------------------------------------------------------------------------
+    def _schedule(self):
+        """The C calls in order: ``(steps, source, out_src, last_read)``. A step is ``(i, j)``:
+        operation ``i``, or synapse ``i`` fused with neuron ``j`` (its current goes straight into
+        the neurons when nothing else reads it). ``source[k]`` is the operation whose buffer holds
+        value ``k`` (a flatten is its input's buffer in C order); ``last_read[k]``: the last step
+        that reads buffer ``k``."""
         desc = self.desc
-        self.reset_lines: List[str] = []
+        source = {NETWORK_INPUT: NETWORK_INPUT}
+        for i, op in enumerate(desc.ops):
+            source[i] = source[desc.op_inputs(i)[0]] if isinstance(op, FlattenOp) else i
         compute = [i for i, op in enumerate(desc.ops) if not isinstance(op, FlattenOp)]
-        in_range = (-int(desc.input_max), int(desc.input_max))
-        if desc.input_max >= (1 << 31):
-            raise ExportError(f"input_max={desc.input_max} does not fit the int32_t input of the C "
-                              f"model")
-        in_t = "int32_t"
-        src = "input"
-        buffers: List[List[Tuple[str, int, int]]] = [[], []]   # per ping-pong union: (ctype, n, bytes)
-        calls = []
-        out_size = _numel(self.shapes[-1][1]) if self.shapes else _numel(self.input_shape)
-        steps = []      # (first op index, last op index) of each C function
+        out_src = source[len(desc.ops) - 1] if desc.ops else NETWORK_INPUT
+        readers: dict = {}
+        for i in compute:
+            for k in desc.op_inputs(i):
+                readers.setdefault(source[k], set()).add(i)
+        steps = []
         pos = 0
         while pos < len(compute):
             i = compute[pos]
             nxt = compute[pos + 1] if pos + 1 < len(compute) else None
-            if isinstance(desc.ops[i], SynapseOp) and nxt is not None and isinstance(
-                    desc.ops[nxt], NeuronOp):
+            if (nxt is not None and isinstance(desc.ops[i], SynapseOp)
+                    and isinstance(desc.ops[nxt], NeuronOp) and readers.get(i) == {nxt}
+                    and i != out_src):
                 steps.append((i, nxt))      # current straight into the neurons, no buffer
                 pos += 2
             else:
                 steps.append((i, i))
                 pos += 1
+        last_read = {}
+        for pos, (i, j) in enumerate(steps):
+            for k in desc.op_inputs(j):
+                last_read[source[k]] = pos
+            if j != i:
+                for k in desc.op_inputs(i):
+                    last_read[source[k]] = pos
+        return steps, source, out_src, last_read
+
+    def build(self):
+        desc = self.desc
+        self.reset_lines: List[str] = []
+        if desc.input_max >= (1 << 31):
+            raise ExportError(f"input_max={desc.input_max} does not fit the int32_t input of the C "
+                              f"model")
+        steps, source, out_src, last_read = self._schedule()
+        # per buffer (operation index, or the input): range, C type and C expression
+        ranges = {NETWORK_INPUT: (-int(desc.input_max), int(desc.input_max))}
+        types = {NETWORK_INPUT: "int32_t"}
+        exprs = {NETWORK_INPUT: "input"}
+        # buffers between operations: slots (unions) reused once every reader has run
+        slots: List[List[Tuple[str, int, int, int]]] = []  # per slot: (ctype, n, bytes, op index)
+        slot_busy: List[int] = []                            # per slot: last step reading it
+        calls = []
+        out_size = _numel(self.shapes[-1][1]) if self.shapes else _numel(self.input_shape)
         for pos, (i, j) in enumerate(steps):
             op = desc.ops[i]
             in_shape, out_shape = self.shapes[i]
-            last = pos == len(steps) - 1
-            fixed = "int64_t" if last else None
+            srcs = [source[k] for k in desc.op_inputs(i)]
+            in_range, in_t = ranges[srcs[0]], types[srcs[0]]
+            fixed = "int64_t" if j == out_src else None
             if j != i:
                 n_fixed = fixed or "uint8_t"
                 cur_range, _ = self.synapse(i, op, in_shape, out_shape, in_range, in_t, n_fixed,
                                             fuse_with=j)
-                in_range, t = self.neuron(j, desc.ops[j], self.shapes[j][0], cur_range, "int64_t",
-                                          n_fixed, fused=True)
+                rng, t = self.neuron(j, desc.ops[j], self.shapes[j][0], cur_range, "int64_t",
+                                     n_fixed, fused=True)
                 out_shape = self.shapes[j][1]
             elif isinstance(op, SynapseOp):
-                in_range, t = self.synapse(i, op, in_shape, out_shape, in_range, in_t, fixed)
+                rng, t = self.synapse(i, op, in_shape, out_shape, in_range, in_t, fixed)
             elif isinstance(op, PoolOp):
-                in_range, t = self.pool(i, op, in_shape, out_shape, in_range, in_t, fixed)
+                rng, t = self.pool(i, op, in_shape, out_shape, in_range, in_t, fixed)
+            elif isinstance(op, JoinOp):
+                rng, t = self.join(i, op, out_shape, [ranges[k] for k in srcs],
+                                   [types[k] for k in srcs], fixed)
             else:
-                in_range, t = self.neuron(i, op, in_shape, in_range, in_t, fixed)
-            if last:
+                rng, t = self.neuron(i, op, in_shape, in_range, in_t, fixed)
+            if j == out_src:
                 dst = "output"
             else:
-                u = pos % 2
                 n = _numel(out_shape)
-                size = {a: b for a, _, _, b in _TYPES}[t]
-                buffers[u].append((t, n, size * n, i))
-                dst = f"s->buf{u}.a{i}"
-            args = f"{src}, {dst}"
+                free = [u for u, busy in enumerate(slot_busy) if busy < pos]
+                if free:
+                    u = free[0]
+                else:
+                    u = len(slots)
+                    slots.append([])
+                    slot_busy.append(pos)
+                slots[u].append((t, n, _TYPES_BYTES[t] * n, j))
+                slot_busy[u] = last_read.get(j, pos)
+                dst = f"s->buf{u}.a{j}"
+            ranges[j], types[j], exprs[j] = rng, t, dst
+            args = ", ".join([exprs[k] for k in srcs] + [dst])
             if isinstance(op, NeuronOp) or j != i or (isinstance(op, SynapseOp)
                                                       and self.synapses == "events"):
                 args = f"s, {args}"
             calls.append(f"{self.name}_op{i}({args});")
-            src, in_t = dst, t
-        if not compute:
+        if out_src == NETWORK_INPUT:
             calls.append(f"for (j = 0; j < {out_size}; j++) {{\n        output[j] = (int64_t)input[j];\n    }}")
         members = []
         ram = 0
-        for u, bufs in enumerate(buffers):
-            if not bufs:
-                continue
+        for u, bufs in enumerate(slots):
             size = max(b for _, _, b, _ in bufs)
             size8 = -(-size // 8) * 8
             decl = "".join(f"        {t} a{i}[{n}];\n" for t, n, _, i in bufs)
@@ -651,7 +732,6 @@ def _prepare(desc, name, input_shape, synapses="events") -> _Gen:
     if not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork (from to_integer or load_integer), got "
                         f"{type(desc).__name__}")
-    desc.refuse_graph("the C generator (to_c, c_memory)")
     name = _check_name(name)
     if not isinstance(synapses, str) or synapses not in SYNAPSE_FORMS:
         raise ValueError(f"synapses must be one of {SYNAPSE_FORMS}, got {synapses!r}")
