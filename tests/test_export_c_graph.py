@@ -6,14 +6,18 @@ forms."""
 import pytest
 import torch
 import torch.nn as nn
+from spikingjelly.activation_based import functional as sjf
+from spikingjelly.activation_based import layer, neuron
 
-from snnquant.export import IntegerSNN, JoinOp, PoolOp, c_memory, to_c, to_integer
+from conftest import neuron_outputs
+from snnquant import QuantConfig, quantize_model
+from snnquant.export import IntegerSNN, PoolOp, c_memory, to_integer
 from test_export_c import assert_same, build
 from test_export_graph import ZOO, _deployable, _InputSkip, _TwoBranches
 
 #: Channel counts of 64 and more are divided by this in the C test's copies of the ResNets and
-#: VGG (see :func:`_narrow`).
-NARROW = 8
+#: VGG (see :func:`_narrow`): weights / 16.
+NARROW = 4
 
 
 def _narrow(net: nn.Module, factor: int = NARROW) -> nn.Module:
@@ -22,10 +26,12 @@ def _narrow(net: nn.Module, factor: int = NARROW) -> nn.Module:
     layer is rebuilt narrower in place, blocks, joins, downsampling and pools untouched.
 
     Why: at full width the four large zoo networks hold about 42 M weights (spiking_resnet18 and
-    sew_resnet18 11.2 M each at 32 x 32); gcc compiles about 1 M ``static const`` initialisers a
-    second here (measured: 2.3 s for a 2 M-element int8 array at -O1) and the generated sources
-    would be some 150 MB, far beyond this file's two minutes. The constructors offer no width
-    argument (SpikingJelly hard-codes 64..512), so the C test narrows the built network instead.
+    sew_resnet18 11.2 M each at 32 x 32). Measured here on one core for spiking_resnet18 alone:
+    to_c writes 40 MB of C in 6 s and gcc -O1 with UBSan compiles it in 17 s, per synapse form;
+    the six networks in both forms would take minutes, not this file's two. Halving the widths
+    still costs 1.5 s + 5 s per network and form; a quarter (:data:`NARROW`) keeps the file at
+    about 30 s. The constructors offer no width argument (SpikingJelly hard-codes 64..512), so
+    the test narrows the built network instead.
     """
     def width(c):
         return c // factor if c >= 64 else c
@@ -74,3 +80,49 @@ def test_zoo_network_in_c_equals_integer_snn(name, tmp_path):
         assert desc.is_graph == name.startswith(("spiking_resnet", "sew"))
         assert int(out.abs().sum()) > 0
     _assert_c_equals_integer_snn(desc, shape, x.long(), tmp_path)
+
+
+def test_handmade_residual_graph_in_c(tmp_path):
+    """Two currents on the grids 2^-2 and 2^-6 joined by shifts (4, 0), and the network input
+    joined to a current (shifts (0, 3)): the C model equals IntegerSNN."""
+    x = (torch.rand(16, 5, 8, generator=torch.Generator().manual_seed(0)) > 0.5).long()
+    desc = to_integer(_TwoBranches(2.0 ** -2, 2.0 ** -6).eval(), input_max=1)
+    assert desc.layer("add").shifts == (4, 0)
+    assert int(IntegerSNN(desc)(x).sum()) > 0
+    _assert_c_equals_integer_snn(desc, (8,), x, tmp_path / "two")
+    text = (tmp_path / "two" / "events" / "snn.c").read_text()
+    assert "(int32_t)in0[j] * 16 + (int32_t)in1[j]" in text      # the shift alignment
+    skip = to_integer(_InputSkip().eval(), input_max=3)
+    assert skip.layer("add").inputs == (0, -1)
+    x = torch.randint(0, 4, (6, 3, 8), generator=torch.Generator().manual_seed(2))
+    _assert_c_equals_integer_snn(skip, (8,), x, tmp_path / "skip")
+
+
+def test_adaptive_pool_and_voting_layer_in_c(tmp_path):
+    """An adaptive average pool from 6 x 6 to 4 x 4 (windows of 2 starting at 0, 1, 3, 4: not
+    one stride) and a VotingLayer over 10 neurons (a divisor that is not a power of two): the C
+    output is the integer sums of spikes, as IntegerSNN's, and the header says what to divide by."""
+    net = nn.Sequential(layer.Conv2d(2, 4, 3, padding=1), neuron.IFNode(),
+                        layer.AdaptiveAvgPool2d((4, 4)), layer.Flatten(), layer.Linear(64, 20),
+                        neuron.IFNode(), layer.VotingLayer(10))
+    sjf.set_step_mode(net, "m")
+    torch.manual_seed(1)
+    q, _ = quantize_model(net, QuantConfig(weight_bits=4, weight_quantizer="lsq_pow2", v_bits=8))
+    g = torch.Generator().manual_seed(0)
+    x = (torch.rand(6, 3, 2, 6, 6, generator=g) > 0.4).float()
+    sjf.reset_net(q)
+    q.train()(x)
+    with torch.no_grad():
+        q[4].weight.abs_()      # excitatory read-out: the vote counts are not all zero
+    q.eval()
+    desc = to_integer(q, input_shape=(2, 6, 6))
+    pool = desc.layer("2")
+    assert pool.output_size == (4, 4) and pool.kernel_size == (2, 2)
+    assert desc.ops[-1].divisor == 10 and desc.output_divisor == 10
+    out = IntegerSNN(desc)(x.long())
+    assert int(out.max()) > 1            # counts, not 0/1 spikes
+    y, _ = neuron_outputs(q, x)
+    assert torch.equal((out.double() / 10).float(), y)   # the float model's vote, rounded
+    _assert_c_equals_integer_snn(desc, (2, 6, 6), x.long(), tmp_path)
+    header = (tmp_path / "events" / "snn.h").read_text()
+    assert "sums of spikes" in header and "divided by 10" in header
