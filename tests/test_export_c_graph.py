@@ -53,13 +53,17 @@ def _narrow(net: nn.Module, factor: int = NARROW) -> nn.Module:
 
 
 def _assert_c_equals_integer_snn(desc, shape, x, folder):
+    """Both synapse forms compile (strict flags, UBSan) and equal IntegerSNN on ``x``; their
+    memory macros are c_memory's (sizeof(state) == RAM_BYTES is checked by the compiler)."""
+    mem = {}
     for synapses in ("events", "dense"):
         exe = build(desc, folder / synapses, input_shape=shape, synapses=synapses)
         assert assert_same(desc, exe, x) == 1.0, synapses
-        mem = c_memory(desc, shape, synapses=synapses)
+        mem[synapses] = c_memory(desc, shape, synapses=synapses)
         header = (folder / synapses / "snn.h").read_text()
-        assert f"#define SNN_RAM_BYTES {mem.ram_bytes}\n" in header
-        assert f"#define SNN_ROM_BYTES {mem.rom_bytes}\n" in header
+        assert f"#define SNN_RAM_BYTES {mem[synapses].ram_bytes}\n" in header
+        assert f"#define SNN_ROM_BYTES {mem[synapses].rom_bytes}\n" in header
+    assert mem["events"].ram_bytes == mem["dense"].ram_bytes + mem["events"].scratch_bytes
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
@@ -92,6 +96,9 @@ def test_handmade_residual_graph_in_c(tmp_path):
     _assert_c_equals_integer_snn(desc, (8,), x, tmp_path / "two")
     text = (tmp_path / "two" / "events" / "snn.c").read_text()
     assert "(int32_t)in0[j] * 16 + (int32_t)in1[j]" in text      # the shift alignment
+    # both branches' currents are alive when the join runs, beside its own output: three buffers
+    header = (tmp_path / "two" / "events" / "snn.h").read_text()
+    assert "} buf2;" in header and "buf3" not in header
     skip = to_integer(_InputSkip().eval(), input_max=3)
     assert skip.layer("add").inputs == (0, -1)
     x = torch.randint(0, 4, (6, 3, 8), generator=torch.Generator().manual_seed(2))

@@ -447,7 +447,9 @@ class _Gen:
         }}
     }}
 }}"""
-        self.funcs.append(f"/* {_quote(op.name)}: {op.kind} pooling {tuple(op.kernel_size)} */\n{body}")
+        adaptive = f", adaptive to {tuple(op.output_size)}" if op.output_size else ""
+        self.funcs.append(f"/* {_quote(op.name)}: {op.kind} pooling {tuple(op.kernel_size)}"
+                          f"{adaptive} */\n{body}")
         return out_range, out_t
 
     def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed, fused=False):
