@@ -52,6 +52,21 @@ def _narrow(net: nn.Module, factor: int = NARROW) -> nn.Module:
     return net
 
 
+def _active(net: nn.Module) -> nn.Module:
+    """``net`` with Kaiming-normal weights (fan-in, ReLU gain) in every convolution and linear
+    layer, and every BatchNorm's ``momentum=None``, so that the one training-mode pass sets its
+    running statistics to that batch's. Why: with PyTorch's default initialisation and
+    ``momentum=0.1`` the folded networks fall silent after two or three layers (measured: every
+    neuron layer from ``layer2.1`` of spiking_resnet18 and NMNISTNet's read-out spike 0 times),
+    and the C model would then be checked on the biases alone."""
+    for m in net.modules():
+        if isinstance(m, (nn.Conv2d, nn.Linear)):
+            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
+        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
+            m.momentum = None
+    return net
+
+
 def _assert_c_equals_integer_snn(desc, shape, x, folder):
     """Both synapse forms compile (strict flags, UBSan) and equal IntegerSNN on ``x``; their
     memory macros are c_memory's (sizeof(state) == RAM_BYTES is checked by the compiler)."""
@@ -70,19 +85,23 @@ def _assert_c_equals_integer_snn(desc, shape, x, folder):
 def test_zoo_network_in_c_equals_integer_snn(name, tmp_path):
     """quantize_model (4-bit weights, 8-bit membranes), a training-mode pass, fold_batchnorm,
     to_integer, to_c: the compiled model's output (currents of the linear head, or
-    ``VotingLayer``'s spike counts) equals IntegerSNN's on every sample and step. The ResNets and
-    VGG are narrowed by :func:`_narrow` (why: see there); NMNISTNet is built at test size."""
-    small = name != "NMNISTNet"
-    model, x, shape = _deployable(name, _narrow if small else None)
+    ``VotingLayer``'s spike counts) equals IntegerSNN's on every sample and step, with every
+    neuron layer spiking (:func:`_active`). The ResNets and VGG are narrowed by :func:`_narrow`
+    (why: see there); NMNISTNet is built at test size."""
+    if name == "NMNISTNet":
+        model, x, shape = _deployable(name, _active)
+    else:
+        model, x, shape = _deployable(name, lambda net: _active(_narrow(net)))
     desc = to_integer(model, input_shape=shape)
     out, layers = IntegerSNN(desc)(x.long(), record=True)
-    spiking = [k for k, s in layers.items() if k in desc.neuron_names and int(s.sum()) > 0]
-    assert len(spiking) >= 2, spiking
+    silent = [k for k in desc.neuron_names if int(layers[k].sum()) == 0]
+    assert not silent, f"layers that never spike check nothing: {silent}"
+    assert out.unique().numel() > 2      # the output varies over steps and samples
     if name == "NMNISTNet":  # the output is VotingLayer's sums of 10 spikes (int64 counts)
         assert isinstance(desc.ops[-1], PoolOp) and desc.ops[-1].divisor == 10
+        assert int(out.max()) > 1
     else:
         assert desc.is_graph == name.startswith(("spiking_resnet", "sew"))
-        assert int(out.abs().sum()) > 0
     _assert_c_equals_integer_snn(desc, shape, x.long(), tmp_path)
 
 
