@@ -42,11 +42,12 @@ ZOO = {
 }
 
 
-def _deployable(name):
-    """quantize_model (4-bit weights, 8-bit membranes), one training-mode pass, fold_batchnorm."""
+def _deployable(name, transform=None):
+    """quantize_model (4-bit weights, 8-bit membranes), one training-mode pass, fold_batchnorm;
+    ``transform(net)`` (if given) changes the built network first."""
     torch.manual_seed(0)
     build, shape = ZOO[name]
-    net = build()
+    net = build() if transform is None else transform(build())
     sjf.set_step_mode(net, "m")
     q, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
     x = (torch.rand(T, N, *shape) > 0.7).float()
@@ -222,18 +223,25 @@ def test_layer_called_twice_is_refused_by_name():
         to_integer(_SharedLayer().eval(), input_max=1)
 
 
-def test_to_c_refuses_a_graph_by_name(tmp_path):
+def test_to_c_refuses_only_joins_it_cannot_bound(tmp_path):
+    """to_c writes graphs (joins, branches, adaptive pools, VotingLayer: see
+    tests/test_export_c_graph.py); it refuses, by name and before writing anything, a join whose
+    bound reaches 2^62 (int64 would overflow) and an AND of values that are not spikes."""
+    import dataclasses
+
     from snnquant.export import c_memory, to_c
     desc = to_integer(_TwoBranches(2.0 ** -2, 2.0 ** -6).eval(), input_max=1)
-    with pytest.raises(ExportError, match=r"the C generator \(to_c, c_memory\) does not support "
-                                          r"graphs yet.*the branch into 'b'.*the add join 'add'"):
+    assert c_memory(desc, input_shape=(8,)).ram_bytes > 0     # a graph: not refused
+    index = desc.ops.index(desc.layer("add"))
+    wide = dataclasses.replace(desc.ops[index], shifts=(60, 56), out_frac_bits=62)
+    desc.ops[index] = wide
+    with pytest.raises(ExportError, match=r"layer 'add': the add join is bounded only by \d+ "
+                                          r"\(shifts \[60, 56\]\).*would overflow int64"):
         to_c(desc, tmp_path, input_shape=(8,))
-    with pytest.raises(ExportError, match=r"\(to_c, c_memory\) does not support graphs yet"):
+    desc.ops[index] = dataclasses.replace(wide, kind="and", shifts=(0, 0), out_frac_bits=0)
+    with pytest.raises(ExportError, match=r"layer 'add': the and join reads values in "
+                                          r"\[-\d+, \d+\], not spikes"):
         c_memory(desc, input_shape=(8,))
-    # a sequence with an adaptive pool or a VotingLayer is refused too, by name
-    voting = to_integer(_deployable("NMNISTNet")[0])
-    with pytest.raises(ExportError, match=r"the average over 10 values 'conv_fc\.15'"):
-        to_c(voting, tmp_path, input_shape=(2, 34, 34))
     assert not list(tmp_path.iterdir())  # nothing written
 
 

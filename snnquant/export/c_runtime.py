@@ -6,7 +6,9 @@ step of one sample per call, with integer arithmetic only (no floating point, no
 from the description, when the code is written:
 
 * the input of the network lies in :math:`[-x_{max}, x_{max}]` (``input_max``), spikes in
-  :math:`\{0, 1\}`, a sum pool of values in :math:`[l, h]` in :math:`[a\,l, a\,h]`;
+  :math:`\{0, 1\}`, a sum pool of values in :math:`[l, h]` in :math:`[a\,l, a\,h]`
+  (:func:`~snnquant.export.program.pool_range`), a join and its partial sums by
+  :math:`\sum_i \max|x_i|\, 2^{\sigma_i}` (:func:`~snnquant.export.program.join_bound`);
 * a synaptic layer's accumulator and current are bounded by
   :math:`|X_c| \le \lVert w_c \rVert_1\, |x|_{max}\, m_c 2^{\sigma_c} + |b_c|`;
 * a neuron's charge by the bounds of every register of its operation list
@@ -35,10 +37,10 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from .._io import atomic_write_files
-from .description import (ExportError, FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp,
-                          check_input_shape)
-from .program import (SynapseRescale, c_literal, c_rhe_helper, neuron_program, pool_range,
-                      synapse_bounds)
+from .description import (NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork, JoinOp, NeuronOp,
+                          PoolOp, SynapseOp, check_input_shape)
+from .program import (SynapseRescale, adaptive_windows, c_literal, c_rhe_helper, join_bound,
+                      join_range, neuron_program, pool_range, synapse_bounds)
 from .simulator import op_shapes
 
 __all__ = ["to_c", "c_memory", "CMemory"]
@@ -55,6 +57,7 @@ _C_KEYWORDS = {
 
 _TYPES = [("uint8_t", 0, 255, 1), ("int8_t", -128, 127, 1), ("int16_t", -(1 << 15), (1 << 15) - 1, 2),
           ("int32_t", -(1 << 31), (1 << 31) - 1, 4), ("int64_t", -(1 << 63), (1 << 63) - 1, 8)]
+_TYPES_BYTES = {name: size for name, _, _, size in _TYPES}
 
 
 def _ctype(lo: int, hi: int, signed: bool = False) -> Tuple[str, int]:
@@ -169,7 +172,7 @@ class _Gen:
     def scratch_array(self, i: int, ctype: str, n: int) -> str:
         """An array of ``n`` ``ctype`` in the state's scratch union (sums of an event-driven
         layer; one layer uses it at a time); returns the C expression that names it."""
-        size = {a: b for a, _, _, b in _TYPES}[ctype]
+        size = _TYPES_BYTES[ctype]
         self.scratch.append((ctype, n, size * n, i))
         return f"s->scratch.s{i}"
 
@@ -334,7 +337,8 @@ class _Gen:
                 wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
 
                 def window(indent, *inner):
-                    return self._window(indent, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner)
+                    return self._window(indent, kh, kw, f"oy * {sh} - {ph}", f"ox * {sw} - {pw}",
+                                        dh, dw, hi_, wi, *inner)
                 body = f"""{{
     int32_t oc, oy, ox, ic, ky, kx;
     for (oc = 0; oc < {co}; oc++) {{
@@ -361,15 +365,16 @@ class _Gen:
         return out_range, out_t
 
     @staticmethod
-    def _window(indent: int, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner: str) -> str:
-        """C loops over the window of output (oy, ox): ``ky``/``kx`` with the input row ``iy``
-        and column ``ix`` inside the input; ``inner`` lines run for each."""
+    def _window(indent: int, kh, kw, y0, x0, dh, dw, hi_, wi, *inner: str) -> str:
+        """C loops over the window of output (oy, ox), whose first input row and column are the
+        C expressions ``y0`` and ``x0``: ``ky``/``kx`` with the input row ``iy`` and column
+        ``ix`` inside the input; ``inner`` lines run for each."""
         pad = " " * indent
         lines = [f"for (ky = 0; ky < {kh}; ky++) {{",
-                 f"    const int32_t iy = oy * {sh} - {ph} + ky * {dh};",
+                 f"    const int32_t iy = {y0} + ky * {dh};",
                  f"    if (iy < 0 || iy >= {hi_}) {{", "        continue;", "    }",
                  f"    for (kx = 0; kx < {kw}; kx++) {{",
-                 f"        const int32_t ix = ox * {sw} - {pw} + kx * {dw};",
+                 f"        const int32_t ix = {x0} + kx * {dw};",
                  f"        if (ix < 0 || ix >= {wi}) {{", "            continue;", "        }"]
         lines += ["        " + ln for ln in inner] + ["    }", "}"]
         return "\n".join(pad + ln for ln in lines)
@@ -387,8 +392,10 @@ class _Gen:
 
     def pool(self, i: int, op: PoolOp, in_shape, out_shape, in_range, in_t, out_t_fixed):
         if op.dims == 1:
-            c, hi_, wi = in_shape[0], 1, in_shape[1]
-            ho_, wo = 1, out_shape[1]
+            # [C, L], or the features [F] of a VotingLayer as one channel
+            c, wi, wo = (1, in_shape[0], out_shape[0]) if len(in_shape) == 1 else \
+                (in_shape[0], in_shape[1], out_shape[1])
+            hi_, ho_ = 1, 1
             kh, kw = 1, op.kernel_size[0]
             sh, sw = 1, op.stride[0]
             ph, pw = 0, op.padding[0]
@@ -400,6 +407,16 @@ class _Gen:
             sh, sw = op.stride
             ph, pw = op.padding
             dh, dw = op.dilation if op.kind == "max" else (1, 1)
+        y0, x0 = f"oy * {sh} - {ph}", f"ox * {sw} - {pw}"
+        if op.output_size:
+            # PyTorch's adaptive windows (each of kernel_size elements, checked by op_shapes)
+            # start where adaptive_windows says: one table per pooled dimension
+            starts = [self.const_array(f"p{i}_{axis}", [a for a, _ in adaptive_windows(n, m)])
+                      for axis, (n, m) in enumerate(zip((hi_, wi)[2 - op.dims:],
+                                                        (ho_, wo)[2 - op.dims:]))]
+            x0 = f"{starts[-1]}[ox]"
+            if op.dims == 2:
+                y0 = f"{starts[0]}[oy]"
         if op.kind == "max":
             out_range = in_range
             init = "int first = 1;"
@@ -416,7 +433,7 @@ class _Gen:
         out_t = out_t_fixed or _ctype(*out_range)[0]
 
         def window(indent, *inner):
-            return self._window(indent, kh, kw, sh, sw, ph, pw, dh, dw, hi_, wi, *inner)
+            return self._window(indent, kh, kw, y0, x0, dh, dw, hi_, wi, *inner)
         body = f"""static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)
 {{
     int32_t ch, oy, ox, ky, kx, j;
@@ -430,7 +447,9 @@ class _Gen:
         }}
     }}
 }}"""
-        self.funcs.append(f"/* {_quote(op.name)}: {op.kind} pooling {tuple(op.kernel_size)} */\n{body}")
+        adaptive = f", adaptive to {tuple(op.output_size)}" if op.output_size else ""
+        self.funcs.append(f"/* {_quote(op.name)}: {op.kind} pooling {tuple(op.kernel_size)}"
+                          f"{adaptive} */\n{body}")
         return out_range, out_t
 
     def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed, fused=False):
@@ -470,70 +489,136 @@ class _Gen:
         return (0, 1), out_t
 
     # -- whole network --------------------------------------------------------------------------
-    def build(self):
+    def join(self, i: int, op: JoinOp, shape, in_ranges, in_ts, out_t_fixed):
+        n = _numel(shape)
+        out_range = join_range(op, in_ranges)
+        if op.kind == "add":
+            wide = join_bound(op, in_ranges)
+            if wide >= (1 << _LIMIT_BITS):
+                raise ExportError(f"layer {op.name!r}: the add join is bounded only by {wide} "
+                                  f"(shifts {list(op.shifts)}), which reaches 2^{_LIMIT_BITS}: the "
+                                  f"C code would overflow int64")
+            acc_t = "int32_t" if wide < (1 << 31) else "int64_t"
+            value = " + ".join(f"({acc_t})in{k}[j]" + (f" * {_lit(1 << s)}" if s else "")
+                               for k, s in enumerate(op.shifts))
+        else:
+            for r in in_ranges:
+                if r[0] < 0 or r[1] > 1:
+                    raise ExportError(f"layer {op.name!r}: the {op.kind} join reads values in "
+                                      f"[{r[0]}, {r[1]}], not spikes (0/1)")
+            value = ("(int32_t)in0[j] * (int32_t)in1[j]" if op.kind == "and" else
+                     "(int32_t)in0[j] * (1 - (int32_t)in1[j])")
+        out_t = out_t_fixed or _ctype(*out_range)[0]
+        params = ", ".join(f"const {t} *in{k}" for k, t in enumerate(in_ts))
+        self.funcs.append(
+            f"/* {_quote(op.name)}: {op.kind} join, shifts {list(op.shifts)} */\n"
+            f"static void {self.name}_op{i}({params}, {out_t} *out)\n"
+            f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
+            f"        out[j] = ({out_t})({value});\n    }}\n}}")
+        return out_range, out_t
+
+    # -- whole network --------------------------------------------------------------------------
+    def _schedule(self):
+        """The C calls in order: ``(steps, source, out_src, last_read)``. A step is ``(i, j)``:
+        operation ``i``, or synapse ``i`` fused with neuron ``j`` (its current goes straight into
+        the neurons when nothing else reads it). ``source[k]`` is the operation whose buffer holds
+        value ``k`` (a flatten is its input's buffer in C order); ``last_read[k]``: the last step
+        that reads buffer ``k``."""
         desc = self.desc
-        self.reset_lines: List[str] = []
+        source = {NETWORK_INPUT: NETWORK_INPUT}
+        for i, op in enumerate(desc.ops):
+            source[i] = source[desc.op_inputs(i)[0]] if isinstance(op, FlattenOp) else i
         compute = [i for i, op in enumerate(desc.ops) if not isinstance(op, FlattenOp)]
-        in_range = (-int(desc.input_max), int(desc.input_max))
-        if desc.input_max >= (1 << 31):
-            raise ExportError(f"input_max={desc.input_max} does not fit the int32_t input of the C "
-                              f"model")
-        in_t = "int32_t"
-        src = "input"
-        buffers: List[List[Tuple[str, int, int]]] = [[], []]   # per ping-pong union: (ctype, n, bytes)
-        calls = []
-        out_size = _numel(self.shapes[-1][1]) if self.shapes else _numel(self.input_shape)
-        steps = []      # (first op index, last op index) of each C function
+        out_src = source[len(desc.ops) - 1] if desc.ops else NETWORK_INPUT
+        readers: dict = {}
+        for i in compute:
+            for k in desc.op_inputs(i):
+                readers.setdefault(source[k], set()).add(i)
+        steps = []
         pos = 0
         while pos < len(compute):
             i = compute[pos]
             nxt = compute[pos + 1] if pos + 1 < len(compute) else None
-            if isinstance(desc.ops[i], SynapseOp) and nxt is not None and isinstance(
-                    desc.ops[nxt], NeuronOp):
+            if (nxt is not None and isinstance(desc.ops[i], SynapseOp)
+                    and isinstance(desc.ops[nxt], NeuronOp) and readers.get(i) == {nxt}
+                    and i != out_src):
                 steps.append((i, nxt))      # current straight into the neurons, no buffer
                 pos += 2
             else:
                 steps.append((i, i))
                 pos += 1
+        last_read = {}
+        for pos, (i, j) in enumerate(steps):
+            for k in desc.op_inputs(j):
+                last_read[source[k]] = pos
+            if j != i:
+                for k in desc.op_inputs(i):
+                    last_read[source[k]] = pos
+        return steps, source, out_src, last_read
+
+    def build(self):
+        desc = self.desc
+        self.reset_lines: List[str] = []
+        if desc.input_max >= (1 << 31):
+            raise ExportError(f"input_max={desc.input_max} does not fit the int32_t input of the C "
+                              f"model")
+        steps, source, out_src, last_read = self._schedule()
+        # per buffer (operation index, or the input): range, C type and C expression
+        ranges = {NETWORK_INPUT: (-int(desc.input_max), int(desc.input_max))}
+        types = {NETWORK_INPUT: "int32_t"}
+        exprs = {NETWORK_INPUT: "input"}
+        # buffers between operations: slots (unions) reused once every reader has run
+        slots: List[List[Tuple[str, int, int, int]]] = []  # per slot: (ctype, n, bytes, op index)
+        slot_busy: List[int] = []                            # per slot: last step reading it
+        calls = []
+        out_size = _numel(self.shapes[-1][1]) if self.shapes else _numel(self.input_shape)
         for pos, (i, j) in enumerate(steps):
             op = desc.ops[i]
             in_shape, out_shape = self.shapes[i]
-            last = pos == len(steps) - 1
-            fixed = "int64_t" if last else None
+            srcs = [source[k] for k in desc.op_inputs(i)]
+            in_range, in_t = ranges[srcs[0]], types[srcs[0]]
+            fixed = "int64_t" if j == out_src else None
             if j != i:
                 n_fixed = fixed or "uint8_t"
                 cur_range, _ = self.synapse(i, op, in_shape, out_shape, in_range, in_t, n_fixed,
                                             fuse_with=j)
-                in_range, t = self.neuron(j, desc.ops[j], self.shapes[j][0], cur_range, "int64_t",
-                                          n_fixed, fused=True)
+                rng, t = self.neuron(j, desc.ops[j], self.shapes[j][0], cur_range, "int64_t",
+                                     n_fixed, fused=True)
                 out_shape = self.shapes[j][1]
             elif isinstance(op, SynapseOp):
-                in_range, t = self.synapse(i, op, in_shape, out_shape, in_range, in_t, fixed)
+                rng, t = self.synapse(i, op, in_shape, out_shape, in_range, in_t, fixed)
             elif isinstance(op, PoolOp):
-                in_range, t = self.pool(i, op, in_shape, out_shape, in_range, in_t, fixed)
+                rng, t = self.pool(i, op, in_shape, out_shape, in_range, in_t, fixed)
+            elif isinstance(op, JoinOp):
+                rng, t = self.join(i, op, out_shape, [ranges[k] for k in srcs],
+                                   [types[k] for k in srcs], fixed)
             else:
-                in_range, t = self.neuron(i, op, in_shape, in_range, in_t, fixed)
-            if last:
+                rng, t = self.neuron(i, op, in_shape, in_range, in_t, fixed)
+            if j == out_src:
                 dst = "output"
             else:
-                u = pos % 2
                 n = _numel(out_shape)
-                size = {a: b for a, _, _, b in _TYPES}[t]
-                buffers[u].append((t, n, size * n, i))
-                dst = f"s->buf{u}.a{i}"
-            args = f"{src}, {dst}"
+                free = [u for u, busy in enumerate(slot_busy) if busy < pos]
+                if free:
+                    u = free[0]
+                else:
+                    u = len(slots)
+                    slots.append([])
+                    slot_busy.append(pos)
+                slots[u].append((t, n, _TYPES_BYTES[t] * n, j))
+                slot_busy[u] = last_read.get(j, pos)
+                dst = f"s->buf{u}.a{j}"
+            ranges[j], types[j], exprs[j] = rng, t, dst
+            args = ", ".join([exprs[k] for k in srcs] + [dst])
             if isinstance(op, NeuronOp) or j != i or (isinstance(op, SynapseOp)
                                                       and self.synapses == "events"):
                 args = f"s, {args}"
             calls.append(f"{self.name}_op{i}({args});")
-            src, in_t = dst, t
-        if not compute:
+        if out_src == NETWORK_INPUT:
             calls.append(f"for (j = 0; j < {out_size}; j++) {{\n        output[j] = (int64_t)input[j];\n    }}")
         members = []
         ram = 0
-        for u, bufs in enumerate(buffers):
-            if not bufs:
-                continue
+        for u, bufs in enumerate(slots):
             size = max(b for _, _, b, _ in bufs)
             size8 = -(-size // 8) * 8
             decl = "".join(f"        {t} a{i}[{n}];\n" for t, n, _, i in bufs)
@@ -563,8 +648,13 @@ class _Gen:
     def header(self, pair_id: str = "") -> str:
         N, n, desc = self.NAME, self.name, self.desc
         guard = f"{N}_H_INCLUDED"
-        out_desc = ("spikes 0/1" if desc.output_kind == "spikes" else
-                    f"integer currents in units of 2^-{desc.output_frac_bits}")
+        if desc.output_kind == "current":
+            out_desc = f"integer currents in units of 2^-{desc.output_frac_bits}"
+        elif desc.output_divisor != 1:   # a sum pool (VotingLayer, average pool) at the end
+            out_desc = (f"integer sums of spikes;\n * the float model's output is them divided by "
+                        f"{desc.output_divisor:g}")
+        else:
+            out_desc = "spikes 0/1"
         return f"""/* {n}.h: integer spiking network generated by snnquant.export.to_c.
  * Bit-exact with snnquant.export.IntegerSNN. C99, integer only, no dynamic memory.
  * Input: {_numel(self.input_shape)} int32 values per step, per-sample shape {list(self.input_shape)}
@@ -651,7 +741,6 @@ def _prepare(desc, name, input_shape, synapses="events") -> _Gen:
     if not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork (from to_integer or load_integer), got "
                         f"{type(desc).__name__}")
-    desc.refuse_graph("the C generator (to_c, c_memory)")
     name = _check_name(name)
     if not isinstance(synapses, str) or synapses not in SYNAPSE_FORMS:
         raise ValueError(f"synapses must be one of {SYNAPSE_FORMS}, got {synapses!r}")
@@ -704,7 +793,9 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
     rounding, saturation, leak shift or fixed-point multiplier, hard or soft reset, pooling,
     flatten order): every layer of :class:`~snnquant.export.NeuronOp` and
     :class:`~snnquant.export.SynapseOp`, including ``exact=False`` layers from
-    ``to_integer(..., leak_bits=F)``. The code uses integers only, no ``malloc``, includes only
+    ``to_integer(..., leak_bits=F)``, and graphs: branches, residual joins
+    (:class:`~snnquant.export.JoinOp`: ``'add'`` with the operands aligned by shifts,
+    ``'and'``/``'iand'`` of spikes), adaptive average pools and SpikingJelly's ``VotingLayer``. The code uses integers only, no ``malloc``, includes only
     ``<stdint.h>`` and ``<string.h>``, and compiles warning-free with
     ``gcc -std=c99 -Wall -Wextra -Werror -pedantic``. Weights are ``static const`` arrays of the
     narrowest integer type that holds them.
@@ -720,8 +811,19 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
     * ``name_state``: one sample's membranes (and the buffers between layers);
     * ``void name_reset(name_state *s)``: membranes to their initial values;
     * ``void name_step(name_state *s, const int32_t *input, int64_t *output)``: one step;
-      ``output`` receives the spikes (0/1) or, for a network ending in a synaptic layer, the
-      integer currents in units of :math:`2^{-F}` (``desc.output_frac_bits``).
+      ``output`` receives what :class:`~snnquant.export.IntegerSNN` returns: the spikes (0/1);
+      for a network ending in a synaptic layer, the integer currents in units of :math:`2^{-F}`
+      (``desc.output_frac_bits``); for a network ending in a sum pool of spikes (a
+      ``VotingLayer`` over :math:`D` neurons, an average pool), the integer sums, which
+      divided by :attr:`~snnquant.export.IntegerNetwork.output_divisor` (:math:`D` for a
+      ``VotingLayer``) give the float model's output (``<name>.h`` says which).
+
+    Graphs. Every operation reads the buffers of the operations named in its ``inputs`` (a
+    flatten is its input's buffer, read in C order); a synaptic layer whose current only one
+    neuron layer reads feeds it directly, without a buffer. A buffer lives from the operation
+    that writes it to the last one that reads it; buffers whose lives do not overlap share
+    memory (one union per slot in ``name_state``; a sequence needs two), and every slot is
+    counted in ``NAME_RAM_BYTES``, which the source checks equals ``sizeof(name_state)``.
 
     Synapses. With ``synapses='events'`` (the default) a synaptic layer adds only what its
     nonzero inputs contribute: a weight column per nonzero input of a linear layer, a kernel
@@ -766,9 +868,8 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
         ValueError: a bad ``name``, ``input_shape`` or ``synapses``.
         OSError: a file could not be written (the message names it; the earlier pair is kept).
         ExportError: a bound of an intermediate value reaches :math:`2^{62}` (the C code would
-            overflow), or a layer form the C runtime does not implement, or the network is a
-            graph (joins, branches, adaptive pools, a ``VotingLayer`` average:
-            :meth:`~snnquant.export.IntegerNetwork.graph_features`), not supported yet.
+            overflow; a join's too), an ``'and'``/``'iand'`` join of values that are not spikes,
+            or a layer form the C runtime does not implement.
     """
     gen = _prepare(desc, name, input_shape, synapses)
     texts = _pair_texts(gen)

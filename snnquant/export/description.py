@@ -476,7 +476,7 @@ class IntegerNetwork:
 
     def refuse_graph(self, backend: str) -> None:
         """Raise :class:`ExportError` naming :meth:`graph_features` when there are any:
-        ``backend`` (e.g. ``'to_c'``) does not support them yet."""
+        ``backend`` (e.g. ``'to_nir'``) does not support them yet."""
         features = self.graph_features()
         if features:
             shown = ", ".join(features[:4]) + (f" and {len(features) - 4} more"

@@ -29,7 +29,7 @@ from .description import JoinOp, NeuronOp, PoolOp, SynapseOp
 
 __all__ = ["Instr", "NeuronProgram", "neuron_program", "SynapseRescale", "OPCODES",
            "c_literal", "c_rhe_helper", "SynapseBounds", "synapse_bounds", "pool_range",
-           "join_range", "adaptive_windows"]
+           "join_range", "join_bound", "adaptive_windows"]
 
 Arg = Union[str, int]
 Interval = Tuple[int, int]
@@ -420,6 +420,14 @@ def join_range(op: JoinOp, in_ranges: Sequence[Interval]) -> Interval:
         return 0, 1
     return (sum(lo << s for (lo, _), s in zip(in_ranges, op.shifts)),
             sum(hi << s for (_, hi), s in zip(in_ranges, op.shifts)))
+
+
+def join_bound(op: JoinOp, in_ranges: Sequence[Interval]) -> int:
+    r"""The largest magnitude a join's output and every partial sum of its operands reach, in any
+    order: :math:`\sum_i \max |x_i|\, 2^{\sigma_i}` (``'add'``), 1 (``'and'``/``'iand'``)."""
+    if op.kind != "add":
+        return 1
+    return sum(max(abs(lo), abs(hi)) << s for (lo, hi), s in zip(in_ranges, op.shifts))
 
 
 def adaptive_windows(size_in: int, size_out: int) -> List[Tuple[int, int]]:
