@@ -406,8 +406,9 @@ def _pool_nodes(nir, op: PoolOp, key: str, shape, c: float, dt: float, max_pool:
             if adaptive_windows(size_in, size_out) != [(i * k, i * k + k) for i in range(size_out)]:
                 raise ExportError(
                     f"layer {op.name!r}: the adaptive pooling from {tuple(shape[-2:])} to "
-                    f"{op.output_size} has overlapping windows, which no NIR pooling (a window "
-                    f"of one stride) has; use an input size that the output size divides")
+                    f"{op.output_size} has windows that overlap or repeat its input, which no NIR "
+                    f"pooling (windows one stride apart) expresses; export with an input size "
+                    f"that the output size divides")
         meta["output_size"] = np.array(op.output_size, dtype=np.int64)
     args = dict(kernel_size=np.array(op.kernel_size), stride=np.array(op.stride),
                 padding=np.array(op.padding))

@@ -169,7 +169,8 @@ def _structure(graph, gmeta) -> List[_Entry]:
             raise _bad(None, "snnquant_joins", joins, "must be a dict {index: join}")
         for key, meta in joins.items():
             where = f"snnquant_joins[{key!r}]"
-            index = _int(None, "snnquant_joins key", key, 0, MAX_ELEMENTS)
+            index = _int(None, "snnquant_joins key", int(key) if str(key).isdigit() else key,
+                         0, MAX_ELEMENTS)
             if not isinstance(meta, dict):
                 raise _bad(None, where, meta, "must be a dict")
             meta = {**meta, "snnquant_op": "join"}
