@@ -17,6 +17,8 @@ CONSUMERS = ("spikingjelly", "snntorch", "norse")
 # init='default': PyTorch's default initialisation (uniform in +-1/sqrt(fan_in), mixed sign) times
 # this gain, without which LIF layers after the first never reach the threshold on events
 DEFAULT_INIT_GAIN = {"if": 2.0, "lif": 4.0}
+# the residual network's four LIF layers need more (its read-out is silent at 4)
+RESIDUAL_LIF_GAIN = 2.0
 
 
 class ResidualCSNN(nn.Module):
@@ -76,8 +78,10 @@ def build_network(arch, kind, weight_bits, seed, *, v_bits=12, v_reset=0.0, deca
     synapses = [x for x in net.modules() if isinstance(x, (nn.Linear, nn.Conv2d))]
     with torch.no_grad():
         for m in synapses if init == "default" else []:
-            m.weight.mul_(DEFAULT_INIT_GAIN[kind])  # keeps the sign mix, makes every layer spike
-            m.bias.mul_(DEFAULT_INIT_GAIN[kind])
+            gain_default = DEFAULT_INIT_GAIN[kind] * (RESIDUAL_LIF_GAIN if arch == "residual"
+                                                      and kind == "lif" else 1.0)
+            m.weight.mul_(gain_default)  # keeps the sign mix, makes every layer spike
+            m.bias.mul_(gain_default)
         for i, m in enumerate(synapses if init == "excitatory" else []):
             fan = m.weight[0].numel()
             m.weight.uniform_(-0.4, 1.0).mul_(gain * (1.0 if i == 0 else later) * 2.0 / fan ** 0.5)
