@@ -19,12 +19,26 @@ Three kinds of network (the ``networks`` column):
 * ``mixed-sign + headroom``: the same networks in the documented configuration: 14 membrane bits
   and ``widen_membrane_range(model, 6)`` (20-bit membranes, range 64 times wider at the same step).
 
+Two more groups of rows (``--rows`` measures some groups and keeps the others' rows from the
+results file, unchanged):
+
+* ``residual`` (c): ``ResidualCSNN`` of tests/_nir_consumers.py (a spiking_resnet-style block:
+  the shortcut's spikes added to a convolution's current before the neuron) in the same five
+  configurations; its "+ workaround" columns read the graph written with ``units='real'`` (no
+  ``Scale`` node, which no consumer maps) and ``max_pool='conv_if'``;
+* ``trained`` (b): the example's CSNN (examples/train_nmnist.py's network and defaults, 4-bit
+  lsq_pow2 weights, LIF tau = 2, T = 8) trained for ``--epochs`` (3) epochs, seed 0, on the
+  built-in digits and on the stratified 800/200 split (seed 0) of the real recordings
+  ../shared/data/nmnist-real-1k, measured on 200 test samples: with its 8-bit membranes, the
+  same widened by 6 bits, and trained with 14-bit membranes and widened by 6 (the headroom
+  configuration).
+
 "in bounds" is the % of samples whose NIR membrane never leaves a neuron's saturation bounds
 (below v_min, or above v_max without firing); "active" the % of samples with at least one output
 spike (a silent network agrees trivially). LIF membrane rounding is not expressible in NIR: LIF
 rows are measured, not promised.
 
-    OMP_NUM_THREADS=1 python benchmarks/nir_agreement.py [--quick]
+    OMP_NUM_THREADS=1 python benchmarks/nir_agreement.py [--quick] [--rows existing trained residual]
 
 writes benchmarks/results/nir_agreement.{json,md} and nir_agreement_summary.rst (included by
 docs/guide/nir.rst).
@@ -140,22 +154,26 @@ def measure_trained(data, epochs, quick):
         real.lay_out_split(real.shared_recordings(), root, quick=False)
         root = str(root)
     bench = Bench(epochs, data_root=root, quick=quick)
-    config = snnquant.QuantConfig(weight_bits=4, weight_quantizer="lsq_pow2", v_bits=8)
-    model, accuracy = bench.train(config, seed=0)
-    folded = fold_batchnorm(model.eval())
     args = bench.args_for(0)
     _, loader = bench.ex.make_loaders(bench.train_set, bench.test_set, args, 0, 1, 0)
     x = torch.cat([frames.transpose(0, 1).to(torch.int64) for frames, _ in loader],
                   dim=1)[:, :TRAINED_SAMPLES]
     label = "trained (built-in digits)" if data == "builtin" else "trained (real N-MNIST split)"
     rows = []
-    for headroom in (0, 6):  # as trained (8-bit membranes), and in the documented configuration
+    # as the example trains it (8-bit membranes), the same widened by 6 bits, and trained in the
+    # documented configuration (14-bit membranes, widened by 6 bits)
+    for v_bits, headroom in ((8, 0), (8, 6), (14, 6)):
+        if headroom == 0 or v_bits == 14:
+            config = snnquant.QuantConfig(weight_bits=4, weight_quantizer="lsq_pow2",
+                                          v_bits=v_bits)
+            model, accuracy = bench.train(config, seed=0)
+            folded = fold_batchnorm(model.eval())
         net = widen_membrane_range(folded, headroom) if headroom else folded
         desc = to_integer(net, input_shape=(2, 34, 34))
         if int(x.abs().max()) > desc.input_max:
             raise SystemExit(f"an event count of the test set exceeds input_max={desc.input_max}")
-        rows.append(_row(label + (" + headroom" if headroom else ""), "lif", "example CSNN", 4, 8,
-                         "trained", headroom, [agreement(desc, (2, 34, 34), x) + (x.shape[1],)],
+        rows.append(_row(label, "lif", "example CSNN", 4, v_bits, "trained", headroom,
+                         [agreement(desc, (2, 34, 34), x) + (x.shape[1],)],
                          epochs=epochs, test_accuracy=round(100.0 * accuracy, 2),
                          data="built-in digits" if data == "builtin" else
                          "nmnist-real-1k, stratified 800/200 split, seed 0 (test 200)"))
@@ -199,6 +217,16 @@ def _markdown(rows, summary, command, versions):
         cells = cells[:2] + [r["arch"], str(r["weight_bits"])] + cells[2:]
         lines.append("| " + " | ".join(cells + [f"{r['agreement'][c]:.1f}%" for c in COLUMNS])
                      + " |")
+    trained = [r for r in rows if "test_accuracy" in r]
+    if trained:
+        lines += ["", "Trained networks (b): the example's CSNN (examples/train_nmnist.py: 4-bit "
+                  "lsq_pow2 weights, LIF tau = 2, T = 8), seed 0, measured on the first "
+                  f"{TRAINED_SAMPLES} test samples; training is short (the example's default is "
+                  "30 epochs):", ""]
+        for r in trained:
+            lines.append(f"- {r['networks']}, membrane bits {_cells(r)[2]}: {r['epochs']} epochs "
+                         f"on {r['data']}, test accuracy (fake-quantized model, before widening) "
+                         f"{r['test_accuracy']:.2f}%")
     errs = {}
     for r in rows:
         for col, e in r["errors"].items():
@@ -231,7 +259,7 @@ def _summarise(rows, configs):
     for networks, _, v_bits, headroom in configs:
         for kind in ("if", "lif"):
             sel = [r for r in rows if r["networks"] == networks and r["kind"] == kind
-                   and r["v_bits"] == v_bits]
+                   and r["v_bits"] == v_bits and r["headroom_bits"] == headroom]
             if not sel:
                 continue
             n = sum(r["samples"] for r in sel)
@@ -245,7 +273,7 @@ def _summarise(rows, configs):
 
 
 def _print(r):
-    print(f"{r['networks']:34s} {r['kind']:3s} {r['arch']:12s} w{r['weight_bits']} "
+    print(f"{r['networks']:34s} {r.get('test_accuracy', '')} {r['kind']:3s} {r['arch']:12s} w{r['weight_bits']} "
           f"v{r['v_bits']}+{r['headroom_bits']}: in bounds {r['in_bounds']:5.1f}% active "
           f"{r['active']:5.1f}% " + " ".join(f"{c}={r['agreement'][c]:.0f}%" for c in COLUMNS),
           flush=True)

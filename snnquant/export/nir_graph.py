@@ -19,8 +19,17 @@ Mapping, with :math:`u` the NIR value of one membrane integer (:math:`u = s_v\,c
 * max pooling of spikes: ``SumPool2d`` then ``Threshold(0)`` (the maximum of binary spikes is 1
   exactly when their sum is positive), or with ``max_pool='conv_if'`` a channel-identity
   ``Conv2d`` of ones then ``IF(r = 1/dt, v_threshold = 1/2, v_reset = 0)`` (a form SpikingJelly
-  and Norse read); average pooling over :math:`2^a` elements: ``AvgPool2d``; flatten: ``Flatten``
-  (per-sample dimensions, as NIR defines them).
+  and Norse read); average pooling over :math:`2^a` elements (and an adaptive one whose windows
+  lie one stride apart): ``AvgPool2d``; SpikingJelly's ``VotingLayer``: a ``Linear`` of
+  :math:`c/D` blocks; flatten: ``Flatten`` (per-sample dimensions, as NIR defines them);
+* graphs: a residual ``'add'`` join has no node, since NIR sums the edges into a node: each
+  operand feeds each of the join's consumers, through a ``Scale`` node where the operand's
+  factor :math:`c` differs from the consumer's (:func:`nir_factors`, :func:`nir_wiring`); SEW's
+  ``'and'``/``'iand'`` join of spikes is ``Threshold(3/2)`` on :math:`x_0 + x_1` or
+  ``Threshold(1/2)`` on :math:`x_0 - x_1` (a ``Scale(-1)`` node negates :math:`x_1`), exact on
+  binary spikes. Every node carries its operation's index (``snnquant_index``) and, where it
+  reads anything but the operation before it, its ``inputs`` (``snnquant_inputs``); ``'add'``
+  joins travel in ``graph.metadata['snnquant_joins']``.
 
 Why :math:`\theta - 1/2`: snnquant fires when the integer membrane reaches the threshold,
 :math:`v \ge \theta`; NIR's IF, LIF and Threshold fire when :math:`v > v_{threshold}`. On the
@@ -29,7 +38,8 @@ membrane grid both hold for the same :math:`v` exactly when the NIR threshold li
 consumer's unrounded membrane falls between two grid levels (except on the tie itself).
 
 Refused (``ExportError``): soft reset (NIR neurons reset to ``v_reset``), max pooling of
-non-binary values, 1-d pooling and pooling with dilation or ``ceil_mode``.
+non-binary values, 1-d pooling other than ``VotingLayer``, pooling with dilation or
+``ceil_mode``, and adaptive pooling whose windows overlap or repeat the input.
 """
 
 from __future__ import annotations
@@ -222,8 +232,8 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     Raises:
         ImportError: ``nir`` is missing or older than 1.0.6.
         ExportError: a layer has no NIR equivalent (soft reset, max pooling of non-binary values,
-            1-d or dilated pooling), or the network is a graph (joins, branches, adaptive pools:
-            :meth:`~snnquant.export.IntegerNetwork.graph_features`), not supported yet.
+            1-d pooling other than ``VotingLayer``, dilated pooling, adaptive pooling whose
+            windows overlap or repeat the input), named with the reason.
     """
     nir = import_nir("to_nir")
     if units not in UNITS:

@@ -440,8 +440,11 @@ def from_nir(graph_or_path) -> IntegerNetwork:
 
     Raises:
         NIRImportError: the graph lacks snnquant's metadata (the message lists the missing keys and
-            the node), uses a schema version this snnquant does not read, is not sequential, or
-            its NIR parameters disagree with its metadata; or a field fails its check. Every
+            the node), uses a schema version this snnquant does not read, has edges that are not
+            those its metadata implies (an edge to a node that does not exist, a cycle, an
+            operation reading a later one, a missing or extra edge or ``Scale`` factor: checked
+            against :func:`~snnquant.export.nir_graph.nir_wiring`), or its NIR parameters
+            disagree with its metadata; or a field fails its check. Every
             field is checked, before anything is allocated, against its type, its range and the
             others: bit widths (each integer weight fits ``weight_bits``, the membrane range
             ``v_bits``), shifts (``0 <= shift <= 62``, the charge fits int64), bounds
