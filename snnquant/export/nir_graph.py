@@ -24,7 +24,8 @@ Mapping, with :math:`u` the NIR value of one membrane integer (:math:`u = s_v\,c
   :math:`c/D` blocks; flatten: ``Flatten`` (per-sample dimensions, as NIR defines them);
 * graphs: a residual ``'add'`` join has no node, since NIR sums the edges into a node: each
   operand feeds each of the join's consumers, through a ``Scale`` node where the operand's
-  factor :math:`c` differs from the consumer's (:func:`nir_factors`, :func:`nir_wiring`); SEW's
+  factor :math:`c` differs from the consumer's (:func:`~snnquant.export.nir_schema.nir_factors`,
+  :func:`~snnquant.export.nir_schema.nir_wiring`); SEW's
   ``'and'``/``'iand'`` join of spikes is ``Threshold(3/2)`` on :math:`x_0 + x_1` or
   ``Threshold(1/2)`` on :math:`x_0 - x_1` (a ``Scale(-1)`` node negates :math:`x_1`), exact on
   binary spikes. Every node carries its operation's index (``snnquant_index``) and, where it
@@ -53,11 +54,12 @@ import torch.nn as nn
 
 from .description import (NETWORK_INPUT, ExportError, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
                           SynapseOp, check_input_shape)
+from .nir_schema import (NIR_MIN_VERSION, SCHEMA_VERSION, import_nir, is_add_join, nir_factors,
+                         nir_wiring, voting_weight)
 from .program import adaptive_windows
-from .nir_schema import NIR_MIN_VERSION, SCHEMA_VERSION, import_nir
 from .simulator import IntegerSNN, op_shapes
 
-__all__ = ["to_nir", "nir_factors", "nir_wiring", "UNITS", "MAX_POOL_FORMS", "SCHEMA_VERSION", "NIR_MIN_VERSION"]
+__all__ = ["to_nir", "UNITS", "MAX_POOL_FORMS", "SCHEMA_VERSION", "NIR_MIN_VERSION"]
 
 #: Units of the exported values: ``'integer'`` (each layer on its integer grid) or ``'real'``.
 UNITS = ("integer", "real")
@@ -65,77 +67,6 @@ UNITS = ("integer", "real")
 #: How max pooling of spikes is written: ``'threshold'`` (``SumPool2d`` + ``Threshold(0)``) or
 #: ``'conv_if'`` (channel-identity ``Conv2d`` + ``IF`` with threshold 1/2 and reset 0).
 MAX_POOL_FORMS = ("threshold", "conv_if")
-
-def _is_add(op) -> bool:
-    return isinstance(op, JoinOp) and op.kind == "add"
-
-
-def nir_factors(desc: IntegerNetwork, units: str):
-    r"""``(out, need, output_need)``: per operation, the factor :math:`c` by which its NIR output
-    value exceeds the real value (``out``) and the factor its NIR input must carry (``need``),
-    and the factor the graph's ``output`` node carries.
-
-    A neuron needs :math:`2^{F_0}` (``units='integer'``: its membrane in units of its shared
-    grid) or 1, and outputs spikes (1); a synapse, a max pool and an ``'and'``/``'iand'`` join
-    need 1; a synapse, a sum pool, a flatten and an ``'add'`` join output what their first
-    consumer needs (a synapse by scaling its weights, the others by passing their input's factor
-    on). Every factor is a power of two, so every ratio between them is exact."""
-    n = len(desc.ops)
-    consumers = [[] for _ in range(n)]
-    for i in range(n):
-        for j in desc.op_inputs(i):
-            if j != NETWORK_INPUT:
-                consumers[j].append(i)
-    output_need = (2.0 ** desc.output_frac_bits
-                   if units == "integer" and desc.output_kind == "current" else 1.0)
-    out, need = [1.0] * n, [1.0] * n
-    for i in range(n - 1, -1, -1):
-        op = desc.ops[i]
-        downstream = [need[k] for k in consumers[i]] + ([output_need] if i == n - 1 else [])
-        binary = isinstance(op, NeuronOp) or (isinstance(op, PoolOp) and op.kind == "max") or (
-            isinstance(op, JoinOp) and op.kind != "add")
-        out[i] = 1.0 if binary or not downstream else downstream[0]
-        if isinstance(op, NeuronOp):
-            need[i] = 2.0 ** op.grid_frac_bits if units == "integer" else 1.0
-        elif not (binary or isinstance(op, SynapseOp)):
-            need[i] = out[i]
-    return out, need, output_need
-
-
-def _terms(desc: IntegerNetwork, out, j: int, need: float, sign: float = 1.0):
-    """``{source: multiplier}``: the NIR edges that carry value ``j`` into a node that needs the
-    factor ``need``. An ``'add'`` join has no node of its own (NIR sums the edges into a node):
-    its operands' edges go straight to its consumers."""
-    if j != NETWORK_INPUT and _is_add(desc.ops[j]):
-        acc = {}
-        for k in desc.op_inputs(j):
-            for src, m in _terms(desc, out, k, need, sign).items():
-                acc[src] = acc.get(src, 0.0) + m
-        return acc
-    return {j: sign * need / (1.0 if j == NETWORK_INPUT else out[j])}
-
-
-def nir_wiring(desc: IntegerNetwork, units: str):
-    """``{consumer: {source: multiplier}}``: the edges of the NIR graph :func:`to_nir` writes for
-    ``desc``, by operation index (``'output'`` for the output node, :data:`NETWORK_INPUT` for the
-    input). A multiplier other than 1 is a ``Scale`` node on the edge (an operand's grid
-    aligned, or the negated operand of an ``'iand'`` join); ``'add'`` joins have no entry (their
-    operands feed their consumers). :func:`~snnquant.export.from_nir` checks a graph's edges
-    against this."""
-    out, need, output_need = nir_factors(desc, units)
-    wiring = {}
-    for i, op in enumerate(desc.ops):
-        if _is_add(op):
-            continue
-        acc = {}
-        for k, j in enumerate(desc.op_inputs(i)):
-            sign = -1.0 if isinstance(op, JoinOp) and op.kind == "iand" and k == 1 else 1.0
-            for src, m in _terms(desc, out, j, need[i], sign).items():
-                acc[src] = acc.get(src, 0.0) + m
-        wiring[i] = acc
-    wiring["output"] = _terms(desc, out, len(desc.ops) - 1, output_need)
-    return wiring
-
 
 def _synapse_meta(op: SynapseOp):
     meta = {"snnquant_op": "synapse", "weight_bits": int(op.weight_bits),
@@ -264,7 +195,7 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     joins = {}
     for i, (op, shape) in enumerate(zip(desc.ops, shapes)):
         src = desc.op_inputs(i)
-        if _is_add(op):  # no node: NIR sums the edges into each consumer (nir_wiring)
+        if is_add_join(op):  # no node: NIR sums the edges into each consumer (nir_wiring)
             joins[str(i)] = {"snnquant_name": op.name, "join_kind": op.kind,
                              "shifts": np.array(op.shifts, dtype=np.int64),
                              "out_frac_bits": int(op.out_frac_bits),
@@ -383,16 +314,6 @@ def _neuron_node(nir, op: NeuronOp, shape, c: float, dt: float, common):
                    v_leak=v_r.copy(), v_threshold=v_th, v_reset=v_r, metadata=meta)
 
 
-def _voting_weight(op: PoolOp, features: int, c: float) -> np.ndarray:
-    """The matrix of a sum over consecutive groups of ``kernel_size`` features, divided by the
-    divisor: SpikingJelly's ``VotingLayer`` as a NIR ``Linear``."""
-    k = op.kernel_size[0]
-    w = np.zeros((features // k, features))
-    for g in range(features // k):
-        w[g, g * k:(g + 1) * k] = c / (2.0 ** op.frac_bits_added * op.divisor)
-    return w
-
-
 def _pool_nodes(nir, op: PoolOp, key: str, shape, c: float, dt: float, max_pool: str, binary,
                 common):
     """The NIR nodes of one pooling operation (two for max pooling of spikes)."""
@@ -407,7 +328,7 @@ def _pool_nodes(nir, op: PoolOp, key: str, shape, c: float, dt: float, max_pool:
             raise ExportError(f"layer {op.name!r}: a 1-d pooling has a NIR equivalent only as "
                               f"an average over groups of features (VotingLayer)")
         meta.update(dims=1, divisor=int(op.divisor))
-        return [(key, nir.Linear(weight=_voting_weight(op, shape[0], c), metadata=meta))]
+        return [(key, nir.Linear(weight=voting_weight(op, shape[0], c), metadata=meta))]
     if op.dims != 2 or any(v != 1 for v in op.dilation) or op.ceil_mode:
         raise ExportError(f"layer {op.name!r}: NIR has only 2-d pooling without dilation "
                           f"or ceil_mode")

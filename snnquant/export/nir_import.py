@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
                           SynapseOp)
-from .nir_schema import SCHEMA_VERSION, import_nir
+from .nir_schema import SCHEMA_VERSION, import_nir, voting_weight
 
 __all__ = ["from_nir", "simulate_nir", "NIRImportError"]
 
@@ -206,9 +206,9 @@ def _recorded(name, meta, index, where="snnquant_inputs"):
 
 def _check_wiring(graph, entries: List[_Entry], desc: IntegerNetwork, units: str) -> None:
     """The graph's edges are the ones :func:`~snnquant.export.to_nir` writes for ``desc``
-    (:func:`~snnquant.export.nir_graph.nir_wiring`): each node reads the operations that its
+    (:func:`~snnquant.export.nir_schema.nir_wiring`): each node reads the operations that its
     metadata names, through ``Scale`` nodes of the right factor, and no other node exists."""
-    from .nir_graph import nir_factors, nir_wiring
+    from .nir_schema import nir_factors, nir_wiring
 
     out, need, _ = nir_factors(desc, units)
     for e, op in zip(entries, desc.ops):
@@ -385,10 +385,9 @@ def _pool(name, node, meta, nir) -> PoolOp:
                     kernel_size=ks, stride=stride, padding=padding, dilation=(1,),
                     ceil_mode=False, frac_bits_added=int(meta["frac_bits_added"]),
                     divisor=divisor)
-        from .nir_graph import _voting_weight
         features = int(np.asarray(node.weight).shape[1])
         _check_close(name, "weight", node.weight,
-                     _voting_weight(op, features, float(meta["unit_factor"])))
+                     voting_weight(op, features, float(meta["unit_factor"])))
         return op
     elif kind == "sum":
         if not isinstance(node, nir.AvgPool2d):
@@ -443,7 +442,7 @@ def from_nir(graph_or_path) -> IntegerNetwork:
             the node), uses a schema version this snnquant does not read, has edges that are not
             those its metadata implies (an edge to a node that does not exist, a cycle, an
             operation reading a later one, a missing or extra edge or ``Scale`` factor: checked
-            against :func:`~snnquant.export.nir_graph.nir_wiring`), or its NIR parameters
+            against :func:`~snnquant.export.nir_schema.nir_wiring`), or its NIR parameters
             disagree with its metadata; or a field fails its check. Every
             field is checked, before anything is allocated, against its type, its range and the
             others: bit widths (each integer weight fits ``weight_bits``, the membrane range
