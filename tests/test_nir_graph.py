@@ -146,7 +146,7 @@ def test_edge_from_the_wrong_node_is_refused():
     _refused(graph, "node 'sn2': its incoming edges carry operations", "says")
 
 
-def test_missing_edge_and_dangling_node_are_refused():
+def test_missing_edge_wrong_scale_factor_and_stray_node_are_refused():
     graph = _residual_graph()
     scale = next(k for k, n in graph.nodes.items() if isinstance(n, nir.Scale))
     graph.edges = [e for e in graph.edges if e[1] != scale and e[0] != scale]
@@ -154,6 +154,9 @@ def test_missing_edge_and_dangling_node_are_refused():
     graph = _residual_graph()
     graph.nodes[scale].scale = graph.nodes[scale].scale * 2
     _refused(graph, "node 'sn2'", "factor")
+    graph = _residual_graph()
+    graph.nodes["stray"] = nir.Scale(scale=np.ones(5), metadata={"snnquant_op": "scale"})
+    _refused(graph, "nodes ['stray'] are not part of the network")
 
 
 def test_inputs_must_name_earlier_operations():
