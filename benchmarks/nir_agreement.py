@@ -19,12 +19,26 @@ Three kinds of network (the ``networks`` column):
 * ``mixed-sign + headroom``: the same networks in the documented configuration: 14 membrane bits
   and ``widen_membrane_range(model, 6)`` (20-bit membranes, range 64 times wider at the same step).
 
+Two more groups of rows (``--rows`` measures some groups and keeps the others' rows from the
+results file, unchanged):
+
+* ``residual`` (c): ``ResidualCSNN`` of tests/_nir_consumers.py (a spiking_resnet-style block:
+  the shortcut's spikes added to a convolution's current before the neuron) in the same five
+  configurations; its "+ workaround" columns read the graph written with ``units='real'`` (no
+  ``Scale`` node, which no consumer maps) and ``max_pool='conv_if'``;
+* ``trained`` (b): the example's CSNN (examples/train_nmnist.py's network and defaults, 4-bit
+  lsq_pow2 weights, LIF tau = 2, T = 8) trained for ``--epochs`` (3) epochs, seed 0, on the
+  built-in digits and on the stratified 800/200 split (seed 0) of the real recordings
+  ../shared/data/nmnist-real-1k, measured on 200 test samples: with its 8-bit membranes, the
+  same widened by 6 bits, and trained with 14-bit membranes and widened by 6 (the headroom
+  configuration).
+
 "in bounds" is the % of samples whose NIR membrane never leaves a neuron's saturation bounds
 (below v_min, or above v_max without firing); "active" the % of samples with at least one output
 spike (a silent network agrees trivially). LIF membrane rounding is not expressible in NIR: LIF
 rows are measured, not promised.
 
-    OMP_NUM_THREADS=1 python benchmarks/nir_agreement.py [--quick]
+    OMP_NUM_THREADS=1 python benchmarks/nir_agreement.py [--quick] [--rows existing trained residual]
 
 writes benchmarks/results/nir_agreement.{json,md} and nir_agreement_summary.rst (included by
 docs/guide/nir.rst).
@@ -39,6 +53,8 @@ import platform
 import sys
 import time
 import warnings
+
+import torch
 
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -56,6 +72,12 @@ DT = 1e-4  # snnTorch's importer assumes dt = 1e-4 for LIF
 CONFIGS = [("excitatory", "excitatory", 8, 0), ("excitatory", "excitatory", 12, 0),
            ("mixed-sign", "default", 8, 0), ("mixed-sign", "default", 12, 0),
            ("mixed-sign + headroom", "default", 14, 6)]
+#: (c): the residual CSNN of tests/_nir_consumers.py (ResidualCSNN) in the same configurations
+RESIDUAL = [(f"residual, {networks}", init, v_bits, headroom)
+            for networks, init, v_bits, headroom in CONFIGS]
+ROW_GROUPS = ("existing", "trained", "residual")
+TRAINED_SAMPLES = 200
+TRAINED_EPOCHS = 3  # short: the example's default is 30
 COLUMNS = ["NIR equations"] + [f"{c}{w}" for c in ("spikingjelly", "snntorch", "norse")
                                for w in ("", " + workaround")]
 
@@ -70,32 +92,92 @@ def _run(consumer, graph, x, ref, workaround):
         return 0.0, f"{type(exc).__name__}: {str(exc).splitlines()[0][:100]}"
 
 
-def measure(kind, arch, weight_bits, v_bits, seeds, T, N, init="excitatory", headroom_bits=0):
-    same = {c: 0.0 for c in COLUMNS}
+def agreement(desc, shape, x):
+    """Per network: samples in bounds, active, and identical per column (counts), and errors."""
+    T, N = x.shape[0], x.shape[1]
+    ref = IntegerSNN(desc)(x)
+    active = int((ref.reshape(T, N, -1) != 0).any(dim=2).any(dim=0).sum())
+    plain = to_nir(desc, shape, dt=DT)
+    alt = to_nir(desc, shape, dt=DT, max_pool="conv_if")
+    real = to_nir(desc, shape, dt=DT, units="real", max_pool="conv_if")
+    in_bounds = int(nir_out_of_bounds(plain, x)[1].sum())
+    same, errors = {"NIR equations": samples_identical(simulate_nir(plain, x), ref) * N}, {}
+    for consumer in RUNNERS:
+        # a residual graph in integer units holds Scale nodes that no consumer maps: the
+        # workaround column exports it in real units (docs/guide/nir.rst)
+        for workaround, graph in ((False, plain), (True, real if desc.is_graph else alt)):
+            col = consumer + (" + workaround" if workaround else "")
+            frac, err = _run(consumer, graph, x, ref, workaround)
+            same[col] = frac * N
+            if err:
+                errors[col] = err
+    return in_bounds, active, same, errors
+
+
+def _row(networks, kind, arch, weight_bits, v_bits, init, headroom_bits, results, **extra):
+    n_total = sum(r[4] for r in results)
     errors = {}
-    n_total, n_bounds, n_active = 0, 0, 0
+    for r in results:
+        for col, e in r[3].items():
+            errors.setdefault(col, e)
+    return dict(networks=networks, kind=kind, arch=arch, weight_bits=weight_bits, v_bits=v_bits,
+                init=init, headroom_bits=headroom_bits, samples=n_total,
+                in_bounds=100.0 * sum(r[0] for r in results) / n_total,
+                active=100.0 * sum(r[1] for r in results) / n_total,
+                agreement={c: 100.0 * sum(r[2][c] for r in results) / n_total for c in COLUMNS},
+                errors=errors, **extra)
+
+
+def measure(kind, arch, weight_bits, v_bits, seeds, T, N, init="excitatory", headroom_bits=0,
+            networks=""):
+    results = []
     for seed in seeds:
         desc, shape = build_network(arch, kind, weight_bits, seed, v_bits=v_bits, init=init,
                                     headroom_bits=headroom_bits)
         x = events(shape, T=T, N=N, seed=1000 + seed)
-        ref = IntegerSNN(desc)(x)
-        n_active += int((ref.reshape(T, N, -1) != 0).any(dim=2).any(dim=0).sum())
-        plain = to_nir(desc, shape, dt=DT)
-        alt = to_nir(desc, shape, dt=DT, max_pool="conv_if")
-        n_total += N
-        n_bounds += int(nir_out_of_bounds(plain, x)[1].sum())
-        same["NIR equations"] += samples_identical(simulate_nir(plain, x), ref) * N
-        for consumer in RUNNERS:
-            for workaround, graph in ((False, plain), (True, alt)):
-                col = consumer + (" + workaround" if workaround else "")
-                frac, err = _run(consumer, graph, x, ref, workaround)
-                same[col] += frac * N
-                if err:
-                    errors.setdefault(col, err)
-    return dict(kind=kind, arch=arch, weight_bits=weight_bits, v_bits=v_bits, init=init,
-                headroom_bits=headroom_bits, samples=n_total, in_bounds=100.0 * n_bounds / n_total,
-                active=100.0 * n_active / n_total,
-                agreement={c: 100.0 * v / n_total for c, v in same.items()}, errors=errors)
+        results.append(agreement(desc, shape, x) + (N,))
+    return _row(networks, kind, arch, weight_bits, v_bits, init, headroom_bits, results)
+
+
+def measure_trained(data, epochs, quick):
+    """(b): the example's CSNN (examples/train_nmnist.py's defaults: 4-bit lsq_pow2 weights,
+    8-bit membranes, LIF tau = 2, T = 8) trained for ``epochs`` on the built-in digits or the
+    real-recordings split, measured on its test set."""
+    import snnquant
+    from _nmnist_common import Bench
+    from snnquant.export import fold_batchnorm, to_integer, widen_membrane_range
+    root = None
+    if data == "real":
+        from pathlib import Path
+        import accuracy_nmnist_real as real
+        root = Path(ROOT) / "runs" / "real_split" / "nmnist-real-800-200"
+        real.lay_out_split(real.shared_recordings(), root, quick=False)
+        root = str(root)
+    bench = Bench(epochs, data_root=root, quick=quick)
+    args = bench.args_for(0)
+    _, loader = bench.ex.make_loaders(bench.train_set, bench.test_set, args, 0, 1, 0)
+    x = torch.cat([frames.transpose(0, 1).to(torch.int64) for frames, _ in loader],
+                  dim=1)[:, :TRAINED_SAMPLES]
+    label = "trained (built-in digits)" if data == "builtin" else "trained (real N-MNIST split)"
+    rows = []
+    # as the example trains it (8-bit membranes), the same widened by 6 bits, and trained in the
+    # documented configuration (14-bit membranes, widened by 6 bits)
+    for v_bits, headroom in ((8, 0), (8, 6), (14, 6)):
+        if headroom == 0 or v_bits == 14:
+            config = snnquant.QuantConfig(weight_bits=4, weight_quantizer="lsq_pow2",
+                                          v_bits=v_bits)
+            model, accuracy = bench.train(config, seed=0)
+            folded = fold_batchnorm(model.eval())
+        net = widen_membrane_range(folded, headroom) if headroom else folded
+        desc = to_integer(net, input_shape=(2, 34, 34))
+        if int(x.abs().max()) > desc.input_max:
+            raise SystemExit(f"an event count of the test set exceeds input_max={desc.input_max}")
+        rows.append(_row(label, "lif", "example CSNN", 4, v_bits, "trained", headroom,
+                         [agreement(desc, (2, 34, 34), x) + (x.shape[1],)],
+                         epochs=epochs, test_accuracy=round(100.0 * accuracy, 2),
+                         data="built-in digits" if data == "builtin" else
+                         "nmnist-real-1k, stratified 800/200 split, seed 0 (test 200)"))
+    return rows
 
 
 def _versions():
@@ -120,7 +202,7 @@ HEAD = ["networks", "neuron", "membrane bits (+ headroom)", "samples", "in bound
 
 def _markdown(rows, summary, command, versions):
     lines = [f"NIR agreement with `IntegerSNN` (% of samples with identical output spikes), "
-             f"dt = {DT}. Command: `{command}`. Versions: "
+             f"dt = {DT}. Commands: {command}. Versions: "
              + ", ".join(f"{k} {v}" for k, v in versions.items()) + ".", "",
              "Per consumer (all networks of a kind, neuron and membrane width pooled):", "",
              "| " + " | ".join(HEAD + COLUMNS) + " |", "|---" * (len(HEAD) + len(COLUMNS)) + "|"]
@@ -135,6 +217,16 @@ def _markdown(rows, summary, command, versions):
         cells = cells[:2] + [r["arch"], str(r["weight_bits"])] + cells[2:]
         lines.append("| " + " | ".join(cells + [f"{r['agreement'][c]:.1f}%" for c in COLUMNS])
                      + " |")
+    trained = [r for r in rows if "test_accuracy" in r]
+    if trained:
+        lines += ["", "Trained networks (b): the example's CSNN (examples/train_nmnist.py: 4-bit "
+                  "lsq_pow2 weights, LIF tau = 2, T = 8), seed 0, measured on the first "
+                  f"{TRAINED_SAMPLES} test samples; training is short (the example's default is "
+                  "30 epochs):", ""]
+        for r in trained:
+            lines.append(f"- {r['networks']}, membrane bits {_cells(r)[2]}: {r['epochs']} epochs "
+                         f"on {r['data']}, test accuracy (fake-quantized model, before widening) "
+                         f"{r['test_accuracy']:.2f}%")
     errs = {}
     for r in rows:
         for col, e in r["errors"].items():
@@ -149,7 +241,7 @@ def _markdown(rows, summary, command, versions):
 def _rst(summary, command):
     """The per-consumer summary as an RST table, included by docs/guide/nir.rst."""
     head = HEAD + COLUMNS
-    lines = [f".. Written by {command}; do not edit.", "", ".. list-table::", "   :header-rows: 1",
+    lines = [f".. Written by {command.replace('`', '')}; do not edit.", "", ".. list-table::", "   :header-rows: 1",
              ""]
     lines += ["   * - " + head[0]] + [f"     - {h}" for h in head[1:]]
     for s in summary:
@@ -158,13 +250,46 @@ def _rst(summary, command):
     return "\n".join(lines) + "\n"
 
 
+def _group(networks: str) -> str:
+    return next((g for g in ROW_GROUPS[1:] if networks.startswith(g)), "existing")
+
+
+def _summarise(rows, configs):
+    summary = []
+    for networks, _, v_bits, headroom in configs:
+        for kind in ("if", "lif"):
+            sel = [r for r in rows if r["networks"] == networks and r["kind"] == kind
+                   and r["v_bits"] == v_bits and r["headroom_bits"] == headroom]
+            if not sel:
+                continue
+            n = sum(r["samples"] for r in sel)
+            pooled = {key: sum(r[key] * r["samples"] for r in sel) / n
+                      for key in ("in_bounds", "active")}
+            summary.append(dict(networks=networks, kind=kind, v_bits=v_bits,
+                                headroom_bits=headroom, samples=n, **pooled,
+                                agreement={c: sum(r["agreement"][c] * r["samples"] for r in sel) / n
+                                           for c in COLUMNS}))
+    return summary
+
+
+def _print(r):
+    print(f"{r['networks']:34s} {r.get('test_accuracy', '')} {r['kind']:3s} {r['arch']:12s} w{r['weight_bits']} "
+          f"v{r['v_bits']}+{r['headroom_bits']}: in bounds {r['in_bounds']:5.1f}% active "
+          f"{r['active']:5.1f}% " + " ".join(f"{c}={r['agreement'][c]:.0f}%" for c in COLUMNS),
+          flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="smoke test: one seed, few samples, results not written")
+    ap.add_argument("--rows", nargs="+", choices=ROW_GROUPS, default=list(ROW_GROUPS),
+                    help="which rows to measure; the others are kept from the results file")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--samples", type=int, default=64, help="samples per network")
     ap.add_argument("--steps", type=int, default=16)
+    ap.add_argument("--epochs", type=int, default=TRAINED_EPOCHS,
+                    help="training epochs of the trained rows (b)")
     ap.add_argument("--out", default=os.path.join(HERE, "results"))
     args = ap.parse_args()
     seeds = range(1 if args.quick else args.seeds)
@@ -173,32 +298,40 @@ def main():
     bits = (2,) if args.quick else (2, 4, 8)
     t0 = time.time()
     rows = []
-    for networks, init, v_bits, headroom in CONFIGS:
-        for kind in ("if", "lif"):
-            for arch in archs:
-                for b in bits:
-                    r = measure(kind, arch, b, v_bits, seeds, T, N, init=init,
-                                headroom_bits=headroom)
-                    r["networks"] = networks
-                    rows.append(r)
-                    print(f"{networks:21s} {kind:3s} {arch:9s} w{b} v{v_bits}+{headroom}: "
-                          f"in bounds {r['in_bounds']:5.1f}% active {r['active']:5.1f}% "
-                          + " ".join(f"{c}={r['agreement'][c]:.0f}%" for c in COLUMNS), flush=True)
-    summary = []
-    for networks, _, v_bits, headroom in CONFIGS:
-        for kind in ("if", "lif"):
-            sel = [r for r in rows if r["networks"] == networks and r["kind"] == kind
-                   and r["v_bits"] == v_bits]
-            n = sum(r["samples"] for r in sel)
-            pooled = {key: sum(r[key] * r["samples"] for r in sel) / n
-                      for key in ("in_bounds", "active")}
-            summary.append(dict(networks=networks, kind=kind, v_bits=v_bits,
-                                headroom_bits=headroom, samples=n, **pooled,
-                                agreement={c: sum(r["agreement"][c] * r["samples"] for r in sel) / n
-                                           for c in COLUMNS}))
-    command = "OMP_NUM_THREADS=1 python benchmarks/nir_agreement.py" + (" --quick" if args.quick else "")
+    plan = ([(CONFIGS, archs)] if "existing" in args.rows else []) + (
+        [(RESIDUAL, ("residual",))] if "residual" in args.rows else [])
+    for configs, group_archs in plan:
+        for networks, init, v_bits, headroom in configs:
+            for kind in ("if", "lif"):
+                for arch in group_archs:
+                    for b in bits:
+                        rows.append(measure(kind, arch, b, v_bits, seeds, T, N, init=init,
+                                            headroom_bits=headroom, networks=networks))
+                        _print(rows[-1])
+    if "trained" in args.rows:
+        for data in ("builtin", "real"):
+            for row in measure_trained(data, 1 if args.quick else args.epochs, args.quick):
+                rows.append(row)
+                _print(row)
+    command = ("OMP_NUM_THREADS=1 python benchmarks/nir_agreement.py"
+               + (" --quick" if args.quick else "")
+               + ("" if set(args.rows) == set(ROW_GROUPS) else " --rows " + " ".join(args.rows)))
+    json_path = os.path.join(args.out, "nir_agreement.json")
+    commands = {g: command for g in args.rows}
+    if set(args.rows) != set(ROW_GROUPS) and os.path.exists(json_path):
+        with open(json_path) as f:  # keep the other groups' rows exactly as measured
+            old = json.load(f)
+        kept = [r for r in old["rows"] if _group(r["networks"]) not in args.rows]
+        commands = {**{_group(r["networks"]): old.get("commands", {}).get(
+            _group(r["networks"]), old["command"]) for r in kept}, **commands}
+        rows = kept + rows
+        rows.sort(key=lambda r: ROW_GROUPS.index(_group(r["networks"])))
+    trained = sorted({(r["networks"], "trained", r["v_bits"], r["headroom_bits"]) for r in rows
+                      if _group(r["networks"]) == "trained"})
+    summary = _summarise(rows, CONFIGS + RESIDUAL + trained)
+    shown = "; ".join(f"{g}: `{c}`" for g, c in commands.items())
     versions = _versions()
-    text = _markdown(rows, summary, command, versions)
+    text = _markdown(rows, summary, shown, versions)
     print(text)
     if args.quick:  # a smoke test never replaces the committed results
         return
@@ -206,9 +339,10 @@ def main():
                    cpu_count=os.cpu_count(), seconds=round(time.time() - t0, 1))
     os.makedirs(args.out, exist_ok=True)
     for fname, content in (("nir_agreement.json", json.dumps(dict(
-            command=command, dt=DT, steps=T, samples_per_network=N, seeds=list(seeds),
-            machine=machine, versions=versions, summary=summary, rows=rows), indent=2)),
-            ("nir_agreement.md", text), ("nir_agreement_summary.rst", _rst(summary, command))):
+            command=command, commands=commands, dt=DT, steps=T, samples_per_network=N,
+            seeds=list(seeds), trained_epochs=args.epochs, machine=machine, versions=versions,
+            summary=summary, rows=rows), indent=2)),
+            ("nir_agreement.md", text), ("nir_agreement_summary.rst", _rst(summary, shown))):
         path = os.path.join(args.out, fname)
         tmp = path + ".tmp"
         with open(tmp, "w") as f:

@@ -17,6 +17,26 @@ CONSUMERS = ("spikingjelly", "snntorch", "norse")
 # init='default': PyTorch's default initialisation (uniform in +-1/sqrt(fan_in), mixed sign) times
 # this gain, without which LIF layers after the first never reach the threshold on events
 DEFAULT_INIT_GAIN = {"if": 2.0, "lif": 4.0}
+# the residual network's four LIF layers need more (its read-out is silent at 4)
+RESIDUAL_LIF_GAIN = 2.0
+
+
+class ResidualCSNN(nn.Module):
+    """A small residual convolutional SNN (SpikingJelly's ``spiking_resnet`` block: the shortcut's
+    spikes added to the second convolution's current before the neuron), then a linear head."""
+
+    def __init__(self, nrn, channels=4, size=6, classes=5):
+        super().__init__()
+        self.conv0, self.sn0 = layer.Conv2d(2, channels, 3, padding=1), nrn()
+        self.conv1, self.sn1 = layer.Conv2d(channels, channels, 3, padding=1), nrn()
+        self.conv2, self.sn2 = layer.Conv2d(channels, channels, 3, padding=1), nrn()
+        self.flat, self.fc, self.sn3 = layer.Flatten(), layer.Linear(channels * size * size,
+                                                                     classes), nrn()
+
+    def forward(self, x):
+        s = self.sn0(self.conv0(x))
+        out = self.sn2(self.conv2(self.sn1(self.conv1(s))) + s)
+        return self.sn3(self.fc(self.flat(out)))
 
 
 def build_network(arch, kind, weight_bits, seed, *, v_bits=12, v_reset=0.0, decay_input=True,
@@ -25,7 +45,8 @@ def build_network(arch, kind, weight_bits, seed, *, v_bits=12, v_reset=0.0, deca
     quantize_model -> to_integer. With ``init='excitatory'`` weights lean excitatory so that
     spikes are frequent and IF membranes stay above ``v_min`` on :func:`events` input; with
     ``'default'`` they keep PyTorch's default (mixed-sign) initialisation, scaled by
-    :data:`DEFAULT_INIT_GAIN`. ``headroom_bits`` > 0
+    :data:`DEFAULT_INIT_GAIN`. ``arch='residual'`` (not in :data:`ARCHS`) is
+    :class:`ResidualCSNN`. ``headroom_bits`` > 0
     widens every membrane grid by that many bits at the same step (``widen_membrane_range``)."""
     if init not in ("excitatory", "default"):
         raise ValueError(f"init must be 'excitatory' or 'default', got {init!r}")
@@ -48,15 +69,19 @@ def build_network(arch, kind, weight_bits, seed, *, v_bits=12, v_reset=0.0, deca
         mods = [layer.Conv2d(2, 4, 3, padding=1), nrn(), layer.MaxPool2d(2), layer.Flatten(),
                 layer.Linear(4 * 9, 5), nrn()]
         shape = (2, 6, 6)
+    elif arch == "residual":
+        mods, shape = None, (2, 6, 6)
     else:
-        raise ValueError(f"arch must be one of {ARCHS}, got {arch!r}")
-    net = nn.Sequential(*mods)
+        raise ValueError(f"arch must be one of {ARCHS + ('residual',)}, got {arch!r}")
+    net = nn.Sequential(*mods) if mods else ResidualCSNN(nrn)
     gain, later = (0.5, 0.6) if kind == "if" else (1.0, 1.6)
     synapses = [x for x in net.modules() if isinstance(x, (nn.Linear, nn.Conv2d))]
     with torch.no_grad():
         for m in synapses if init == "default" else []:
-            m.weight.mul_(DEFAULT_INIT_GAIN[kind])  # keeps the sign mix, makes every layer spike
-            m.bias.mul_(DEFAULT_INIT_GAIN[kind])
+            gain_default = DEFAULT_INIT_GAIN[kind] * (RESIDUAL_LIF_GAIN if arch == "residual"
+                                                      and kind == "lif" else 1.0)
+            m.weight.mul_(gain_default)  # keeps the sign mix, makes every layer spike
+            m.bias.mul_(gain_default)
         for i, m in enumerate(synapses if init == "excitatory" else []):
             fan = m.weight[0].numel()
             m.weight.uniform_(-0.4, 1.0).mul_(gain * (1.0 if i == 0 else later) * 2.0 / fan ** 0.5)

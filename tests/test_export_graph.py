@@ -198,13 +198,17 @@ def test_description_checks_its_graph():
     assert "add: join add, shifts [4, 0]" in str(desc) and "[2] <- [0, 1]" in str(desc)
 
 
-def test_to_nir_refuses_a_graph_by_name():
+def test_to_nir_writes_an_add_join_as_edges_into_its_consumer():
+    """The join has no node: NIR sums the edges into the neuron (tests/test_nir_graph.py has the
+    model zoo, the consumers and the refusals)."""
     pytest.importorskip("nir")
-    from snnquant.export import to_nir
+    from snnquant.export import from_nir, to_nir
     desc = to_integer(_TwoBranches(2.0 ** -2, 2.0 ** -6).eval(), input_max=1)
-    with pytest.raises(ExportError, match=r"to_nir does not support graphs yet.*the branch into "
-                                          r"'b'.*the add join 'add'"):
-        to_nir(desc, (8,))
+    graph = to_nir(desc, (8,))
+    assert sorted(a for a, b in graph.edges if b == "sn") == ["a", "b"]
+    assert "add" not in graph.nodes and graph.metadata["snnquant_joins"]["2"]["snnquant_name"] == "add"
+    back = from_nir(graph)
+    assert str(back) == str(desc) and back.layer("add").inputs == (0, 1)
 
 
 class _SharedLayer(nn.Module):

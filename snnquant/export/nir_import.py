@@ -30,8 +30,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .description import FlattenOp, IntegerNetwork, NeuronOp, PoolOp, SynapseOp
-from .nir_schema import SCHEMA_VERSION, import_nir
+from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
+                          SynapseOp)
+from .nir_schema import SCHEMA_VERSION, import_nir, voting_weight
 
 __all__ = ["from_nir", "simulate_nir", "NIRImportError"]
 
@@ -52,10 +53,8 @@ class NIRImportError(ValueError):
 
 
 def _chain(graph) -> List[str]:
-    """Node names from ``input`` to ``output`` of a sequential graph."""
-    if "input" not in graph.nodes or "output" not in graph.nodes:
-        raise NIRImportError(f"the graph needs nodes named 'input' and 'output', it has "
-                             f"{sorted(graph.nodes)}")
+    """Node names from ``input`` to ``output`` of a sequential graph (one written before graphs
+    carried ``snnquant_index``)."""
     succ: Dict[str, List[str]] = {}
     for a, b in graph.edges:
         succ.setdefault(a, []).append(b)
@@ -63,16 +62,198 @@ def _chain(graph) -> List[str]:
     while node != "output":
         nxt = succ.get(node, [])
         if len(nxt) != 1:
-            raise NIRImportError(f"node {node!r} has {len(nxt)} outgoing edges {nxt}; only "
-                                 f"sequential graphs (input -> ... -> output) are supported")
+            raise NIRImportError(f"node {node!r} has {len(nxt)} outgoing edges {nxt} and no "
+                                 f"node holds 'snnquant_index': only a sequential graph "
+                                 f"(input -> ... -> output) can be read without it")
         node = nxt[0]
-        if node in order or node not in graph.nodes:
-            raise NIRImportError(f"edge to {node!r}: unknown node or a cycle")
         order.append(node)
     if len(order) + 1 != len(graph.nodes):
         extra = sorted(set(graph.nodes) - set(order) - {"input"})
         raise NIRImportError(f"nodes {extra} are not on the path from 'input' to 'output'")
     return order[:-1]
+
+
+_OP_ROLES = ("synapse", "neuron", "pool", "flatten", "join")
+
+
+def _check_edges(graph) -> Dict[str, List[str]]:
+    """Every edge joins two nodes of the graph, none enters ``input`` or leaves ``output``, and
+    there is no cycle; returns each node's predecessors (in edge order)."""
+    for end in ("input", "output"):
+        if end not in graph.nodes:
+            raise NIRImportError(f"the graph needs nodes named 'input' and 'output', it has "
+                                 f"{sorted(graph.nodes)}")
+    pred: Dict[str, List[str]] = {name: [] for name in graph.nodes}
+    for edge in graph.edges:
+        a, b = edge
+        for end in (a, b):
+            if end not in graph.nodes:
+                raise NIRImportError(f"edge {tuple(edge)!r}: node {end!r} does not exist")
+        if b == "input" or a == "output":
+            raise NIRImportError(f"edge {tuple(edge)!r}: nothing may enter 'input' or leave "
+                                 f"'output'")
+        pred[b].append(a)
+    indegree = {k: len(set(v)) for k, v in pred.items()}
+    succ: Dict[str, set] = {}
+    for b, sources in pred.items():
+        for a in set(sources):
+            succ.setdefault(a, set()).add(b)
+    todo = [k for k, d in indegree.items() if d == 0]
+    while todo:
+        for b in succ.get(todo.pop(), ()):
+            indegree[b] -= 1
+            if indegree[b] == 0:
+                todo.append(b)
+    cycle = sorted(k for k, d in indegree.items() if d > 0)
+    if cycle:
+        raise NIRImportError(f"the graph has a cycle through the nodes {cycle}; snnquant writes "
+                             f"no recurrent edges")
+    return pred
+
+
+class _Entry:
+    """One operation of the graph: its node (``None`` for an ``'add'`` join), metadata, role,
+    the node of its output (a max pooling's second node) and the inputs it records."""
+
+    def __init__(self, index, name, meta, role, inputs):
+        self.index, self.name, self.meta, self.role = index, name, meta, role
+        self.recorded = inputs                      # the ``inputs`` field as written
+        self.inputs = inputs or (index - 1,)        # IntegerNetwork.op_inputs
+        self.tail = name
+        self.parts: List[str] = []
+
+    @property
+    def where(self) -> str:
+        return self.name if self.name is not None else f"snnquant_joins[{self.index}]"
+
+
+def _structure(graph, gmeta) -> List[_Entry]:
+    """The operations of a graph written by :func:`~snnquant.export.to_nir`, in index order,
+    with the inputs each records (checked: earlier operations or the network input)."""
+    pred = _check_edges(graph)
+    indexed = "snnquant_joins" in gmeta or any(
+        "snnquant_index" in (getattr(node, "metadata", None) or {})
+        for node in graph.nodes.values())
+    entries: Dict[int, _Entry] = {}
+    parts = []
+    if not indexed:  # a sequence written before graphs: the chain's order is the index
+        for name in _chain(graph):
+            meta, role = _node_meta(name, graph.nodes[name])
+            if role in _OP_ROLES:
+                entries[len(entries)] = _Entry(len(entries), name, meta, role, ())
+            elif role == "part" and entries:
+                parts.append((name, len(entries) - 1))
+            else:
+                raise NIRImportError(f"node {name!r}: a {role!r} node must follow the operation "
+                                     f"it belongs to")
+    else:
+        for name, node in graph.nodes.items():
+            if name in ("input", "output"):
+                continue
+            meta, role = _node_meta(name, node)
+            if role == "scale":
+                continue
+            if "snnquant_index" not in meta:
+                raise NIRImportError(f"node {name!r} ({role}) lacks the snnquant metadata "
+                                     f"['snnquant_index'] that the graph's other nodes hold")
+            index = _int(name, "snnquant_index", meta["snnquant_index"], 0, MAX_ELEMENTS)
+            if role == "part":
+                parts.append((name, index))
+                continue
+            if index in entries:
+                raise _bad(name, "snnquant_index", meta["snnquant_index"],
+                           f"is also node {entries[index].name!r}'s")
+            entries[index] = _Entry(index, name, meta, role, _recorded(name, meta, index))
+        joins = gmeta.get("snnquant_joins", {})
+        if not isinstance(joins, dict):
+            raise _bad(None, "snnquant_joins", joins, "must be a dict {index: join}")
+        for key, meta in joins.items():
+            where = f"snnquant_joins[{key!r}]"
+            index = _int(None, "snnquant_joins key", int(key) if str(key).isdigit() else key,
+                         0, MAX_ELEMENTS)
+            if not isinstance(meta, dict):
+                raise _bad(None, where, meta, "must be a dict")
+            meta = {**meta, "snnquant_op": "join"}
+            if index in entries:
+                raise _bad(None, where, key, f"is also node {entries[index].name!r}'s index")
+            entries[index] = _Entry(index, None, meta, "join",
+                                    _recorded(None, meta, index, where))
+    missing = sorted(set(range(len(entries))) - set(entries))
+    if missing:
+        raise NIRImportError(f"the graph's operations are numbered {sorted(entries)}: index "
+                             f"{missing[0]} is missing (snnquant_index must run from 0)")
+    for name, index in parts:
+        entry = entries.get(index)
+        if entry is None or entry.role != "pool" or pred[name] != [entry.tail]:
+            raise NIRImportError(f"node {name!r}: a 'part' node must follow the max pooling "
+                                 f"it belongs to (snnquant_index {index}), with one edge from it")
+        entry.parts.append(name)
+        entry.tail = name
+    return [entries[i] for i in range(len(entries))]
+
+
+def _recorded(name, meta, index, where="snnquant_inputs"):
+    """The ``inputs`` an operation records: earlier operations' indices or -1 (the input)."""
+    if "snnquant_inputs" not in meta:
+        return ()
+    raw = meta["snnquant_inputs"]
+    a = _array(name, where, raw, integer=True)
+    if a.ndim != 1 or any(not -1 <= int(j) < index for j in a):
+        raise _bad(name, where, raw, f"must list earlier operations (indices below {index}) or "
+                                     f"-1 (the network input)")
+    return tuple(int(j) for j in a)
+
+
+def _check_wiring(graph, entries: List[_Entry], desc: IntegerNetwork, units: str) -> None:
+    """The graph's edges are the ones :func:`~snnquant.export.to_nir` writes for ``desc``
+    (:func:`~snnquant.export.nir_schema.nir_wiring`): each node reads the operations that its
+    metadata names, through ``Scale`` nodes of the right factor, and no other node exists."""
+    from .nir_schema import nir_factors, nir_wiring
+
+    out, need, _ = nir_factors(desc, units)
+    for e, op in zip(entries, desc.ops):
+        if e.name is not None and "unit_factor" in e.meta:
+            expected = need[e.index] if isinstance(op, NeuronOp) else out[e.index]
+            if float(_real(e.name, "unit_factor", e.meta["unit_factor"])) != expected:
+                raise _bad(e.name, "unit_factor", e.meta["unit_factor"],
+                           f"must be {expected:g}, the factor of its edges in units={units!r}")
+    pred = _check_edges(graph)
+    tails = {"input": NETWORK_INPUT, **{e.tail: e.index for e in entries if e.name is not None}}
+    used = {"input", "output"} | {e.name for e in entries} | {p for e in entries for p in e.parts}
+    heads = {e.index: e.name for e in entries if e.name is not None}
+    for dst, want in nir_wiring(desc, units).items():
+        node_name = "output" if dst == "output" else heads[dst]
+        got: Dict[int, float] = {}
+        for p in pred[node_name]:
+            factor = 1.0
+            if p not in tails and _role(graph, p) == "scale":
+                used.add(p)
+                scale = np.asarray(getattr(graph.nodes[p], "scale", np.nan), dtype=np.float64)
+                succ = [b for b, sources in pred.items() if p in sources]
+                if len(pred[p]) != 1 or succ != [node_name] or scale.size == 0 \
+                        or not np.all(scale == scale.reshape(-1)[0]):
+                    raise NIRImportError(f"node {p!r}: a 'scale' node has one edge in, one out "
+                                         f"and one factor")
+                factor, p = float(scale.reshape(-1)[0]), pred[p][0]
+            if p not in tails:
+                raise NIRImportError(f"node {node_name!r} has an edge from {p!r}, which is not "
+                                     f"the output of an operation")
+            got[tails[p]] = got.get(tails[p], 0.0) + factor
+        if got != want:
+            show = lambda d: {("input" if j == NETWORK_INPUT else j): m  # noqa: E731
+                              for j, m in sorted(d.items())}
+            raise NIRImportError(f"node {node_name!r}: its incoming edges carry operations "
+                                 f"{show(got)} (operation index: factor), but its snnquant "
+                                 f"metadata (snnquant_index, snnquant_inputs) says {show(want)}")
+    extra = sorted(set(graph.nodes) - used)
+    if extra:
+        raise NIRImportError(f"nodes {extra} are not part of the network the metadata describes")
+
+
+def _role(graph, name: str) -> Optional[str]:
+    meta = getattr(graph.nodes[name], "metadata", None) or {}
+    role = meta.get("snnquant_op")
+    return role.decode() if isinstance(role, bytes) else role
 
 
 def _missing(meta, keys) -> List[str]:
@@ -195,6 +376,19 @@ def _pool(name, node, meta, nir) -> PoolOp:
         if not isinstance(node, expected):
             raise NIRImportError(f"node {name!r}: max pooling in form {form!r} must be a "
                                  f"{expected.__name__}, got {type(node).__name__}")
+    elif kind == "sum" and "dims" in meta:  # VotingLayer: a Linear of 1 / divisor blocks
+        if not isinstance(node, nir.Linear) or _as_int(meta["dims"]) != 1:
+            raise NIRImportError(f"node {name!r}: a 1-d average (dims 1) must be a Linear, got "
+                                 f"{type(node).__name__} with dims={meta['dims']!r}")
+        divisor = _int(name, "divisor", meta.get("divisor", 1), 1, MAX_ELEMENTS)
+        op = PoolOp(name=str(meta.get("snnquant_name", name)), kind=kind, dims=1,
+                    kernel_size=ks, stride=stride, padding=padding, dilation=(1,),
+                    ceil_mode=False, frac_bits_added=int(meta["frac_bits_added"]),
+                    divisor=divisor)
+        features = int(np.asarray(node.weight).shape[1])
+        _check_close(name, "weight", node.weight,
+                     voting_weight(op, features, float(meta["unit_factor"])))
+        return op
     elif kind == "sum":
         if not isinstance(node, nir.AvgPool2d):
             raise NIRImportError(f"node {name!r}: average pooling must be an AvgPool2d, got "
@@ -206,9 +400,10 @@ def _pool(name, node, meta, nir) -> PoolOp:
             or _ints(node.padding) != padding):
         raise NIRImportError(f"node {name!r}: the NIR kernel_size/stride/padding disagree with "
                              f"its snnquant metadata")
+    output_size = _ints(meta["output_size"]) if "output_size" in meta else ()
     return PoolOp(name=str(meta.get("snnquant_name", name)), kind=kind, dims=2, kernel_size=ks,
                   stride=stride, padding=padding, dilation=(1, 1), ceil_mode=False,
-                  frac_bits_added=int(meta["frac_bits_added"]))
+                  frac_bits_added=int(meta["frac_bits_added"]), output_size=output_size)
 
 
 def _read(graph_or_path, nir):
@@ -244,8 +439,11 @@ def from_nir(graph_or_path) -> IntegerNetwork:
 
     Raises:
         NIRImportError: the graph lacks snnquant's metadata (the message lists the missing keys and
-            the node), uses a schema version this snnquant does not read, is not sequential, or
-            its NIR parameters disagree with its metadata; or a field fails its check. Every
+            the node), uses a schema version this snnquant does not read, has edges that are not
+            those its metadata implies (an edge to a node that does not exist, a cycle, an
+            operation reading a later one, a missing or extra edge or ``Scale`` factor: checked
+            against :func:`~snnquant.export.nir_schema.nir_wiring`), or its NIR parameters
+            disagree with its metadata; or a field fails its check. Every
             field is checked, before anything is allocated, against its type, its range and the
             others: bit widths (each integer weight fits ``weight_bits``, the membrane range
             ``v_bits``), shifts (``0 <= shift <= 62``, the charge fits int64), bounds
@@ -272,37 +470,62 @@ def from_nir(graph_or_path) -> IntegerNetwork:
     if schema != SCHEMA_VERSION:
         raise NIRImportError(f"snnquant_schema {schema} is not readable (this snnquant reads "
                              f"schema {SCHEMA_VERSION})")
-    order = _chain(graph)
-    _validate(graph, nir, order)
+    entries = _structure(graph, gmeta)
+    units = _text(None, "units", gmeta.get("units", "integer"), ("integer", "real"))
+    _validate(graph, nir, entries)
     dt = float(gmeta["dt"])
     ops = []
-    for name in order:
-        node = graph.nodes[name]
-        meta, role = _node_meta(name, node)
-        if role == "synapse":
-            ops.append(_synapse(name, node, meta, nir))
-        elif role == "neuron":
-            ops.append(_neuron(name, node, meta, nir, dt))
-        elif role == "pool":
-            ops.append(_pool(name, node, meta, nir))
-        elif role == "flatten":
+    for e in entries:
+        node = None if e.name is None else graph.nodes[e.name]
+        if e.role == "synapse":
+            op = _synapse(e.name, node, e.meta, nir)
+        elif e.role == "neuron":
+            op = _neuron(e.name, node, e.meta, nir, dt)
+        elif e.role == "pool":
+            op = _pool(e.name, node, e.meta, nir)
+        elif e.role == "join":
+            op = _join(e, node)
+        else:
             if not isinstance(node, nir.Flatten):
-                raise NIRImportError(f"node {name!r}: flatten must be a Flatten node")
-            ops.append(FlattenOp(name=str(meta.get("snnquant_name", name)),
-                                 start_dim=int(node.start_dim), end_dim=int(node.end_dim)))
-        elif role == "part":
-            if not ops or not isinstance(ops[-1], PoolOp) or ops[-1].kind != "max":
-                raise NIRImportError(f"node {name!r}: a 'part' node must follow the max pooling "
-                                     f"it belongs to")
+                raise NIRImportError(f"node {e.name!r}: flatten must be a Flatten node")
+            op = FlattenOp(name=str(e.meta.get("snnquant_name", e.name)),
+                           start_dim=int(node.start_dim), end_dim=int(node.end_dim))
+        op.inputs = e.recorded
+        ops.append(op)
     if not ops:
         raise NIRImportError("the graph has no operations between 'input' and 'output'")
     notes = [line for line in str(gmeta.get("notes", "")).split("\n") if line]
-    return IntegerNetwork(ops=ops, input_max=int(gmeta["input_max"]),
+    desc = IntegerNetwork(ops=ops, input_max=int(gmeta["input_max"]),
                           output_kind=str(gmeta["output_kind"]),
                           output_frac_bits=int(gmeta["output_frac_bits"]),
                           reference_dtype=str(gmeta["reference_dtype"]),
                           mantissa_bits=int(gmeta["mantissa_bits"]),
                           format_version=int(gmeta["format_version"]), notes=notes)
+    _check_wiring(graph, entries, desc, units)
+    return desc
+
+
+def _join(e: "_Entry", node) -> JoinOp:
+    """An ``'add'`` join from the graph metadata, or an ``'and'``/``'iand'`` join's Threshold
+    node (:math:`x_0 + x_1 > 3/2`, :math:`x_0 - x_1 > 1/2`)."""
+    meta = e.meta
+    for key in ("join_kind", "shifts", "out_frac_bits"):
+        if key not in meta:
+            raise NIRImportError(f"{_where(e.name) if e.name else e.where} (join) lacks the "
+                                 f"snnquant metadata [{key!r}]")
+    kind = _text(e.name, "join_kind", meta["join_kind"], ("add",) if node is None
+                 else ("and", "iand"))
+    if node is not None:
+        _check_close(e.name, "threshold", node.threshold, 1.5 if kind == "and" else 0.5)
+    shifts = _array(e.name, "shifts", meta["shifts"], integer=True, low=0, high=_INT64_BITS)
+    try:
+        return JoinOp(name=str(meta.get("snnquant_name", e.name)), kind=kind,
+                      shifts=tuple(int(v) for v in shifts.reshape(-1)),
+                      out_frac_bits=_int(e.name, "out_frac_bits", meta["out_frac_bits"],
+                                         -_FRAC_LIMIT, _FRAC_LIMIT),
+                      inputs=e.inputs)
+    except ValueError as exc:
+        raise NIRImportError(f"{e.where}: {exc}") from exc
 
 
 # --- Validation: every field of the graph, before anything is allocated --------------------------
@@ -443,8 +666,9 @@ def _node_meta(name: str, node) -> Tuple[dict, str]:
                              f"by snnquant.export.to_nir")
     role = meta["snnquant_op"]
     role = role.decode("utf-8", "replace") if isinstance(role, bytes) else str(role)
-    if role not in ("synapse", "neuron", "pool", "flatten", "part"):
-        raise _bad(name, "snnquant_op", role, "is unknown (synapse, neuron, pool, flatten or part)")
+    if role not in _OP_ROLES + ("part", "scale"):
+        raise _bad(name, "snnquant_op", role, "is unknown (synapse, neuron, pool, flatten, join, "
+                                              "part or scale)")
     return meta, role
 
 
@@ -649,6 +873,9 @@ def _check_pool(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
         _array(name, "weight", node.weight, integer=False,
                shape=(shape[0], shape[0]) + tuple(ks))
     spatial = _window(name, shape[1:], ks, stride, padding, (1, 1), "pooling")
+    if "output_size" in meta and _ints(meta["output_size"]) != spatial:
+        raise _bad(name, "output_size", meta["output_size"], f"differs from the {spatial} that "
+                                                             f"the pooling gives its input {shape}")
     return (shape[0],) + spatial, added
 
 
@@ -669,10 +896,11 @@ def _edge_shape(graph, node_name: str, key: str, field: str):
     return None if value is None else _shape(node_name, f"{field}[{key!r}]", value)
 
 
-def _validate(graph, nir, order: List[str]) -> None:
+def _validate(graph, nir, entries: List["_Entry"]) -> None:
     """Check every field of the graph against its type, its range and the others (bit widths,
-    shifts, bounds, the dtypes that will hold the values, shapes along the edges), raising one
-    :class:`NIRImportError` that names the node, the field and the value."""
+    shifts, bounds, the dtypes that will hold the values, shapes and fractional bits along the
+    edges, join operands), raising one :class:`NIRImportError` that names the node, the field
+    and the value."""
     gmeta = dict(graph.metadata or {})
     _check_graph_metadata(gmeta)
     shape = _edge_shape(graph, "input", "input", "input_type")
@@ -680,10 +908,11 @@ def _validate(graph, nir, order: List[str]) -> None:
         shape = _edge_shape(graph, "input", "output", "output_type")
     if shape is None:
         raise NIRImportError("node 'input': input_type holds no shape")
-    frac = 0
-    for name in order:
-        node = graph.nodes[name]
-        meta, role = _node_meta(name, node)
+    shapes, fracs = {NETWORK_INPUT: shape}, {NETWORK_INPUT: 0}
+    for e in entries:
+        name, meta, role = e.name, e.meta, e.role
+        node = None if name is None else graph.nodes[name]
+        shape, frac = shapes[e.inputs[0]], fracs[e.inputs[0]]
         if role == "synapse":
             if _as_int(meta.get("in_frac_bits")) != frac and "in_frac_bits" in meta:
                 raise _bad(name, "in_frac_bits", meta["in_frac_bits"],
@@ -696,23 +925,63 @@ def _validate(graph, nir, order: List[str]) -> None:
                            f"must be {frac}, the fractional bits of the edge into it")
             frac = 0
         elif role == "pool":
-            shape, added = _check_pool(name, node, meta, nir, shape)
+            shape, added = (_check_voting(name, node, meta, nir, shape) if "dims" in meta
+                            else _check_pool(name, node, meta, nir, shape))
             frac += added
         elif role == "flatten":
             if not isinstance(node, nir.Flatten):
                 raise NIRImportError(f"node {name!r}: flatten must be a Flatten node")
             shape = _check_flatten(name, node, shape)
-        elif role == "part":
+        else:
+            shape, frac = _check_join(e, shapes, fracs)
+        for part in e.parts:
+            part_node = graph.nodes[part]
             for field in ("threshold", "v_threshold", "v_reset", "r"):
-                if hasattr(node, field):
-                    a = _array(name, field, getattr(node, field), integer=False)
+                if hasattr(part_node, field):
+                    a = _array(part, field, getattr(part_node, field), integer=False)
                     if a.ndim and tuple(a.shape) != tuple(shape):
-                        raise _bad(name, field, a, f"has shape {tuple(a.shape)}, but the edge "
+                        raise _bad(part, field, a, f"has shape {tuple(a.shape)}, but the edge "
                                                    f"into the node carries {shape}")
+        shapes[e.index], fracs[e.index] = shape, frac
+    if not entries:
+        raise NIRImportError("the graph has no operations between 'input' and 'output'")
     out = _edge_shape(graph, "output", "output", "output_type")
     if out is not None and out != shape:
         raise NIRImportError(f"node 'output': output_type {out} differs from the shape {shape} "
                              f"that the last node gives")
+
+
+def _check_join(e: "_Entry", shapes, fracs) -> Tuple[Tuple[int, ...], int]:
+    """A join's operands have one shape, and its shifts put them on its grid."""
+    meta, where = e.meta, e.where
+    operand_shapes = [shapes[j] for j in e.inputs]
+    if len(set(operand_shapes)) != 1:
+        raise NIRImportError(f"{where}: the join's operands {list(e.inputs)} have the shapes "
+                             f"{operand_shapes}; a join needs one shape")
+    shifts = _array(e.name, "shifts", meta.get("shifts"), integer=True, low=0, high=_INT64_BITS)
+    out_frac = _int(e.name, "out_frac_bits", meta.get("out_frac_bits"), -_FRAC_LIMIT,
+                    _FRAC_LIMIT)
+    if shifts.shape != (len(e.inputs),) or any(
+            fracs[j] + int(k) != out_frac for j, k in zip(e.inputs, shifts)):
+        raise _bad(e.name, "shifts", meta.get("shifts"),
+                   f"must put the operands' fractional bits {[fracs[j] for j in e.inputs]} on "
+                   f"out_frac_bits={out_frac} ({where})")
+    return operand_shapes[0], out_frac
+
+
+def _check_voting(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
+    """A 1-d average over groups of ``kernel_size`` features (SpikingJelly's VotingLayer)."""
+    ks = _per_dim(name, "kernel_size", meta["kernel_size"], 1, 1)
+    added = _int(name, "frac_bits_added", meta["frac_bits_added"], 0, _INT64_BITS)
+    divisor = _int(name, "divisor", meta.get("divisor", 1), 1, MAX_ELEMENTS)
+    if (1 << added) * divisor != ks[0]:
+        raise _bad(name, "divisor", meta.get("divisor", 1), f"times 2^frac_bits_added must be "
+                                                            f"the group size {ks[0]}")
+    if len(shape) != 1 or shape[0] % ks[0]:
+        raise NIRImportError(f"node {name!r}: an average over groups of {ks[0]} features needs "
+                             f"an input [F] with F a multiple of {ks[0]}, the edge carries {shape}")
+    _array(name, "weight", node.weight, integer=False, shape=(shape[0] // ks[0], shape[0]))
+    return (shape[0] // ks[0],), added
 
 
 def _node_types(nir) -> set:
@@ -772,9 +1041,83 @@ def _pad(p):
     return p if isinstance(p, str) else _ints(p) if np.asarray(p).size > 1 else int(np.asarray(p))
 
 
+def _topological(pred: Dict[str, List[str]]) -> List[str]:
+    """Node names with every node after its predecessors (the graph has no cycle)."""
+    order, seen = [], set()
+
+    def visit(name):
+        stack = [(name, False)]
+        while stack:
+            node, done = stack.pop()
+            if done:
+                order.append(node)
+                continue
+            if node in seen:
+                continue
+            seen.add(node)
+            stack.append((node, True))
+            stack.extend((p, False) for p in pred[node] if p not in seen)
+
+    for name in sorted(pred):
+        visit(name)
+    return order
+
+
+def _step(n, name, h, dt, N, states, rec, nir):
+    """One time step of one NIR node on its summed input ``h`` (float64)."""
+    if isinstance(n, nir.Affine):
+        return h @ _t(n.weight).T + _t(n.bias)
+    if isinstance(n, nir.Linear):
+        return h @ _t(n.weight).T
+    if isinstance(n, nir.Scale):
+        return h * _t(n.scale)
+    if isinstance(n, nir.Conv2d):
+        return F.conv2d(h, _t(n.weight), _t(n.bias), _ints(n.stride) if np.asarray(
+            n.stride).size > 1 else int(np.asarray(n.stride)), _pad(n.padding),
+            _ints(n.dilation) if np.asarray(n.dilation).size > 1 else
+            int(np.asarray(n.dilation)), int(np.asarray(n.groups)))
+    if isinstance(n, nir.Conv1d):
+        return F.conv1d(h, _t(n.weight), _t(n.bias), int(np.asarray(n.stride).reshape(-1)[0]),
+                        _pad(n.padding), int(np.asarray(n.dilation).reshape(-1)[0]),
+                        int(np.asarray(n.groups)))
+    if isinstance(n, nir.SumPool2d):
+        return F.avg_pool2d(h, _ints(n.kernel_size), _ints(n.stride), _ints(n.padding),
+                            divisor_override=1)
+    if isinstance(n, nir.AvgPool2d):
+        return F.avg_pool2d(h, _ints(n.kernel_size), _ints(n.stride), _ints(n.padding))
+    if isinstance(n, nir.Flatten):
+        s, e = int(n.start_dim), int(n.end_dim)
+        return h.flatten(s + 1 if s >= 0 else s, e + 1 if e >= 0 else e)
+    if isinstance(n, nir.Threshold):
+        z = h > _t(n.threshold)
+        if rec is not None:
+            r = rec.setdefault(name, {"spikes": [], "v": []})
+            r["spikes"].append(z.to(torch.int8))
+            r["v"].append(h)
+        return z.to(torch.float64)
+    if isinstance(n, (nir.IF, nir.LIF)):
+        v_reset = _t(n.v_reset)
+        v = states.get(name)
+        if v is None:
+            v = v_reset.expand((N,) + tuple(v_reset.shape)).clone()
+        if isinstance(n, nir.IF):
+            v = v + dt * _t(n.r) * h
+        else:
+            v = v + (dt / _t(n.tau)) * ((_t(n.v_leak) - v) + _t(n.r) * h)
+        z = v > _t(n.v_threshold)
+        if rec is not None:
+            r = rec.setdefault(name, {"spikes": [], "v": []})
+            r["spikes"].append(z.to(torch.int8))
+            r["v"].append(v)
+        states[name] = torch.where(z, v_reset.expand_as(v), v)
+        return z.to(torch.float64)
+    raise NotImplementedError(f"simulate_nir: node {name!r} of type {type(n).__name__} is not "
+                              f"supported")
+
+
 def simulate_nir(graph_or_path, x_seq: torch.Tensor, *, dt: Optional[float] = None,
                  record: bool = False):
-    r"""Run a sequential NIR graph by NIR's equations, in float64, with Euler steps of ``dt``.
+    r"""Run a NIR graph by NIR's equations, in float64, with Euler steps of ``dt``.
 
     .. math::
 
@@ -784,9 +1127,11 @@ def simulate_nir(graph_or_path, x_seq: torch.Tensor, *, dt: Optional[float] = No
 
     This is what a consumer that implements the primitives as NIR specifies computes (no
     rounding, no saturation). Membranes start at ``v_reset`` (NIR leaves the initial state open;
-    snnquant starts there). Supported nodes: ``Affine``, ``Linear``, ``Conv1d``, ``Conv2d``,
-    ``SumPool2d``, ``AvgPool2d``, ``Flatten`` (per-sample dimensions), ``IF``, ``LIF``,
-    ``Threshold``.
+    snnquant starts there). A node with several incoming edges reads their sum (NIR's rule; a
+    residual ``'add'`` join is written so), nodes run in topological order, and a graph with a
+    cycle is refused. Supported nodes: ``Affine``, ``Linear``, ``Scale``, ``Conv1d``,
+    ``Conv2d``, ``SumPool2d``, ``AvgPool2d``, ``Flatten`` (per-sample dimensions), ``IF``,
+    ``LIF``, ``Threshold``.
 
     Args:
         graph_or_path: a ``nir.NIRGraph`` or the path of a ``.nir`` file.
@@ -810,64 +1155,24 @@ def simulate_nir(graph_or_path, x_seq: torch.Tensor, *, dt: Optional[float] = No
     if not isinstance(x_seq, torch.Tensor) or x_seq.dim() < 3:
         raise ValueError(f"x_seq must be a tensor [T, N, ...], got "
                          f"{getattr(x_seq, 'shape', type(x_seq).__name__)}")
-    order = _chain(graph)
+    pred = _check_edges(graph)
+    order = _topological(pred)
     x_seq = x_seq.to(torch.float64)
     T, N = x_seq.shape[0], x_seq.shape[1]
     states: Dict[str, torch.Tensor] = {}
     rec: Dict[str, Dict[str, List[torch.Tensor]]] = {}
     outs = []
     for t in range(T):
-        h = x_seq[t]
+        values = {"input": x_seq[t]}
         for name in order:
-            n = graph.nodes[name]
-            if isinstance(n, nir.Affine):
-                h = h @ _t(n.weight).T + _t(n.bias)
-            elif isinstance(n, nir.Linear):
-                h = h @ _t(n.weight).T
-            elif isinstance(n, nir.Conv2d):
-                h = F.conv2d(h, _t(n.weight), _t(n.bias), _ints(n.stride) if np.asarray(
-                    n.stride).size > 1 else int(np.asarray(n.stride)), _pad(n.padding),
-                    _ints(n.dilation) if np.asarray(n.dilation).size > 1 else
-                    int(np.asarray(n.dilation)), int(np.asarray(n.groups)))
-            elif isinstance(n, nir.Conv1d):
-                h = F.conv1d(h, _t(n.weight), _t(n.bias), int(np.asarray(n.stride).reshape(-1)[0]),
-                             _pad(n.padding), int(np.asarray(n.dilation).reshape(-1)[0]),
-                             int(np.asarray(n.groups)))
-            elif isinstance(n, nir.SumPool2d):
-                h = F.avg_pool2d(h, _ints(n.kernel_size), _ints(n.stride), _ints(n.padding),
-                                 divisor_override=1)
-            elif isinstance(n, nir.AvgPool2d):
-                h = F.avg_pool2d(h, _ints(n.kernel_size), _ints(n.stride), _ints(n.padding))
-            elif isinstance(n, nir.Flatten):
-                s, e = int(n.start_dim), int(n.end_dim)
-                h = h.flatten(s + 1 if s >= 0 else s, e + 1 if e >= 0 else e)
-            elif isinstance(n, nir.Threshold):
-                z = h > _t(n.threshold)
-                if record:
-                    r = rec.setdefault(name, {"spikes": [], "v": []})
-                    r["spikes"].append(z.to(torch.int8))
-                    r["v"].append(h)
-                h = z.to(torch.float64)
-            elif isinstance(n, (nir.IF, nir.LIF)):
-                v_reset = _t(n.v_reset)
-                v = states.get(name)
-                if v is None:
-                    v = v_reset.expand((N,) + tuple(v_reset.shape)).clone()
-                if isinstance(n, nir.IF):
-                    v = v + dt * _t(n.r) * h
-                else:
-                    v = v + (dt / _t(n.tau)) * ((_t(n.v_leak) - v) + _t(n.r) * h)
-                z = v > _t(n.v_threshold)
-                if record:
-                    r = rec.setdefault(name, {"spikes": [], "v": []})
-                    r["spikes"].append(z.to(torch.int8))
-                    r["v"].append(v)
-                states[name] = torch.where(z, v_reset.expand_as(v), v)
-                h = z.to(torch.float64)
-            else:
-                raise NotImplementedError(f"simulate_nir: node {name!r} of type "
-                                          f"{type(n).__name__} is not supported")
-        outs.append(h)
+            if name == "input":
+                continue
+            if not pred[name]:
+                raise ValueError(f"simulate_nir: node {name!r} has no incoming edge")
+            h = sum(values[p] for p in pred[name])  # NIR sums the edges into a node
+            values[name] = h if name == "output" else _step(
+                graph.nodes[name], name, h, dt, N, states, rec if record else None, nir)
+        outs.append(values["output"])
     out = torch.stack(outs)
     if not record:
         return out
