@@ -457,8 +457,8 @@ class IntegerNetwork:
         return any(self.op_inputs(i) != (i - 1,) for i in range(len(self.ops)))
 
     def graph_features(self) -> List[str]:
-        """What in this network needs graph support from a backend, in words (empty for a plain
-        sequence of synapses, neurons, pools and flattens): joins, branches (an operation that
+        """What in this network is more than a plain sequence, in words (empty for a sequence of
+        synapses, neurons, pools and flattens): joins, branches (an operation that
         reads anything but the one before it), adaptive pools and averages over a number of
         values that is not a power of two."""
         out = []
@@ -473,16 +473,6 @@ class IntegerNetwork:
             elif isinstance(op, PoolOp) and op.divisor != 1:
                 out.append(f"the average over {op.divisor} values {op.name!r}")
         return out
-
-    def refuse_graph(self, backend: str) -> None:
-        """Raise :class:`ExportError` naming :meth:`graph_features` when there are any:
-        ``backend`` (e.g. ``'to_nir'``) does not support them yet."""
-        features = self.graph_features()
-        if features:
-            shown = ", ".join(features[:4]) + (f" and {len(features) - 4} more"
-                                               if len(features) > 4 else "")
-            raise ExportError(f"{backend} does not support graphs yet: the network has {shown}. "
-                              f"Use IntegerSNN and save_integer for this network")
 
     def layer(self, name: str) -> Op:
         """The operation exported from module ``name``."""
