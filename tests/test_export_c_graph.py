@@ -13,7 +13,7 @@ from conftest import neuron_outputs
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import IntegerSNN, PoolOp, c_memory, to_integer
 from test_export_c import assert_same, build
-from test_export_graph import ZOO, _deployable, _InputSkip, _TwoBranches
+from test_export_graph import ZOO, _active, _deployable, _InputSkip, _TwoBranches
 
 #: Channel counts of 64 and more are divided by this in the C test's copies of the ResNets and
 #: VGG (see :func:`_narrow`): weights / 16.
@@ -52,19 +52,6 @@ def _narrow(net: nn.Module, factor: int = NARROW) -> nn.Module:
     return net
 
 
-def _active(net: nn.Module) -> nn.Module:
-    """``net`` with Kaiming-normal weights (fan-in, ReLU gain) in every convolution and linear
-    layer, and every BatchNorm's ``momentum=None``, so that the one training-mode pass sets its
-    running statistics to that batch's. Why: with PyTorch's default initialisation and
-    ``momentum=0.1`` the folded networks fall silent after two or three layers (measured: every
-    neuron layer from ``layer2.1`` of spiking_resnet18 and NMNISTNet's read-out spike 0 times),
-    and the C model would then be checked on the biases alone."""
-    for m in net.modules():
-        if isinstance(m, (nn.Conv2d, nn.Linear)):
-            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
-        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.momentum = None
-    return net
 
 
 def _assert_c_equals_integer_snn(desc, shape, x, folder):
