@@ -331,16 +331,23 @@ class IntegerSNN:
         x = x_seq.to(self.device)
         if x.dtype == torch.bool or x.dtype == torch.uint8:
             x = x.to(torch.int32)
+        float32 = self.synapse_arithmetic == "auto" and float32_sums_are_exact()
+        if float32 and self.desc.input_max < _FLOAT32_LIMIT:
+            # float32 rounding is monotonic and exact up to 2^24 > input_max: every |x| above
+            # input_max stays above it, every other x is exact (and its minimum and maximum are
+            # found faster than in int64); the float synapses take this copy
+            x = x.to(torch.float32)
         if x.numel():
             lo, hi = torch.aminmax(x)
             peak = max(-int(lo), int(hi))
             if peak > self.desc.input_max:
-                raise ValueError(f"x_seq has an entry of magnitude {peak}, above input_max="
-                                 f"{self.desc.input_max} for which the export is exact")
+                lo, hi = torch.aminmax(x_seq.to(torch.int64))
+                raise ValueError(f"x_seq has an entry of magnitude {max(-int(lo), int(hi))}, "
+                                 f"above input_max={self.desc.input_max} for which the export "
+                                 f"is exact")
         T, N = x.shape[0], x.shape[1]
         # the types follow the bound of this input, rounded up to 2^b - 1 (few cached plans)
-        plan = self._plan((1 << peak.bit_length()) - 1 if x.numel() else 1,
-                          self.synapse_arithmetic == "auto" and float32_sums_are_exact())
+        plan = self._plan((1 << peak.bit_length()) - 1 if x.numel() else 1, float32)
         values = {NETWORK_INPUT: x.reshape((T * N,) + tuple(x.shape[2:]))}
         layers = {}
         for i, (op, prm) in enumerate(zip(self.desc.ops, plan)):
