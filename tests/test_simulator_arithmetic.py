@@ -10,7 +10,9 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer
 from _dtype_recorder import RecordDtypes
 
+import snnquant.export.simulator as simulator_module
 from snnquant import QuantConfig, quantize_model
+from snnquant.export import compiled_neuron
 from snnquant.export import (IntegerSNN, NeuronOp, fold_batchnorm, round_half_even_shift,
                              to_integer)
 from snnquant.export.program import neuron_program
@@ -18,6 +20,7 @@ from snnquant.export.simulator import float32_sums_are_exact
 from test_export import inputs, quantized, random_net
 from test_export_graph import _deployable
 from test_export_leak import grid_net
+from snnquant.kernels import cpp_backend
 
 
 def _run(desc, x, arithmetic):
@@ -191,3 +194,62 @@ def test_round_half_even_shift_into_out(k):
     out = torch.empty_like(d)
     assert round_half_even_shift(d, k, out=out) is out
     assert torch.equal(out, round_half_even_shift(d, k))
+
+
+# ------------------------------------------------------------------------------------------------
+# the compiled neuron loop
+
+needs_compiler = pytest.mark.skipif(cpp_backend.cpp_compiler() is None,
+                                    reason="no C++ compiler for the compiled neuron loop")
+
+
+def _networks():
+    for cfg in CONFIGS:
+        net, shape = random_net(cfg)
+        x = inputs(shape, 5, 3, cfg["seed"], 3)
+        yield to_integer(fold_batchnorm(quantized(net, cfg, x, train_steps=2))), x.to(torch.int64)
+    yield (to_integer(grid_net(weight_step=2.0 ** -4), leak_bits=12),
+           inputs((16,), 6, 3, 0, 1).to(torch.int64))
+    model, x, shape = _deployable("sew_resnet_IAND")
+    yield to_integer(model, input_shape=shape), x.to(torch.int64)
+
+
+@needs_compiler
+@pytest.mark.parametrize("arithmetic", ["auto", "integer"])
+def test_compiled_neuron_loop_equals_the_torch_step(monkeypatch, arithmetic):
+    calls = []
+    kernel = compiled_neuron.neuron_kernel
+
+    def counted(program, dtype):
+        calls.append(dtype)
+        return kernel(program, dtype)
+
+    monkeypatch.setattr(compiled_neuron, "neuron_kernel", counted)
+    for desc, x in _networks():
+        monkeypatch.setattr(simulator_module, "_COMPILED_MIN_STEPS", 1 << 62)
+        ref, ref_layers = IntegerSNN(desc, synapse_arithmetic=arithmetic)(x, record=True)
+        assert not calls
+        monkeypatch.setattr(simulator_module, "_COMPILED_MIN_STEPS", 0)
+        out, layers = IntegerSNN(desc, synapse_arithmetic=arithmetic)(x, record=True)
+        assert len(calls) == sum(isinstance(op, NeuronOp) for op in desc.ops)
+        calls.clear()
+        assert torch.equal(out, ref) and out.dtype == ref.dtype
+        assert all(torch.equal(layers[k], ref_layers[k]) for k in ref_layers)
+        assert any(int(s.sum()) for s in layers.values())
+
+
+@needs_compiler
+def test_compiled_neuron_loop_falls_back_to_torch(monkeypatch, tmp_path):
+    desc = to_integer(grid_net(weight_step=2.0 ** -4), leak_bits=12)
+    x = inputs((16,), 6, 3, 0, 1).to(torch.int64)
+    ref = IntegerSNN(desc)(x)
+    monkeypatch.setattr(simulator_module, "_COMPILED_MIN_STEPS", 0)
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert compiled_neuron.neuron_kernel(neuron_program(desc.ops[1]), torch.int32) is None
+    assert torch.equal(IntegerSNN(desc)(x), ref)
+    failing = tmp_path / "failing-compiler"
+    failing.write_text("#!/bin/sh\necho 'no such flag' >&2\nexit 1\n")
+    failing.chmod(0o755)
+    monkeypatch.setenv("CXX", str(failing))
+    with pytest.warns(RuntimeWarning, match="steps this neuron layer in torch.*did not compile"):
+        assert torch.equal(IntegerSNN(desc)(x), ref)

@@ -55,8 +55,10 @@ def round_half_even_shift(d, k: int, out=None):
     # four integer operations (d + 2^(k-1) must fit the dtype)
     if out is None:
         return (d + (((d >> k) & 1) + ((1 << (k - 1)) - 1))) >> k
-    torch.bitwise_right_shift(d, k, out=out)
-    return out.bitwise_and_(1).add_((1 << (k - 1)) - 1).add_(d).bitwise_right_shift_(k)
+    torch.bitwise_right_shift(d, k, out=out).bitwise_and_(1)
+    if k > 1:
+        out.add_((1 << (k - 1)) - 1)
+    return out.add_(d).bitwise_right_shift_(k)
 
 
 def _check_pack_bits(bits) -> int:

@@ -107,9 +107,8 @@ def _torch_ge(out, a, b):
 
 def _torch_hard_reset(out, q, s, vr):
     # q - s (q - v_r): q where s = 0, v_r where s = 1 (masked_fill is several times slower)
-    d = torch.mul(q, s, out=out) if isinstance(vr, int) and vr == 0 else \
-        torch.sub(q, vr, out=out).mul_(s)
-    return torch.sub(q, d, out=d)
+    d = q if isinstance(vr, int) and vr == 0 else torch.sub(q, vr, out=out)
+    return torch.addcmul(q, d, s, value=-1, out=out)
 
 
 #: The opcodes of a :class:`NeuronProgram`. Arguments are registers (names) or int constants;
@@ -144,8 +143,7 @@ OPCODES: Dict[str, Opcode] = {
                          lambda p, q, s, vr: f"{s} ? {vr} : {q}",
                          lambda q, s, vr: _hull(q, vr)),
     # soft reset: q - theta where s, else q
-    "soft_reset": Opcode(lambda rhe, out, q, s, th: torch.sub(q, torch.mul(s, th, out=out),
-                                                                out=out),
+    "soft_reset": Opcode(lambda rhe, out, q, s, th: torch.add(q, s, alpha=-th, out=out),
                          lambda p, q, s, th: f"{s} ? {q} - {th} : {q}",
                          lambda q, s, th: _soft_reset_interval(q, s, th[0])),
 }

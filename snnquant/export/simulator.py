@@ -23,7 +23,7 @@ import torch.nn.functional as F
 
 from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
                           SynapseOp)
-from . import integer_ops
+from . import compiled_neuron, integer_ops
 from .integer_ops import round_half_even_shift
 from .program import (SynapseRescale, adaptive_windows, join_range, neuron_program, pool_range,
                       synapse_bounds)
@@ -34,6 +34,9 @@ _INT32_LIMIT = 1 << 31
 _INT16_LIMIT = 1 << 15
 #: every integer of magnitude up to 2^24 is a float32
 _FLOAT32_LIMIT = 1 << 24
+#: neuron layers with this many neuron-steps in a call (or more) run compiled: the one-time build
+#: (a fraction of a second, then cached on disk) pays off
+_COMPILED_MIN_STEPS = 1 << 18
 
 #: The values of :class:`IntegerSNN`'s ``synapse_arithmetic``.
 SYNAPSE_ARITHMETIC = ("auto", "integer")
@@ -282,12 +285,18 @@ class IntegerSNN:
 
     @staticmethod
     def _neuron(prm, x_seq: torch.Tensor) -> torch.Tensor:
-        """Run the neuron layer's :class:`~snnquant.export.program.NeuronProgram` over time, every
+        """Run the neuron layer's :class:`~snnquant.export.program.NeuronProgram` over time: as
+        compiled C (:mod:`~snnquant.export.compiled_neuron`) for layers of at least
+        ``_COMPILED_MIN_STEPS`` neuron-steps where a compiler is found, else in torch, every
         register written in place into a tensor of its own (the membrane into two, in turn)."""
-        program, x_seq = prm["program"], x_seq.to(prm["dtype"])
+        program, rhe = prm["program"], round_half_even_shift
+        if x_seq.numel() >= _COMPILED_MIN_STEPS and rhe is integer_ops.round_half_even_shift:
+            kernel = compiled_neuron.neuron_kernel(program, x_seq.dtype)
+            if kernel is not None:
+                return kernel(x_seq)
+        x_seq = x_seq.to(prm["dtype"])
         shape, dtype = x_seq.shape[1:], x_seq.dtype
         spikes = torch.empty(x_seq.shape, dtype=torch.int8, device=x_seq.device)
-        rhe = round_half_even_shift
         if rhe is not integer_ops.round_half_even_shift:    # a substitute rounding (tests)
             def rhe(d, k, out=None, substitute=rhe):
                 return substitute(d, k) if out is None else out.copy_(substitute(d, k))

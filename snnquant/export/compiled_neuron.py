@@ -1,0 +1,122 @@
+r"""A neuron layer of :class:`~snnquant.export.IntegerSNN` as compiled C: the step's C reading
+(:meth:`~snnquant.export.program.NeuronProgram.c_lines`, what :func:`~snnquant.export.to_c` prints)
+in a loop over time and neurons, built with the cpp backend's compiler into its kernel cache on
+first use and called through :mod:`ctypes`.
+
+The loop reads the currents of all steps ``[T, n]`` (``float32`` holding exact integers, or an
+integer type), converts each to ``int64_t`` and runs the step in ``int64_t`` exactly as the C
+runtime does (its bounds are the C runtime's), writing ``int8`` spikes: one pass over memory instead
+of a dozen tensor operations per step. Without a compiler, or with a kernel cache that cannot be
+written, :func:`neuron_kernel` returns ``None`` and the simulator steps in torch; a failed build
+warns once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import warnings
+from typing import Callable, Optional
+
+import torch
+
+from .._filelock import file_lock
+from .._io import atomic_write
+from ..kernels import cpp_backend
+from .program import NeuronProgram, c_literal, c_rhe_helper
+
+__all__ = ["neuron_source", "neuron_kernel", "C_INPUT_TYPES"]
+
+#: the C type of each current dtype the compiled loop reads
+C_INPUT_TYPES = {torch.float32: "float", torch.int8: "int8_t", torch.int16: "int16_t",
+                 torch.int32: "int32_t", torch.int64: "int64_t"}
+
+_PREFIX = "snq_int"
+
+
+def neuron_source(program: NeuronProgram, input_dtype: torch.dtype) -> str:
+    """The C++ source of ``program`` over ``T`` steps of ``n`` neurons: ``extern "C" void
+    snq_int_neuron(const X *x_seq, int8_t *spike_seq, int64_t *membrane, long long T,
+    long long n)`` with ``X`` the C type of ``input_dtype`` (:data:`C_INPUT_TYPES`)."""
+    in_type = C_INPUT_TYPES[input_dtype]
+    body = "\n            ".join(program.c_lines(_PREFIX))
+    return f"""#include <stdint.h>
+{c_rhe_helper(_PREFIX)}
+extern "C" void {_PREFIX}_neuron(const {in_type} *snq_x_seq, int8_t *snq_spike_seq,
+                                 int64_t *snq_membrane, long long snq_T, long long snq_n)
+{{
+    for (long long snq_i = 0; snq_i < snq_n; snq_i++) {{
+        snq_membrane[snq_i] = {c_literal(program.v_init)};
+    }}
+    for (long long snq_t = 0; snq_t < snq_T; snq_t++) {{
+        const {in_type} *snq_x = snq_x_seq + snq_t * snq_n;
+        int8_t *snq_s = snq_spike_seq + snq_t * snq_n;
+        for (long long snq_i = 0; snq_i < snq_n; snq_i++) {{
+            const int64_t v = snq_membrane[snq_i];
+            const int64_t xin = (int64_t)snq_x[snq_i];
+            {body}
+            snq_s[snq_i] = (int8_t)spike;
+            snq_membrane[snq_i] = v_next;
+        }}
+    }}
+}}
+"""
+
+
+def _build(source: str, compiler: str):
+    flags, identity = cpp_backend._compiler_identity(compiler)
+    flags = tuple(f for f in flags if f != cpp_backend.OPENMP_FLAG)
+    digest = hashlib.sha256("\n".join([source, identity, *flags]).encode()).hexdigest()[:24]
+    folder = cpp_backend.require_cache()
+    target = folder / f"snnquant_int_neuron_{digest}.so"
+    if not cpp_backend.library_is_intact(target):
+        with file_lock(target.with_name(target.name + ".lock")):
+            if not cpp_backend.library_is_intact(target):
+                def compile_into(partial):
+                    done = cpp_backend._run([compiler, *flags, "-x", "c++", "-", "-o", partial],
+                                            input=source, stdin=None)
+                    if done.returncode != 0:
+                        raise cpp_backend.CppBuildError(
+                            f"the integer neuron kernel did not compile ({compiler}, exit "
+                            f"{done.returncode}):\n{done.stderr}")
+                atomic_write(target, compile_into)
+                atomic_write(cpp_backend._checksum_path(target),
+                             hashlib.sha256(target.read_bytes()).hexdigest() + "\n")
+    function = getattr(ctypes.CDLL(str(target)), f"{_PREFIX}_neuron")
+    function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 2
+    function.restype = None
+    return function
+
+
+@functools.lru_cache(maxsize=64)
+def _function(source: str, compiler: str):
+    try:
+        return _build(source, compiler)
+    except (cpp_backend.CppBuildError, cpp_backend.KernelCacheError, OSError) as error:
+        warnings.warn(f"snnquant: IntegerSNN steps this neuron layer in torch: {error}",
+                      RuntimeWarning, stacklevel=4)
+        return None
+
+
+def neuron_kernel(program: NeuronProgram, input_dtype: torch.dtype
+                  ) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
+    """``run(x_seq) -> spikes``: ``program`` over the currents ``x_seq`` ``[T, ...]`` of
+    ``input_dtype`` (on the CPU), ``int8`` spikes of the same shape; ``None`` when it cannot be
+    compiled here (no compiler, an unwritable kernel cache, a failed build) or the dtype has no
+    C type."""
+    compiler = cpp_backend.cpp_compiler()
+    if compiler is None or input_dtype not in C_INPUT_TYPES or cpp_backend.cache_problem():
+        return None
+    function = _function(neuron_source(program, input_dtype), compiler)
+    if function is None:
+        return None
+
+    def run(x_seq: torch.Tensor) -> torch.Tensor:
+        x_seq = x_seq.contiguous()
+        spikes = torch.empty(x_seq.shape, dtype=torch.int8)
+        n = x_seq[0].numel() if x_seq.shape[0] else 0
+        membrane = torch.empty(max(n, 1), dtype=torch.int64)
+        function(x_seq.data_ptr(), spikes.data_ptr(), membrane.data_ptr(), x_seq.shape[0], n)
+        return spikes
+    return run
