@@ -6,8 +6,10 @@ synapses and sum pooling where the proven bound of every partial sum stays below
 ``float32`` (see :class:`IntegerSNN`'s ``synapse_arithmetic``): the float scales of the description
 are never used inside the time loop. Stateless operations (synapses, pooling, flatten) run on all
 time steps at once (``[T*N, ...]``); neurons loop over time, exactly as SpikingJelly's multi-step
-mode does, in integer tensors written in place, and whatever of their step depends on the input
-only (its shift onto the shared grid) is computed for all steps at once before the loop. A graph
+mode does: large layers as the step's C reading compiled
+(:mod:`~snnquant.export.compiled_neuron`), others in integer tensors written in place, with
+whatever of their step depends on the input only (its shift onto the shared grid) computed for all
+steps at once before the loop. A graph
 (branches and :class:`~snnquant.export.JoinOp` joins) runs in the order of its operations, each
 reading its inputs from a table of values by operation index.
 """
@@ -36,7 +38,7 @@ _INT16_LIMIT = 1 << 15
 _FLOAT32_LIMIT = 1 << 24
 #: neuron layers with this many neuron-steps in a call (or more) run compiled: the one-time build
 #: (a fraction of a second, then cached on disk) pays off
-_COMPILED_MIN_STEPS = 1 << 18
+_COMPILED_MIN_STEPS = 1 << 15
 
 #: The values of :class:`IntegerSNN`'s ``synapse_arithmetic``.
 SYNAPSE_ARITHMETIC = ("auto", "integer")
@@ -104,6 +106,11 @@ class IntegerSNN:
     convolution rather than a Winograd one) and computes in integers otherwise. Its results
     are identical to ``synapse_arithmetic='integer'``, where every torch operation produces an
     integer or bool tensor.
+
+    A neuron layer with at least ``2**15`` neuron-steps in a call runs its step's C reading
+    (the C runtime's, in ``int64_t``) compiled on first use with the cpp backend's compiler into
+    its kernel cache (:func:`~snnquant.export.compiled_neuron.neuron_kernel`); smaller layers, or
+    any layer where no compiler is found, step in integer tensors with the same results.
 
     On the same integer input its spikes equal those of the fake-quantized float model in eval
     mode (in the description's ``reference_dtype``), layer by layer and step by step, when the
