@@ -253,3 +253,25 @@ def test_compiled_neuron_loop_falls_back_to_torch(monkeypatch, tmp_path):
     monkeypatch.setenv("CXX", str(failing))
     with pytest.warns(RuntimeWarning, match="steps this neuron layer in torch.*did not compile"):
         assert torch.equal(IntegerSNN(desc)(x), ref)
+
+
+@needs_compiler
+def test_compiled_neuron_loop_is_the_same_on_several_threads():
+    desc, x = next(_networks())
+    program = neuron_program(next(op for op in desc.ops if isinstance(op, NeuronOp)))
+    g = torch.Generator().manual_seed(0)
+    currents = torch.randint(-2000, 2000, (6, 3 * compiled_neuron.BLOCK + 5), generator=g)
+    kernel = compiled_neuron.neuron_kernel(program, torch.int64)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(currents)
+        torch.set_num_threads(3)
+        assert torch.equal(kernel(currents), one)
+    finally:
+        torch.set_num_threads(threads)
+    v = torch.full((currents.shape[1],), program.v_init, dtype=torch.int64)
+    for t in range(currents.shape[0]):
+        v, s = program.run(v, currents[t])
+        assert torch.equal(one[t], s.to(torch.int8))
+    assert 0 < int(one.sum()) < one.numel()

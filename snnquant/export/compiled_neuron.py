@@ -1,6 +1,6 @@
 r"""A neuron layer of :class:`~snnquant.export.IntegerSNN` as compiled C: the step's C reading
 (:meth:`~snnquant.export.program.NeuronProgram.c_lines`, what :func:`~snnquant.export.to_c` prints)
-in a loop over time and neurons, built with the cpp backend's compiler into its kernel cache on
+in a loop over neurons and time (OpenMP threads share the neurons), built with the cpp backend's compiler into its kernel cache on
 first use and called through :mod:`ctypes`.
 
 The loop reads the currents of all steps ``[T, n]`` (``float32`` holding exact integers, or an
@@ -34,39 +34,53 @@ C_INPUT_TYPES = {torch.float32: "float", torch.int8: "int8_t", torch.int16: "int
 
 _PREFIX = "snq_int"
 
+#: neighbouring neurons per block of the compiled loop (their membranes stay in the L1 cache)
+BLOCK = 1024
+
 
 def neuron_source(program: NeuronProgram, input_dtype: torch.dtype) -> str:
     """The C++ source of ``program`` over ``T`` steps of ``n`` neurons: ``extern "C" void
-    snq_int_neuron(const X *x_seq, int8_t *spike_seq, int64_t *membrane, long long T,
-    long long n)`` with ``X`` the C type of ``input_dtype`` (:data:`C_INPUT_TYPES`)."""
+    snq_int_neuron(const X *x_seq, int8_t *spike_seq, long long T, long long n, int threads)``
+    with ``X`` the C type of ``input_dtype`` (:data:`C_INPUT_TYPES`). Blocks of
+    :data:`BLOCK` neighbouring neurons (their membranes on the stack) are shared by ``threads``
+    OpenMP threads; inside a block time is the outer loop."""
     in_type = C_INPUT_TYPES[input_dtype]
-    body = "\n            ".join(program.c_lines(_PREFIX))
+    body = "\n                ".join(program.c_lines(_PREFIX))
     return f"""#include <stdint.h>
 {c_rhe_helper(_PREFIX)}
 extern "C" void {_PREFIX}_neuron(const {in_type} *snq_x_seq, int8_t *snq_spike_seq,
-                                 int64_t *snq_membrane, long long snq_T, long long snq_n)
+                                 long long snq_T, long long snq_n, int snq_threads)
 {{
-    for (long long snq_i = 0; snq_i < snq_n; snq_i++) {{
-        snq_membrane[snq_i] = {c_literal(program.v_init)};
-    }}
-    for (long long snq_t = 0; snq_t < snq_T; snq_t++) {{
-        const {in_type} *snq_x = snq_x_seq + snq_t * snq_n;
-        int8_t *snq_s = snq_spike_seq + snq_t * snq_n;
-        for (long long snq_i = 0; snq_i < snq_n; snq_i++) {{
-            const int64_t v = snq_membrane[snq_i];
-            const int64_t xin = (int64_t)snq_x[snq_i];
-            {body}
-            snq_s[snq_i] = (int8_t)spike;
-            snq_membrane[snq_i] = v_next;
+    const long long snq_blocks = (snq_n + {BLOCK} - 1) / {BLOCK};
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(snq_threads) schedule(static)
+#endif
+    for (long long snq_b = 0; snq_b < snq_blocks; snq_b++) {{
+        const long long snq_lo = snq_b * {BLOCK};
+        const long long snq_m = snq_n - snq_lo < {BLOCK} ? snq_n - snq_lo : {BLOCK};
+        int64_t snq_membrane[{BLOCK}];
+        for (long long snq_i = 0; snq_i < snq_m; snq_i++) {{
+            snq_membrane[snq_i] = {c_literal(program.v_init)};
+        }}
+        for (long long snq_t = 0; snq_t < snq_T; snq_t++) {{
+            const {in_type} *snq_x = snq_x_seq + snq_t * snq_n + snq_lo;
+            int8_t *snq_s = snq_spike_seq + snq_t * snq_n + snq_lo;
+            for (long long snq_i = 0; snq_i < snq_m; snq_i++) {{
+                const int64_t v = snq_membrane[snq_i];
+                const int64_t xin = (int64_t)snq_x[snq_i];
+                {body}
+                snq_s[snq_i] = (int8_t)spike;
+                snq_membrane[snq_i] = v_next;
+            }}
         }}
     }}
+    (void)snq_threads;
 }}
 """
 
 
 def _build(source: str, compiler: str):
     flags, identity = cpp_backend._compiler_identity(compiler)
-    flags = tuple(f for f in flags if f != cpp_backend.OPENMP_FLAG)
     digest = hashlib.sha256("\n".join([source, identity, *flags]).encode()).hexdigest()[:24]
     folder = cpp_backend.require_cache()
     target = folder / f"snnquant_int_neuron_{digest}.so"
@@ -84,7 +98,7 @@ def _build(source: str, compiler: str):
                 atomic_write(cpp_backend._checksum_path(target),
                              hashlib.sha256(target.read_bytes()).hexdigest() + "\n")
     function = getattr(ctypes.CDLL(str(target)), f"{_PREFIX}_neuron")
-    function.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_longlong] * 2
+    function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 2 + [ctypes.c_int]
     function.restype = None
     return function
 
@@ -116,7 +130,7 @@ def neuron_kernel(program: NeuronProgram, input_dtype: torch.dtype
         x_seq = x_seq.contiguous()
         spikes = torch.empty(x_seq.shape, dtype=torch.int8)
         n = x_seq[0].numel() if x_seq.shape[0] else 0
-        membrane = torch.empty(max(n, 1), dtype=torch.int64)
-        function(x_seq.data_ptr(), spikes.data_ptr(), membrane.data_ptr(), x_seq.shape[0], n)
+        function(x_seq.data_ptr(), spikes.data_ptr(), x_seq.shape[0], n,
+                 torch.get_num_threads())
         return spikes
     return run
