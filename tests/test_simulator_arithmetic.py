@@ -13,8 +13,8 @@ from _dtype_recorder import RecordDtypes
 import snnquant.export.simulator as simulator_module
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import compiled_neuron
-from snnquant.export import (IntegerSNN, NeuronOp, fold_batchnorm, round_half_even_shift,
-                             to_integer)
+from snnquant.export import (FlattenOp, IntegerSNN, JoinOp, NeuronOp, fold_batchnorm,
+                             round_half_even_shift, to_integer)
 from snnquant.export.program import neuron_program
 from snnquant.export.simulator import float32_sums_are_exact
 from test_export import inputs, quantized, random_net
@@ -220,9 +220,9 @@ def test_compiled_neuron_loop_equals_the_torch_step(monkeypatch, arithmetic):
     calls = []
     kernel = compiled_neuron.neuron_kernel
 
-    def counted(program, dtype):
-        calls.append(dtype)
-        return kernel(program, dtype)
+    def counted(program, *dtypes):
+        calls.append(dtypes)
+        return kernel(program, *dtypes)
 
     monkeypatch.setattr(compiled_neuron, "neuron_kernel", counted)
     for desc, x in _networks():
@@ -275,3 +275,23 @@ def test_compiled_neuron_loop_is_the_same_on_several_threads():
         v, s = program.run(v, currents[t])
         assert torch.equal(one[t], s.to(torch.int8))
     assert 0 < int(one.sum()) < one.numel()
+
+
+@needs_compiler
+def test_spikes_overwrite_currents_only_that_nothing_else_reads(monkeypatch):
+    # one current read by two neuron layers, the first through a flatten (a view of the same
+    # memory): only the last reader may write its spikes over the current
+    base = to_integer(grid_net(tau=2.0, weight_step=2.0 ** -4))
+    synapse, neuron = base.ops
+    ops = [synapse, FlattenOp("flat", 0, -1, inputs=(0,)),
+           dataclasses.replace(neuron, name="first", inputs=(1,)),
+           dataclasses.replace(neuron, name="second", inputs=(0,)),
+           JoinOp("both", "and", (0, 0), 0, inputs=(2, 3))]
+    desc = dataclasses.replace(base, ops=ops, output_kind="spikes")
+    x = inputs((16,), 6, 8, 0, 1).to(torch.int64)
+    monkeypatch.setattr(simulator_module, "_COMPILED_MIN_STEPS", 0)
+    out, layers, _ = _run(desc, x, "auto")
+    monkeypatch.setattr(simulator_module, "_COMPILED_MIN_STEPS", 1 << 62)
+    ref, ref_layers, _ = _run(desc, x, "integer")
+    assert torch.equal(layers["first"], layers["second"]) and int(layers["first"].sum()) > 0
+    assert torch.equal(out, ref) and all(torch.equal(layers[k], ref_layers[k]) for k in layers)

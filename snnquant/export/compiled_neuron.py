@@ -28,7 +28,7 @@ from .program import NeuronProgram, c_literal, c_rhe_helper
 
 __all__ = ["neuron_source", "neuron_kernel", "C_INPUT_TYPES"]
 
-#: the C type of each current dtype the compiled loop reads
+#: the C type of each dtype the compiled loop reads (currents) or writes (spikes)
 C_INPUT_TYPES = {torch.float32: "float", torch.int8: "int8_t", torch.int16: "int16_t",
                  torch.int32: "int32_t", torch.int64: "int64_t"}
 
@@ -38,17 +38,19 @@ _PREFIX = "snq_int"
 BLOCK = 1024
 
 
-def neuron_source(program: NeuronProgram, input_dtype: torch.dtype) -> str:
+def neuron_source(program: NeuronProgram, input_dtype: torch.dtype,
+                  spike_dtype: torch.dtype = torch.int8) -> str:
     """The C++ source of ``program`` over ``T`` steps of ``n`` neurons: ``extern "C" void
-    snq_int_neuron(const X *x_seq, int8_t *spike_seq, long long T, long long n, int threads)``
-    with ``X`` the C type of ``input_dtype`` (:data:`C_INPUT_TYPES`). Blocks of
+    snq_int_neuron(const X *x_seq, S *spike_seq, long long T, long long n, int threads)``
+    with ``X`` and ``S`` the C types of ``input_dtype`` and ``spike_dtype``
+    (:data:`C_INPUT_TYPES`; spikes 0 or 1, exact in every one). Blocks of
     :data:`BLOCK` neighbouring neurons (their membranes on the stack) are shared by ``threads``
     OpenMP threads; inside a block time is the outer loop."""
-    in_type = C_INPUT_TYPES[input_dtype]
+    in_type, spike_type = C_INPUT_TYPES[input_dtype], C_INPUT_TYPES[spike_dtype]
     body = "\n                ".join(program.c_lines(_PREFIX))
     return f"""#include <stdint.h>
 {c_rhe_helper(_PREFIX)}
-extern "C" void {_PREFIX}_neuron(const {in_type} *snq_x_seq, int8_t *snq_spike_seq,
+extern "C" void {_PREFIX}_neuron(const {in_type} *snq_x_seq, {spike_type} *snq_spike_seq,
                                  long long snq_T, long long snq_n, int snq_threads)
 {{
     const long long snq_blocks = (snq_n + {BLOCK} - 1) / {BLOCK};
@@ -64,12 +66,12 @@ extern "C" void {_PREFIX}_neuron(const {in_type} *snq_x_seq, int8_t *snq_spike_s
         }}
         for (long long snq_t = 0; snq_t < snq_T; snq_t++) {{
             const {in_type} *snq_x = snq_x_seq + snq_t * snq_n + snq_lo;
-            int8_t *snq_s = snq_spike_seq + snq_t * snq_n + snq_lo;
+            {spike_type} *snq_s = snq_spike_seq + snq_t * snq_n + snq_lo;
             for (long long snq_i = 0; snq_i < snq_m; snq_i++) {{
                 const int64_t v = snq_membrane[snq_i];
                 const int64_t xin = (int64_t)snq_x[snq_i];
                 {body}
-                snq_s[snq_i] = (int8_t)spike;
+                snq_s[snq_i] = ({spike_type})spike;
                 snq_membrane[snq_i] = v_next;
             }}
         }}
@@ -113,22 +115,25 @@ def _function(source: str, compiler: str):
         return None
 
 
-def neuron_kernel(program: NeuronProgram, input_dtype: torch.dtype
+def neuron_kernel(program: NeuronProgram, input_dtype: torch.dtype,
+                  spike_dtype: torch.dtype = torch.int8
                   ) -> Optional[Callable[[torch.Tensor], torch.Tensor]]:
-    """``run(x_seq) -> spikes``: ``program`` over the currents ``x_seq`` ``[T, ...]`` of
-    ``input_dtype`` (on the CPU), ``int8`` spikes of the same shape; ``None`` when it cannot be
-    compiled here (no compiler, an unwritable kernel cache, a failed build) or the dtype has no
-    C type."""
+    """``run(x_seq, out=None) -> spikes``: ``program`` over the currents ``x_seq`` ``[T, ...]``
+    of ``input_dtype`` (on the CPU), spikes of the same shape in ``spike_dtype`` (into ``out``
+    when given: a contiguous tensor of that shape and dtype, ``x_seq`` itself allowed, as every
+    current is read before its step's spike is written); ``None`` when it cannot be compiled
+    here (no compiler, an unwritable kernel cache, a failed build) or a dtype has no C type."""
     compiler = cpp_backend.cpp_compiler()
-    if compiler is None or input_dtype not in C_INPUT_TYPES or cpp_backend.cache_problem():
+    if (compiler is None or input_dtype not in C_INPUT_TYPES or spike_dtype not in C_INPUT_TYPES
+            or cpp_backend.cache_problem()):
         return None
-    function = _function(neuron_source(program, input_dtype), compiler)
+    function = _function(neuron_source(program, input_dtype, spike_dtype), compiler)
     if function is None:
         return None
 
-    def run(x_seq: torch.Tensor) -> torch.Tensor:
+    def run(x_seq: torch.Tensor, out: Optional[torch.Tensor] = None) -> torch.Tensor:
         x_seq = x_seq.contiguous()
-        spikes = torch.empty(x_seq.shape, dtype=torch.int8)
+        spikes = torch.empty(x_seq.shape, dtype=spike_dtype) if out is None else out
         n = x_seq[0].numel() if x_seq.shape[0] else 0
         function(x_seq.data_ptr(), spikes.data_ptr(), x_seq.shape[0], n,
                  torch.get_num_threads())

@@ -165,7 +165,10 @@ class IntegerSNN:
             elif isinstance(op, NeuronOp):
                 program = neuron_program(op)
                 dtype = _dtype_for(program.torch_bound(rng), torch.int16)
-                plan.append(dict(program=program, dtype=dtype))
+                # spikes for float32 synapses in float32 (0 and 1: exact), saving a conversion
+                last = i == len(self.desc.ops) - 1
+                plan.append(dict(program=program, dtype=dtype, spike_dtype=torch.float32
+                                 if float32 and not last else torch.int8))
                 rng = (0, 1)
             elif isinstance(op, PoolOp):
                 rng = pool_range(op, rng)
@@ -291,19 +294,22 @@ class IntegerSNN:
             return conv(x, ones, None, op.stride, op.padding, 1, c)
 
     @staticmethod
-    def _neuron(prm, x_seq: torch.Tensor) -> torch.Tensor:
+    def _neuron(prm, x_seq: torch.Tensor, overwrite: bool = False) -> torch.Tensor:
         """Run the neuron layer's :class:`~snnquant.export.program.NeuronProgram` over time: as
         compiled C (:mod:`~snnquant.export.compiled_neuron`) for layers of at least
         ``_COMPILED_MIN_STEPS`` neuron-steps where a compiler is found, else in torch, every
-        register written in place into a tensor of its own (the membrane into two, in turn)."""
+        register written in place into a tensor of its own (the membrane into two, in turn).
+        With ``overwrite`` (nothing else reads ``x_seq``), compiled spikes of ``x_seq``'s dtype
+        are written over it."""
         program, rhe = prm["program"], round_half_even_shift
         if x_seq.numel() >= _COMPILED_MIN_STEPS and rhe is integer_ops.round_half_even_shift:
-            kernel = compiled_neuron.neuron_kernel(program, x_seq.dtype)
+            kernel = compiled_neuron.neuron_kernel(program, x_seq.dtype, prm["spike_dtype"])
             if kernel is not None:
-                return kernel(x_seq)
+                reuse = overwrite and x_seq.dtype == prm["spike_dtype"] and x_seq.is_contiguous()
+                return kernel(x_seq, x_seq if reuse else None)
         x_seq = x_seq.to(prm["dtype"])
         shape, dtype = x_seq.shape[1:], x_seq.dtype
-        spikes = torch.empty(x_seq.shape, dtype=torch.int8, device=x_seq.device)
+        spikes = torch.empty(x_seq.shape, dtype=prm["spike_dtype"], device=x_seq.device)
         if rhe is not integer_ops.round_half_even_shift:    # a substitute rounding (tests)
             def rhe(d, k, out=None, substitute=rhe):
                 return substitute(d, k) if out is None else out.copy_(substitute(d, k))
@@ -372,9 +378,15 @@ class IntegerSNN:
                 y = self._join(op, prm, [values[j] for j in src])
             elif isinstance(op, NeuronOp):
                 x = values[src[0]]
-                s = self._neuron(prm, x.reshape((T, N) + tuple(x.shape[1:])))
+                # the currents may be overwritten by the spikes when this is their last reader,
+                # they are not the caller's input, and no other value shares their memory
+                storage = x.untyped_storage().data_ptr()
+                overwrite = (self._last_use.get(src[0]) == i and src[0] != NETWORK_INPUT and
+                             all(v.untyped_storage().data_ptr() != storage
+                                 for j, v in values.items() if j != src[0]))
+                s = self._neuron(prm, x.reshape((T, N) + tuple(x.shape[1:])), overwrite)
                 if record:
-                    layers[op.name] = s
+                    layers[op.name] = s.to(torch.int8)
                 y = s.reshape((T * N,) + tuple(s.shape[2:]))
             else:
                 y = self._stateless(op, prm, values[src[0]])
