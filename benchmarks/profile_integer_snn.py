@@ -3,8 +3,12 @@ example's CSNN (W4/V8, trained 1 epoch on the built-in data, T=8, 64 test sample
 
     OMP_NUM_THREADS=1 python benchmarks/profile_integer_snn.py
 
-Prints the operators by self CPU time (seen 2026-11-26: ``aten::_slow_conv2d_forward``, PyTorch's
-integer convolution, about half of the total).
+Prints the operators by self CPU time. Seen 2026-11-26 with integer synapses:
+``aten::_slow_conv2d_forward``, PyTorch's integer convolution, about half of the total; with the
+float32 synapses (``synapse_arithmetic='auto'``) and compiled neuron loops:
+``aten::mkldnn_convolution`` about 67%, max pooling about 18%, type conversions (``aten::copy_``,
+mostly the input to float32 and the small read-out layer's torch step) about 12%. The compiled
+neuron loops run outside torch (through ctypes) and are not in the table.
 """
 import os
 import sys

@@ -2,7 +2,7 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 
 * :func:`fold_batchnorm`: fold BatchNorm into the preceding quantized layer;
 * :func:`to_integer`: the integer network description (:class:`IntegerNetwork`);
-* :class:`IntegerSNN`: integer-only simulator of a description;
+* :class:`IntegerSNN`: exact integer simulator of a description;
 * :func:`compare_integer` / :func:`integer_agreement`: spike-by-spike comparison with the float model;
 * :func:`save_integer` / :func:`load_integer`: one safetensors file, no pickle;
 * :func:`to_nir` / :func:`from_nir`: the Neuromorphic Intermediate Representation and back

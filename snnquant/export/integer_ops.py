@@ -20,7 +20,7 @@ __all__ = ["round_half_even_shift", "pack_int", "unpack_int", "fits_packed", "po
 PACKABLE_BITS = (1, 2, 4)
 
 
-def round_half_even_shift(d, k: int):
+def round_half_even_shift(d, k: int, out=None):
     r"""Divide an integer by :math:`2^k` and round to the nearest integer, ties to even.
 
     .. math::
@@ -37,9 +37,11 @@ def round_half_even_shift(d, k: int):
     Args:
         d: an integer tensor (any signed integer dtype) or a Python int.
         k: the shift, a Python int :math:`\ge 0`.
+        out: a tensor of ``d``'s shape and dtype (not ``d`` itself) that receives the result,
+            computed in place step by step (no temporary tensor); ``None`` allocates.
 
     Returns:
-        The rounded quotient, same type (and dtype) as ``d``.
+        The rounded quotient, same type (and dtype) as ``d`` (``out`` when given).
     """
     if isinstance(k, bool) or not isinstance(k, int) or k < 0:
         raise ValueError(f"k must be an int >= 0, got {k!r}")
@@ -47,11 +49,16 @@ def round_half_even_shift(d, k: int):
                                         or d.dtype == torch.bool):
         raise TypeError(f"d must be an integer tensor or int, got dtype {d.dtype}")
     if k == 0:
-        return d
+        return d if out is None else out.copy_(d)
     # (d + 2^(k-1) - 1 + f_0) >> k with f_0 the lowest bit of f: the remainder r plus
     # 2^(k-1) - 1 + f_0 reaches 2^k exactly when r > 2^(k-1), or r = 2^(k-1) and f is odd;
     # four integer operations (d + 2^(k-1) must fit the dtype)
-    return (d + (((d >> k) & 1) + ((1 << (k - 1)) - 1))) >> k
+    if out is None:
+        return (d + (((d >> k) & 1) + ((1 << (k - 1)) - 1))) >> k
+    torch.bitwise_right_shift(d, k, out=out).bitwise_and_(1)
+    if k > 1:
+        out.add_((1 << (k - 1)) - 1)
+    return out.add_(d).bitwise_right_shift_(k)
 
 
 def _check_pack_bits(bits) -> int:

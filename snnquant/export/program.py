@@ -80,7 +80,11 @@ class Opcode:
     """One integer operation in its three readings (see the module documentation).
 
     Attributes:
-        torch: ``f(rhe, *args)`` on tensors or ints (``rhe`` is the rounding function to use).
+        torch: ``f(rhe, out, *args)`` on tensors (``rhe`` is the rounding function to use,
+            called as ``rhe(d, k, out=out)``; ``out`` is a tensor that receives the result, of
+            the arguments' shape and integer dtype and none of them, or ``None`` to allocate).
+            Spikes are 0/1 in the arguments' integer dtype. Every intermediate stays within
+            :meth:`NeuronProgram.torch_bound`.
         c: ``f(prefix, *args)`` -> C expression (arguments already C text; ``prefix`` names the
             generated ``<prefix>_rhe`` helper).
         interval: ``f(*args)`` on ``(lo, hi)`` ranges (constants as ``(c, c)``) -> ``(lo, hi)``.
@@ -93,39 +97,53 @@ class Opcode:
     c_type: str = "int64_t"
 
 
+def _torch_ge(out, a, b):
+    # [a >= b] = clamp(a - b + 1, 0, 1) on integers: two fast integer operations, the result in
+    # a's dtype (a comparison writes bool, several times slower on the CPU, and needs a cast)
+    if isinstance(b, int):
+        return torch.clamp_(torch.sub(a, b - 1, out=out), 0, 1)
+    return torch.clamp_(torch.sub(a, b, out=out).add_(1), 0, 1)
+
+
+def _torch_hard_reset(out, q, s, vr):
+    # q - s (q - v_r): q where s = 0, v_r where s = 1 (masked_fill is several times slower)
+    d = q if isinstance(vr, int) and vr == 0 else torch.sub(q, vr, out=out)
+    return torch.addcmul(q, d, s, value=-1, out=out)
+
+
 #: The opcodes of a :class:`NeuronProgram`. Arguments are registers (names) or int constants;
 #: ``shl``/``rhe`` take a constant shift ``k`` and ``mul`` a constant factor ``m >= 1``.
 OPCODES: Dict[str, Opcode] = {
     # a * 2^k; C multiplies, so that no negative number is shifted
-    "shl": Opcode(lambda rhe, a, k: a << k,
+    "shl": Opcode(lambda rhe, out, a, k: torch.mul(a, 1 << k, out=out),
                   lambda p, a, k: f"{a} * {c_literal(1 << int(k))}",
                   lambda a, k: (a[0] << k[0], a[1] << k[0])),
-    "mul": Opcode(lambda rhe, a, m: a * m,
+    "mul": Opcode(lambda rhe, out, a, m: torch.mul(a, m, out=out),
                   lambda p, a, m: f"{a} * {m}",
                   lambda a, m: (a[0] * m[0], a[1] * m[0])),
-    "add": Opcode(lambda rhe, a, b: a + b,
+    "add": Opcode(lambda rhe, out, a, b: torch.add(a, b, out=out),
                   lambda p, a, b: f"{a} + {b}",
                   lambda a, b: (a[0] + b[0], a[1] + b[1])),
-    "sub": Opcode(lambda rhe, a, b: a - b,
+    "sub": Opcode(lambda rhe, out, a, b: torch.sub(a, b, out=out),
                   lambda p, a, b: f"{a} - {b}",
                   lambda a, b: (a[0] - b[1], a[1] - b[0])),
     # round(a / 2^k), ties to even (integer_ops.round_half_even_shift)
-    "rhe": Opcode(lambda rhe, a, k: rhe(a, k),
+    "rhe": Opcode(lambda rhe, out, a, k: rhe(a, k, out=out),
                   lambda p, a, k: f"{p}_rhe({a}, {k})",
                   lambda a, k: _rhe_interval(a, k[0])),
     # the stored membrane's range is the whole clamp range, whatever the charge's bound
-    "clamp": Opcode(lambda rhe, a, lo, hi: torch.clamp(a, lo, hi),
+    "clamp": Opcode(lambda rhe, out, a, lo, hi: torch.clamp(a, lo, hi, out=out),
                     lambda p, a, lo, hi: f"{a} < {lo} ? {lo} : ({a} > {hi} ? {hi} : {a})",
                     lambda a, lo, hi: (lo[0], hi[0])),
-    "ge": Opcode(lambda rhe, a, b: a >= b,
+    "ge": Opcode(lambda rhe, out, a, b: _torch_ge(out, a, b),
                  lambda p, a, b: f"{a} >= {b}",
                  lambda a, b: (0, 1), c_type="int"),
     # hard reset: v_reset where s, else q
-    "hard_reset": Opcode(lambda rhe, q, s, vr: q.masked_fill(s, vr),
+    "hard_reset": Opcode(lambda rhe, out, q, s, vr: _torch_hard_reset(out, q, s, vr),
                          lambda p, q, s, vr: f"{s} ? {vr} : {q}",
                          lambda q, s, vr: _hull(q, vr)),
     # soft reset: q - theta where s, else q
-    "soft_reset": Opcode(lambda rhe, q, s, th: q - s.to(q.dtype) * th,
+    "soft_reset": Opcode(lambda rhe, out, q, s, th: torch.add(q, s, alpha=-th, out=out),
                          lambda p, q, s, th: f"{s} ? {q} - {th} : {q}",
                          lambda q, s, th: _soft_reset_interval(q, s, th[0])),
 }
@@ -140,11 +158,14 @@ class Instr:
     args: Tuple[Arg, ...]
 
 
-def _evaluate(instrs, env: dict, rhe: Callable) -> None:
-    """Run ``instrs`` on the registers ``env`` (torch reading), in place."""
+def _evaluate(instrs, env: dict, rhe: Callable, buffers: Optional[Dict[str, torch.Tensor]] = None
+              ) -> None:
+    """Run ``instrs`` on the registers ``env`` (torch reading), in place; a register with a
+    tensor in ``buffers`` is written into it."""
+    buffers = buffers or {}
     for ins in instrs:
         env[ins.dst] = OPCODES[ins.code].torch(
-            rhe, *[env[a] if isinstance(a, str) else a for a in ins.args])
+            rhe, buffers.get(ins.dst), *[env[a] if isinstance(a, str) else a for a in ins.args])
 
 
 @dataclass(frozen=True)
@@ -166,16 +187,19 @@ class NeuronProgram:
     v_max: int
 
     def run(self, v, xin, rhe: Optional[Callable] = None, trace: Optional[dict] = None,
-            given: Optional[Dict[str, torch.Tensor]] = None):
-        """One step on tensors (or ints): ``(v_next, spike)``.
+            given: Optional[Dict[str, torch.Tensor]] = None,
+            buffers: Optional[Dict[str, torch.Tensor]] = None):
+        """One step on integer tensors: ``(v_next, spike)`` (spike 0/1 in the membrane's dtype).
 
         Args:
-            v, xin: the membrane before the step and the input current.
-            rhe: the rounding of the ``rhe`` opcode (default
+            v, xin: the membrane before the step and the input current (same dtype).
+            rhe: the rounding of the ``rhe`` opcode, called as ``rhe(d, k, out=...)`` (default
                 :func:`~snnquant.export.round_half_even_shift`).
             trace: a dict that receives every register.
             given: registers already computed (from :meth:`precompute`); their instructions
                 are skipped.
+            buffers: tensors, by register name, that receive those registers (no allocation;
+                each distinct from every other register's tensor, ``v``'s and ``xin``'s).
         """
         env = {} if trace is None else trace
         env.update(v=v, xin=xin)
@@ -184,7 +208,7 @@ class NeuronProgram:
             env.update(given)
             skip = given.keys()
         _evaluate([i for i in self.instrs if i.dst not in skip], env,
-                  rhe or integer_ops.round_half_even_shift)
+                  rhe or integer_ops.round_half_even_shift, buffers)
         return env["v_next"], env["spike"]
 
     def input_only(self) -> Tuple[str, ...]:
@@ -229,6 +253,20 @@ class NeuronProgram:
             env[ins.dst] = OPCODES[ins.code].interval(
                 *[env[a] if isinstance(a, str) else (a, a) for a in ins.args])
         return env
+
+    def torch_bound(self, x_range: Interval) -> int:
+        """A bound on the magnitude of every value the torch reading computes (registers and
+        the intermediates inside an opcode: ``rhe`` adds up to :math:`2^{k-1}`, ``ge`` computes
+        :math:`a - b + 1`, a reset :math:`s (q - v_r)` or :math:`s \\theta`) when the current
+        lies in ``x_range``: the widest register plus the largest constant plus
+        :math:`2^{k_{max}} + 1`."""
+        regs, v = self.intervals(x_range)
+        widest = max(max(abs(lo), abs(hi)) for lo, hi in list(regs.values()) + [v, x_range])
+        consts = [abs(int(a)) for i in self.instrs for a in i.args if not isinstance(a, str)]
+        # a comparison of two registers computes a - b + 1: one more register's width
+        pair = any(i.code == "ge" and isinstance(i.args[1], str) for i in self.instrs)
+        return (widest * (2 if pair else 1) + max(consts + [0]) + (1 << max(self.shifts() + [0]))
+                + 1)
 
     def shifts(self) -> List[int]:
         """Every shift amount the program uses (``shl``, ``rhe``)."""

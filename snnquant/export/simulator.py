@@ -1,17 +1,23 @@
 r"""Integer simulator of an exported network: :class:`IntegerSNN`.
 
-Every torch operation in a call produces an integer or bool tensor (``int16`` accumulation of
-a synaptic layer and ``int32`` arithmetic where the bounds proven from the description stay below
-:math:`2^{15}` and :math:`2^{31}`, else ``int64``; ``int8`` spikes): the float scales of the description are never used inside the time loop. Stateless
-operations (synapses, pooling, flatten) run on all time steps at once (``[T*N, ...]``); neurons
-loop over time, exactly as SpikingJelly's multi-step mode does, and whatever of their step
-depends on the input only (its shift onto the shared grid) is computed for all steps at once
-before the loop. A graph (branches and :class:`~snnquant.export.JoinOp` joins) runs in the order
-of its operations, each reading its inputs from a table of values by operation index.
+Every value is an integer, held exactly: ``int8`` spikes, ``int16``/``int32`` where the bounds
+proven from the description stay below :math:`2^{15}`/:math:`2^{31}` (else ``int64``), and, for the
+synapses and sum pooling where the proven bound of every partial sum stays below :math:`2^{24}`,
+``float32`` (see :class:`IntegerSNN`'s ``synapse_arithmetic``): the float scales of the description
+are never used inside the time loop. Stateless operations (synapses, pooling, flatten) run on all
+time steps at once (``[T*N, ...]``); neurons loop over time, exactly as SpikingJelly's multi-step
+mode does: large layers as the step's C reading compiled
+(:mod:`~snnquant.export.compiled_neuron`), others in integer tensors written in place, with
+whatever of their step depends on the input only (its shift onto the shared grid) computed for all
+steps at once before the loop. A graph
+(branches and :class:`~snnquant.export.JoinOp` joins) runs in the order of its operations, each
+reading its inputs from a table of values by operation index.
 """
 
 from __future__ import annotations
 
+import os
+import platform
 from typing import Dict, Tuple, Union
 
 import torch
@@ -19,14 +25,23 @@ import torch.nn.functional as F
 
 from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
                           SynapseOp)
+from . import compiled_neuron, integer_ops
 from .integer_ops import round_half_even_shift
 from .program import (SynapseRescale, adaptive_windows, join_range, neuron_program, pool_range,
                       synapse_bounds)
 
-__all__ = ["IntegerSNN", "op_shapes"]
+__all__ = ["IntegerSNN", "op_shapes", "SYNAPSE_ARITHMETIC", "float32_sums_are_exact"]
 
 _INT32_LIMIT = 1 << 31
 _INT16_LIMIT = 1 << 15
+#: every integer of magnitude up to 2^24 is a float32
+_FLOAT32_LIMIT = 1 << 24
+#: neuron layers with this many neuron-steps in a call (or more) run compiled: the one-time build
+#: (a fraction of a second, then cached on disk) pays off
+_COMPILED_MIN_STEPS = 1 << 15
+
+#: The values of :class:`IntegerSNN`'s ``synapse_arithmetic``.
+SYNAPSE_ARITHMETIC = ("auto", "integer")
 
 
 def _dtype_for(magnitude: int, narrowest: torch.dtype = torch.int32) -> torch.dtype:
@@ -37,8 +52,34 @@ def _dtype_for(magnitude: int, narrowest: torch.dtype = torch.int32) -> torch.dt
     return torch.int32 if magnitude < _INT32_LIMIT else torch.int64
 
 
+def float32_sums_are_exact() -> bool:
+    """Whether PyTorch adds float32 convolutions and matrix products on the CPU in IEEE float32
+    here, by direct or GEMM algorithms: oneDNN available and enabled (PyTorch then takes its
+    direct convolution, never NNPACK's Winograd one), float32 matrix precision ``'highest'``, no
+    reduced-precision (``bf16``/``tf32``) ``fp32_precision`` for float32 in
+    ``torch.backends``/``torch.backends.mkldnn``, and no lower oneDNN default math mode
+    (``ONEDNN_DEFAULT_FPMATH_MODE``/``DNNL_DEFAULT_FPMATH_MODE`` unset or ``STRICT``). Checked on
+    every :class:`IntegerSNN` call."""
+    mkldnn = torch.backends.mkldnn
+    if not (mkldnn.is_available() and mkldnn.enabled):
+        return False
+    if torch.get_float32_matmul_precision() != "highest":
+        return False
+    for backend in (torch.backends, mkldnn, getattr(mkldnn, "conv", None),
+                    getattr(mkldnn, "matmul", None)):
+        if getattr(backend, "fp32_precision", "none") not in ("none", "ieee"):
+            return False
+    return all(os.environ.get(var, "strict").lower() == "strict"
+               for var in ("ONEDNN_DEFAULT_FPMATH_MODE", "DNNL_DEFAULT_FPMATH_MODE"))
+
+
+def _float_convolution_allowed(depthwise: bool) -> bool:
+    # PyTorch builds for 32-bit ARM compute 3x3 depthwise float convolutions by Winograd
+    return not depthwise or platform.machine().lower() in ("x86_64", "amd64")
+
+
 class IntegerSNN:
-    r"""Run an :class:`~snnquant.export.IntegerNetwork` with integer tensors only.
+    r"""Run an :class:`~snnquant.export.IntegerNetwork` in exact integer arithmetic.
 
     Per synaptic layer :math:`X = (\mathrm{conv}(x, w)\, m) \ll \sigma + b`, computed as
     :math:`\mathrm{conv}(x, w\, m 2^{\sigma}) + b` (one operation for all time steps); per neuron
@@ -48,9 +89,28 @@ class IntegerSNN:
     multiplication when ``leak_multiplier`` :math:`M \ne 1`), the operation list of
     :func:`~snnquant.export.program.neuron_program`, which :func:`~snnquant.export.to_c` prints
     as C. The membrane starts at ``v_init`` on every call. Each layer computes in the narrowest
-    of ``int16`` (a synapse's accumulation and, when it fits too, its rescale), ``int32`` and
-    ``int64`` that the bounds proven from the description (the same ones the C runtime uses)
-    allow for the largest magnitude of the call's input; the results do not depend on it.
+    of ``int16`` (a synapse's accumulation and, when it fits too, its rescale; a neuron's step),
+    ``int32`` and ``int64`` that the bounds proven from the description (the same ones the C
+    runtime uses) allow for the largest magnitude of the call's input; the results do not depend
+    on it.
+
+    PyTorch has no fast integer convolution on the CPU, so with ``synapse_arithmetic='auto'``
+    a synapse (and a sum pooling) computes in ``float32`` where that is exact: its inputs and
+    weights are integers, and every partial sum of :math:`\mathrm{conv}(x, w') + b`, in whatever
+    order and grouping a direct or GEMM algorithm adds the products (fused multiply-adds
+    included), is bounded by :math:`\lVert w'_c \rVert_1 x_{max} + |b_c| < 2^{24}`
+    (:class:`~snnquant.export.program.SynapseBounds`, proven from the description and the call's
+    input bound), so every product and sum is an integer that float32 holds exactly and no
+    operation rounds; the result is converted back to integers for the neuron. It does so only
+    while :func:`float32_sums_are_exact` (no reduced-precision float32 mode, oneDNN's direct
+    convolution rather than a Winograd one) and computes in integers otherwise. Its results
+    are identical to ``synapse_arithmetic='integer'``, where every torch operation produces an
+    integer or bool tensor.
+
+    A neuron layer with at least ``2**15`` neuron-steps in a call runs its step's C reading
+    (the C runtime's, in ``int64_t``) compiled on first use with the cpp backend's compiler into
+    its kernel cache (:func:`~snnquant.export.compiled_neuron.neuron_kernel`); smaller layers, or
+    any layer where no compiler is found, step in integer tensors with the same results.
 
     On the same integer input its spikes equal those of the fake-quantized float model in eval
     mode (in the description's ``reference_dtype``), layer by layer and step by step, when the
@@ -61,17 +121,24 @@ class IntegerSNN:
         desc: the exported network.
         device: ``'cpu'`` (PyTorch has no integer convolutions on CUDA). Use more threads
             (``torch.set_num_threads``) for large networks.
+        synapse_arithmetic: ``'auto'`` (float32 where proven exact, as above) or ``'integer'``
+            (integer tensors only, slower).
     """
 
-    def __init__(self, desc: IntegerNetwork, device: Union[str, torch.device] = "cpu"):
+    def __init__(self, desc: IntegerNetwork, device: Union[str, torch.device] = "cpu",
+                 synapse_arithmetic: str = "auto"):
         if not isinstance(desc, IntegerNetwork):
             raise TypeError(f"desc must be an IntegerNetwork, got {type(desc).__name__}")
+        if synapse_arithmetic not in SYNAPSE_ARITHMETIC:
+            raise ValueError(f"synapse_arithmetic must be one of {SYNAPSE_ARITHMETIC}, got "
+                             f"{synapse_arithmetic!r}")
         self.desc = desc
+        self.synapse_arithmetic = synapse_arithmetic
         self.device = torch.device(device)
         if self.device.type != "cpu":
             raise ValueError(f"device must be 'cpu', got {device!r}: PyTorch implements integer "
                              f"convolutions and matrix products on the CPU only")
-        self._plans: Dict[int, list] = {}
+        self._plans: Dict[Tuple[int, bool], list] = {}
         self._params = self._plan(int(desc.input_max))
         # the last operation that reads each value: a call frees the value after that one
         self._last_use = {}
@@ -79,11 +146,13 @@ class IntegerSNN:
             for j in desc.op_inputs(i):
                 self._last_use[j] = i
 
-    def _plan(self, input_bound: int) -> list:
-        """Per operation: its tensors and integer types for inputs with :math:`|x| \\le`
-        ``input_bound`` (cached: a call on spikes gets the narrow types of spikes)."""
-        if input_bound in self._plans:
-            return self._plans[input_bound]
+    def _plan(self, input_bound: int, float32: bool = False) -> list:
+        """Per operation: its tensors and types for inputs with :math:`|x| \\le`
+        ``input_bound``, with float32 synapses where proven exact if ``float32`` (cached: a call
+        on spikes gets the narrow types of spikes)."""
+        key = (input_bound, float32)
+        if key in self._plans:
+            return self._plans[key]
         plan = []
         ranges = {NETWORK_INPUT: (-input_bound, input_bound)}
         for i, op in enumerate(self.desc.ops):
@@ -91,36 +160,26 @@ class IntegerSNN:
             if isinstance(op, SynapseOp):
                 rescale = SynapseRescale.of(op)
                 bound = synapse_bounds(op, rescale, rng)
-                # the current's type; the accumulation in int16 where its own bound allows
-                # (PyTorch's int16 convolution is the fastest), then the rescale apart
-                dtype = _dtype_for(max([bound.widest, *map(abs, rng)]
-                                       + [abs(f) for f in rescale.factor]))
-                acc_dtype = _dtype_for(max(bound.accumulator + bound.l1 + tuple(map(abs, rng))),
-                                       torch.int16)
-                if any(d != 1 for d in op.dilation):
-                    dtype = acc_dtype = torch.int64  # no int16/int32 dilated convolution
-                if _dtype_for(bound.widest, torch.int16) == acc_dtype:
-                    dtype = acc_dtype   # the rescale fits the accumulator's type: fold it
-                if acc_dtype == dtype:
-                    weight, bias = rescale.folded(op.weight, dtype)
-                    rescale = None
-                else:
-                    weight, bias = op.weight.to(acc_dtype), None
-                plan.append(dict(weight=weight.to(self.device), dtype=acc_dtype,
-                                         bias=None if bias is None else bias.to(self.device),
-                                         rescale=rescale, out_dtype=dtype))
+                plan.append(self._synapse_plan(op, rescale, bound, rng, float32))
                 rng = bound.out_range
             elif isinstance(op, NeuronOp):
                 program = neuron_program(op)
-                regs, _ = program.intervals(rng)
-                widest = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
-                # rhe adds up to 2^(k-1) before its shift
-                dtype = _dtype_for(widest + (1 << max(program.shifts() + [0])))
-                plan.append(dict(program=program, dtype=dtype))
+                dtype = _dtype_for(program.torch_bound(rng), torch.int16)
+                # spikes for float32 synapses in float32 (0 and 1: exact), saving a conversion
+                last = i == len(self.desc.ops) - 1
+                plan.append(dict(program=program, dtype=dtype, spike_dtype=torch.float32
+                                 if float32 and not last else torch.int8))
                 rng = (0, 1)
             elif isinstance(op, PoolOp):
                 rng = pool_range(op, rng)
-                plan.append(dict(dtype=_dtype_for(max(map(abs, rng)))))
+                if op.kind == "max" and not op.output_size:
+                    dtype = None    # the maximum of exact values, in the input's own type
+                elif (float32 and max(map(abs, rng)) < _FLOAT32_LIMIT
+                        and _float_convolution_allowed(depthwise=True)):
+                    dtype = torch.float32   # every partial sum bounded by rng: exact
+                else:
+                    dtype = _dtype_for(max(map(abs, rng)))
+                plan.append(dict(dtype=dtype))
             elif isinstance(op, JoinOp):
                 operands = [ranges[j] for j in self.desc.op_inputs(i)]
                 rng = join_range(op, operands)
@@ -129,8 +188,36 @@ class IntegerSNN:
             else:
                 plan.append(None)
             ranges[i] = rng
-        self._plans[input_bound] = plan
+        self._plans[key] = plan
         return plan
+
+    def _synapse_plan(self, op: SynapseOp, rescale: SynapseRescale, bound, rng,
+                      float32: bool) -> dict:
+        """The tensors and types of one synapse (see :meth:`_plan`)."""
+        mag = max(map(abs, rng))
+        if float32 and max(bound.widest, mag) < _FLOAT32_LIMIT \
+                and _float_convolution_allowed(depthwise=op.groups > 1):
+            # every partial sum of conv(x, f w) + b is bounded by bound.current < 2^24
+            weight, bias = rescale.folded(op.weight, torch.int64)
+            return dict(weight=weight.to(torch.float32).to(self.device), dtype=torch.float32,
+                        bias=None if bias is None else bias.to(torch.float32).to(self.device),
+                        rescale=None, out_dtype=torch.float32)
+        # the current's type; the accumulation in int16 where its own bound allows
+        # (PyTorch's int16 convolution is the fastest), then the rescale apart
+        dtype = _dtype_for(max([bound.widest, mag] + [abs(f) for f in rescale.factor]))
+        acc_dtype = _dtype_for(max(bound.accumulator + bound.l1 + (mag,)), torch.int16)
+        if any(d != 1 for d in op.dilation):
+            dtype = acc_dtype = torch.int64  # no int16/int32 dilated convolution
+        if _dtype_for(bound.widest, torch.int16) == acc_dtype:
+            dtype = acc_dtype   # the rescale fits the accumulator's type: fold it
+        if acc_dtype == dtype:
+            weight, bias = rescale.folded(op.weight, dtype)
+            rescale = None
+        else:
+            weight, bias = op.weight.to(acc_dtype), None
+        return dict(weight=weight.to(self.device), dtype=acc_dtype,
+                    bias=None if bias is None else bias.to(self.device),
+                    rescale=rescale, out_dtype=dtype)
 
     # ---- operations -------------------------------------------------------------------------
     def _stateless(self, op, prm, x: torch.Tensor) -> torch.Tensor:
@@ -138,7 +225,7 @@ class IntegerSNN:
         if isinstance(op, SynapseOp):
             return self._synapse(op, prm, x.to(prm["dtype"]))
         if isinstance(op, PoolOp):
-            return self._pool(op, x.to(prm["dtype"]))
+            return self._pool(op, x if prm["dtype"] is None else x.to(prm["dtype"]))
         if isinstance(op, FlattenOp):
             start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
             end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
@@ -152,7 +239,8 @@ class IntegerSNN:
             acc = F.linear(x, w, b)
         else:
             conv = F.conv1d if op.kind == "conv1d" else F.conv2d
-            acc = conv(x, w, b, op.stride, op.padding, op.dilation, op.groups)
+            with torch.backends.nnpack.flags(enabled=False):   # no Winograd in float32
+                acc = conv(x, w, b, op.stride, op.padding, op.dilation, op.groups)
         if prm["rescale"] is None:
             return acc
         return prm["rescale"].apply(acc, prm["out_dtype"])
@@ -202,19 +290,39 @@ class IntegerSNN:
         c = x.shape[1]
         ones = torch.ones((c, 1) + op.kernel_size, dtype=x.dtype, device=x.device)
         conv = F.conv2d if op.dims == 2 else F.conv1d
-        return conv(x, ones, None, op.stride, op.padding, 1, c)
+        with torch.backends.nnpack.flags(enabled=False):
+            return conv(x, ones, None, op.stride, op.padding, 1, c)
 
     @staticmethod
-    def _neuron(prm, x_seq: torch.Tensor) -> torch.Tensor:
-        """Run the neuron layer's :class:`~snnquant.export.program.NeuronProgram` over time."""
-        program, x_seq = prm["program"], x_seq.to(prm["dtype"])
-        v = torch.full(x_seq.shape[1:], program.v_init, dtype=x_seq.dtype, device=x_seq.device)
-        spikes = torch.empty(x_seq.shape, dtype=torch.int8, device=x_seq.device)
-        hoisted = program.precompute(x_seq, round_half_even_shift)
+    def _neuron(prm, x_seq: torch.Tensor, overwrite: bool = False) -> torch.Tensor:
+        """Run the neuron layer's :class:`~snnquant.export.program.NeuronProgram` over time: as
+        compiled C (:mod:`~snnquant.export.compiled_neuron`) for layers of at least
+        ``_COMPILED_MIN_STEPS`` neuron-steps where a compiler is found, else in torch, every
+        register written in place into a tensor of its own (the membrane into two, in turn).
+        With ``overwrite`` (nothing else reads ``x_seq``), compiled spikes of ``x_seq``'s dtype
+        are written over it."""
+        program, rhe = prm["program"], round_half_even_shift
+        if x_seq.numel() >= _COMPILED_MIN_STEPS and rhe is integer_ops.round_half_even_shift:
+            kernel = compiled_neuron.neuron_kernel(program, x_seq.dtype, prm["spike_dtype"])
+            if kernel is not None:
+                reuse = overwrite and x_seq.dtype == prm["spike_dtype"] and x_seq.is_contiguous()
+                return kernel(x_seq, x_seq if reuse else None)
+        x_seq = x_seq.to(prm["dtype"])
+        shape, dtype = x_seq.shape[1:], x_seq.dtype
+        spikes = torch.empty(x_seq.shape, dtype=prm["spike_dtype"], device=x_seq.device)
+        if rhe is not integer_ops.round_half_even_shift:    # a substitute rounding (tests)
+            def rhe(d, k, out=None, substitute=rhe):
+                return substitute(d, k) if out is None else out.copy_(substitute(d, k))
+        hoisted = program.precompute(x_seq, rhe)
+        buffers = {i.dst: torch.empty(shape, dtype=dtype, device=x_seq.device)
+                   for i in program.instrs if i.dst not in hoisted}
+        v = torch.full(shape, program.v_init, dtype=dtype, device=x_seq.device)
+        spare = torch.empty_like(v)
         for t in range(x_seq.shape[0]):
-            v, s = program.run(v, x_seq[t], round_half_even_shift,
-                               given={k: h[t] for k, h in hoisted.items()})
-            spikes[t] = s
+            buffers["v_next"] = spare
+            spare, (v, s) = v, program.run(v, x_seq[t], rhe, buffers=buffers,
+                                           given={k: h[t] for k, h in hoisted.items()})
+            spikes[t].copy_(s)
         return spikes
 
     # ---- call -------------------------------------------------------------------------------
@@ -245,15 +353,23 @@ class IntegerSNN:
         x = x_seq.to(self.device)
         if x.dtype == torch.bool or x.dtype == torch.uint8:
             x = x.to(torch.int32)
+        float32 = self.synapse_arithmetic == "auto" and float32_sums_are_exact()
+        if float32 and self.desc.input_max < _FLOAT32_LIMIT:
+            # float32 rounding is monotonic and exact up to 2^24 > input_max: every |x| above
+            # input_max stays above it, every other x is exact (and its minimum and maximum are
+            # found faster than in int64); the float synapses take this copy
+            x = x.to(torch.float32)
         if x.numel():
             lo, hi = torch.aminmax(x)
             peak = max(-int(lo), int(hi))
             if peak > self.desc.input_max:
-                raise ValueError(f"x_seq has an entry of magnitude {peak}, above input_max="
-                                 f"{self.desc.input_max} for which the export is exact")
+                lo, hi = torch.aminmax(x_seq.to(torch.int64))
+                raise ValueError(f"x_seq has an entry of magnitude {max(-int(lo), int(hi))}, "
+                                 f"above input_max={self.desc.input_max} for which the export "
+                                 f"is exact")
         T, N = x.shape[0], x.shape[1]
         # the types follow the bound of this input, rounded up to 2^b - 1 (few cached plans)
-        plan = self._plan((1 << peak.bit_length()) - 1 if x.numel() else 1)
+        plan = self._plan((1 << peak.bit_length()) - 1 if x.numel() else 1, float32)
         values = {NETWORK_INPUT: x.reshape((T * N,) + tuple(x.shape[2:]))}
         layers = {}
         for i, (op, prm) in enumerate(zip(self.desc.ops, plan)):
@@ -262,9 +378,15 @@ class IntegerSNN:
                 y = self._join(op, prm, [values[j] for j in src])
             elif isinstance(op, NeuronOp):
                 x = values[src[0]]
-                s = self._neuron(prm, x.reshape((T, N) + tuple(x.shape[1:])))
+                # the currents may be overwritten by the spikes when this is their last reader,
+                # they are not the caller's input, and no other value shares their memory
+                storage = x.untyped_storage().data_ptr()
+                overwrite = (self._last_use.get(src[0]) == i and src[0] != NETWORK_INPUT and
+                             all(v.untyped_storage().data_ptr() != storage
+                                 for j, v in values.items() if j != src[0]))
+                s = self._neuron(prm, x.reshape((T, N) + tuple(x.shape[1:])), overwrite)
                 if record:
-                    layers[op.name] = s
+                    layers[op.name] = s.to(torch.int8)
                 y = s.reshape((T * N,) + tuple(s.shape[2:]))
             else:
                 y = self._stateless(op, prm, values[src[0]])
