@@ -9,8 +9,10 @@ on its test samples (the real numbers: its real activity), or untrained on rando
 Cases, alternated in every repeat (median of ``--repeats`` runs, with min and max):
   * C model, event-driven and dense (``to_c(..., synapses=...)``): the compiled ``<name>_step``
     over all samples and steps (``-O2``, single thread);
-  * IntegerSNN, batch: one call on all samples (``torch.set_num_threads(1)``);
-  * IntegerSNN, one sample per call (the way the C model is used on a device);
+  * IntegerSNN, batch: one call on all samples (``torch.set_num_threads(1)``), with
+    ``synapse_arithmetic='auto'`` (float32 synapses where proven exact) and with the default
+    ``'integer'`` (integer tensors only);
+  * IntegerSNN, one sample per call (the way the C model is used on a device), both modes;
   * the fake-quantized float model (folded, eval mode), batch of N (``torch.set_num_threads(1)``).
 Also: synaptic operations per sample (nonzero input x output it reaches, counted exactly), the
 event-driven C model's nanoseconds per synaptic operation, the ratios the targets name, and the
@@ -52,6 +54,10 @@ from snnquant.export import IntegerSNN, c_memory, fold_batchnorm, to_c, to_integ
 C_EVENTS = "C model, event-driven (gcc -O2, 1 thread)"
 C_DENSE = "C model, dense (gcc -O2, 1 thread)"
 FLOAT = "fake-quantized float model, eval (1 thread)"
+INT_AUTO = "IntegerSNN 'auto', batch of N (1 thread)"
+INT_AUTO_SINGLE = "IntegerSNN 'auto', one sample per call"
+INT_DEFAULT = "IntegerSNN 'integer', batch of N (1 thread)"
+INT_DEFAULT_SINGLE = "IntegerSNN 'integer', one sample per call"
 
 DRIVER = r"""
 #define _POSIX_C_SOURCE 199309L
@@ -207,7 +213,8 @@ def main(argv=None):
                    str(folder / "driver.c"), "-o", str(folder / "driver")]
             subprocess.run(cmd, check=True)
             exes[form] = folder / "driver"
-        sim = IntegerSNN(desc)
+        sim = IntegerSNN(desc)  # the default: integer tensors only
+        fast = IntegerSNN(desc, synapse_arithmetic="auto")  # float32 synapses where exact
         xf = x.float()
         outputs = {}
 
@@ -218,16 +225,20 @@ def main(argv=None):
                 return float(res.stdout.strip()) * 1e-9
             return run
 
-        def run_batch():
-            t0 = time.perf_counter()
-            sim(x)
-            return time.perf_counter() - t0
+        def run_batch(s):
+            def run():
+                t0 = time.perf_counter()
+                s(x)
+                return time.perf_counter() - t0
+            return run
 
-        def run_single():
-            t0 = time.perf_counter()
-            for n in range(args.N):
-                sim(x[:, n:n + 1])
-            return time.perf_counter() - t0
+        def run_single(s):
+            def run():
+                t0 = time.perf_counter()
+                for n in range(args.N):
+                    s(x[:, n:n + 1])
+                return time.perf_counter() - t0
+            return run
 
         def run_float():
             from spikingjelly.activation_based import functional
@@ -238,8 +249,8 @@ def main(argv=None):
             return time.perf_counter() - t0
 
         cases = {C_EVENTS: run_c("events"), C_DENSE: run_c("dense"),
-                 "IntegerSNN, batch of N (1 thread)": run_batch,
-                 "IntegerSNN, one sample per call (1 thread)": run_single,
+                 INT_AUTO: run_batch(fast), INT_AUTO_SINGLE: run_single(fast),
+                 INT_DEFAULT: run_batch(sim), INT_DEFAULT_SINGLE: run_single(sim),
                  FLOAT: run_float}
         for fn in cases.values():      # warm-up
             fn()
@@ -252,6 +263,8 @@ def main(argv=None):
                                           np.int64).reshape(args.N, args.T, -1)
     ref = sim(x).to(torch.int64).reshape(args.T, args.N, -1).transpose(0, 1).numpy()
     agreement = {form: float((got == ref).all(axis=(1, 2)).mean()) for form, got in outputs.items()}
+    got = fast(x).to(torch.int64).reshape(args.T, args.N, -1).transpose(0, 1).numpy()
+    agreement["integer_snn_auto"] = float((got == ref).all(axis=(1, 2)).mean())
 
     med = {k: statistics.median(v) for k, v in times.items()}
     rows = []
@@ -266,14 +279,17 @@ def main(argv=None):
     ns_per_synop = med[C_EVENTS] * 1e9 / (synops * args.T) if synops else float("nan")
     ratios = dict(event_c_vs_float=med[C_EVENTS] / med[FLOAT],
                   dense_c_vs_event_c=med[C_DENSE] / med[C_EVENTS],
-                  integer_snn_batch_vs_float=med["IntegerSNN, batch of N (1 thread)"] / med[FLOAT])
+                  integer_snn_batch_vs_float=med[INT_AUTO] / med[FLOAT],
+                  integer_snn_default_batch_vs_float=med[INT_DEFAULT] / med[FLOAT])
     lines.append(f"synaptic operations per sample: {synops * args.T:.0f} (T={args.T}); event-driven "
                  f"C: {ns_per_synop:.2f} ns per synaptic operation")
     lines.append(f"targets: event-driven C / float {ratios['event_c_vs_float']:.2f} (<= 0.5), dense "
-                 f"C / event-driven C {ratios['dense_c_vs_event_c']:.1f} (>= 4), IntegerSNN batch / "
-                 f"float {ratios['integer_snn_batch_vs_float']:.2f} (<= 1.5)")
+                 f"C / event-driven C {ratios['dense_c_vs_event_c']:.1f} (>= 4), IntegerSNN batch "
+                 f"('auto') / float {ratios['integer_snn_batch_vs_float']:.2f} (<= 1.5; the "
+                 f"default 'integer': {ratios['integer_snn_default_batch_vs_float']:.2f})")
     lines.append(f"agreement with IntegerSNN: event-driven {100 * agreement['events']:.2f}%, dense "
-                 f"{100 * agreement['dense']:.2f}% of {args.N} samples; ROM "
+                 f"{100 * agreement['dense']:.2f}%, IntegerSNN 'auto' with the default "
+                 f"{100 * agreement['integer_snn_auto']:.2f}% of {args.N} samples; ROM "
                  f"{mems['events'].rom_bytes} B, RAM {mems['events'].ram_bytes} B event-driven "
                  f"({mems['events'].scratch_bytes} B sums), {mems['dense'].ram_bytes} B dense")
     table = "\n".join(lines)

@@ -179,7 +179,7 @@ def test_simulator_uses_integer_ops_only():
     net, shape = random_net(cfg)
     x = inputs(shape, 4, 2, 0, 3)
     desc = to_integer(fold_batchnorm(quantized(net, cfg, x)))
-    sim = IntegerSNN(desc, synapse_arithmetic="integer")
+    sim = IntegerSNN(desc)
     x_int = x.to(torch.int64)
 
     with RecordDtypes() as rec:
@@ -202,12 +202,12 @@ def test_int32_where_the_bounds_allow_gives_the_int64_results(monkeypatch):
     desc = to_integer(fold_batchnorm(quantized(net, cfg, x)))
     x_int = x.to(torch.int64)
     with RecordDtypes() as rec:
-        out, layers = IntegerSNN(desc, synapse_arithmetic="integer")(x_int, record=True)
+        out, layers = IntegerSNN(desc)(x_int, record=True)
     assert any("convolution" in f and d in (torch.int16, torch.int32) for f, d in rec.dtypes)
     monkeypatch.setattr(simulator_module, "_INT32_LIMIT", 0)
     monkeypatch.setattr(simulator_module, "_INT16_LIMIT", 0)
     with RecordDtypes() as rec:
-        out64, layers64 = IntegerSNN(desc, synapse_arithmetic="integer")(x_int, record=True)
+        out64, layers64 = IntegerSNN(desc)(x_int, record=True)
     assert not any(d in (torch.int16, torch.int32) for _, d in rec.dtypes)
     assert torch.equal(out, out64)
     assert all(torch.equal(layers[k], layers64[k]) for k in layers)

@@ -113,7 +113,7 @@ def test_simulator_uses_integer_ops_only_with_multiplier():
     x = inputs((16,), 6, 3, 0).to(torch.int64)
 
     with RecordDtypes() as rec:
-        IntegerSNN(desc, synapse_arithmetic="integer")(x)
+        IntegerSNN(desc)(x)
     bad = [(f, d) for f, d in rec.dtypes if d.is_floating_point or d.is_complex]
     assert not bad, bad
     assert any("mul" in f and d == torch.int64 for f, d in rec.dtypes)  # the multiplier M
