@@ -91,8 +91,14 @@ class CMemory:
             layers and the sums of the event-driven layers.
         state_bytes: the membranes alone.
         input_size: ``<NAME>_INPUT_SIZE``; ``output_size``: ``<NAME>_OUTPUT_SIZE``.
-        scratch_bytes: the sums of the event-driven synaptic layers (one layer's at a time; 0
-            with ``synapses='dense'``), included in ``ram_bytes``.
+        scratch_bytes: the sums of the event-driven synaptic layers and the spikes of the
+            neuron layers they feed (one layer's at a time; 0 with ``synapses='dense'``),
+            included in ``ram_bytes``.
+        list_bytes: what the index lists of spikes (``synapses='events'``: the spikes of a
+            neuron layer that only synaptic layers read travel as the count and the indices of
+            the neurons that fired) add to the buffers between layers over the one byte per
+            neuron of ``synapses='dense'``; included in ``ram_bytes``, so that
+            ``ram_bytes`` = dense ``ram_bytes`` + ``scratch_bytes`` + ``list_bytes``.
     """
 
     rom_bytes: int
@@ -101,6 +107,7 @@ class CMemory:
     input_size: int
     output_size: int
     scratch_bytes: int = 0
+    list_bytes: int = 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -178,7 +185,10 @@ class _Gen:
 
     # -- operations -----------------------------------------------------------------------------
     def synapse(self, i: int, op: SynapseOp, in_shape, out_shape, in_range, in_t, out_t_fixed,
-                fuse_with=None):
+                fuse_with=None, in_list=False, out_list=False):
+        """Write synaptic layer ``i`` (fused with neuron layer ``fuse_with``: its spikes are the
+        output); ``in_list``/``out_list``: the input/output is an index list
+        (:meth:`_spike_store`), else a buffer."""
         w = op.weight.to(torch.int64)
         c_out = int(w.shape[0])
         rescale_def = SynapseRescale.of(op)
@@ -198,7 +208,9 @@ class _Gen:
         if fuse_with is None:
             rescale.append(f"out[o] = ({out_t})acc;")
         else:
-            rescale.append(f"out[o] = ({out_t}){self.name}_n{fuse_with}(s, o, (int64_t)acc);")
+            rescale += self._spike_store(out_list, out_t,
+                                         f"{self.name}_n{fuse_with}(s, o, (int64_t)acc)")
+        fired_decl, fired_end = self._spike_list_ends(out_list, out_t)
 
         def rescale_code(indent):
             return "\n".join(" " * indent + line for line in rescale)
@@ -219,26 +231,21 @@ class _Gen:
                 # a weight column per nonzero input: weights stored [in][out]
                 wname = self.const_array(f"w{i}", w.t().reshape(-1).tolist())
                 sums = self.scratch_array(i, sum_t, c_out)
+                column = [f"const {self.const_types[wname]} *wj = {wname} + j * {c_out};",
+                          f"for (oc = 0; oc < {c_out}; oc++) {{",
+                          f"    sum[oc] = ({sum_t})(sum[oc] + ({acc_t})wj[oc]{times_x});", "}"]
                 body = f"""{{
     {sum_t} *sum = {sums};
-    int32_t oc, j;
+    int32_t oc;{fired_decl}
     memset(sum, 0, sizeof({sum_t}) * {c_out});
-    for (j = 0; j < {n_in}; j++) {{
-        const {in_t} x = in[j];
-        if (x != 0) {{
-            const {self.const_types[wname]} *wj = {wname} + j * {c_out};
-            for (oc = 0; oc < {c_out}; oc++) {{
-                sum[oc] = ({sum_t})(sum[oc] + ({acc_t})wj[oc]{times_x});
-            }}
-        }}
-    }}
+{self._events(4, in_list, in_t, n_in, column)}
     for (oc = 0; oc < {c_out}; oc++) {{
         const int32_t o = oc;
         {acc_t} acc = sum[oc];
         {{
 {rescale_code(12)}
         }}
-    }}
+    }}{fired_end}
 }}"""
             else:
                 wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
@@ -275,52 +282,56 @@ class _Gen:
             cog = c_out // op.groups
             if events:
                 # a kernel stamp per nonzero input: weights stored [c_in][ky][kx][out of group],
-                # sums [oy][ox][oc]
+                # sums [oy][ox][oc]; the columns the stamp reaches are clipped once per event
                 wt = w.reshape(op.groups, cog, cig, kh, kw).permute(0, 2, 3, 4, 1)
                 wname = self.const_array(f"w{i}", wt.reshape(-1).tolist())
                 sums = self.scratch_array(i, sum_t, co * ho_ * wo)
 
-                def target(axis, stride, size, indent):
-                    """The check that input row/column t<axis> reaches an output, and its index."""
-                    pad = " " * indent
+                def target(axis, stride, size):
+                    """The condition that input row/column t<axis> reaches no output, and the
+                    output's index."""
                     cond = (f"t{axis} < 0 || t{axis} >= {size}" if stride == 1 else
                             f"t{axis} < 0 || t{axis} % {stride} != 0 || t{axis} / {stride} >= {size}")
-                    return (f"if ({cond}) {{\n{pad}    continue;\n{pad}}}",
-                            f"t{axis}" if stride == 1 else f"t{axis} / {stride}")
-                check_y, oy_expr = target("y", sh, ho_, 20)
-                check_x, ox_expr = target("x", sw, wo, 24)
+                    return cond, (f"t{axis}" if stride == 1 else f"t{axis} / {stride}")
+                miss_y, oy_expr = target("y", sh, ho_)
+                miss_x, ox_expr = target("x", sw, wo)
+                stamp = [
+                    f"const int32_t c = j / {hi_ * wi};",
+                    f"const int32_t iy = (j - c * {hi_ * wi}) / {wi};",
+                    f"const int32_t ix = j - (c * {hi_} + iy) * {wi};",
+                    f"const int32_t g = c / {cig};",
+                    "int32_t reach = 0;",
+                    f"for (kx = 0; kx < {kw}; kx++) {{",
+                    f"    const int32_t tx = ix + {pw} - kx * {dw};",
+                    f"    if (!({miss_x})) {{",
+                    f"        sum_at[reach] = ({ox_expr}) * {co} + g * {cog};",
+                    f"        w_at[reach] = kx * {cog};",
+                    "        reach++;",
+                    "    }",
+                    "}",
+                    f"for (ky = 0; ky < {kh}; ky++) {{",
+                    f"    const int32_t ty = iy + {ph} - ky * {dh};",
+                    f"    {sum_t} *row;",
+                    f"    const {self.const_types[wname]} *wrow;",
+                    f"    if ({miss_y}) {{",
+                    "        continue;",
+                    "    }",
+                    f"    row = sum + ({oy_expr}) * {wo * co};",
+                    f"    wrow = {wname} + (c * {kh} + ky) * {kw * cog};",
+                    "    for (r = 0; r < reach; r++) {",
+                    f"        {sum_t} *dst = row + sum_at[r];",
+                    f"        const {self.const_types[wname]} *wk = wrow + w_at[r];",
+                    f"        for (oc = 0; oc < {cog}; oc++) {{",
+                    f"            dst[oc] = ({sum_t})(dst[oc] + ({acc_t})wk[oc]{times_x});",
+                    "        }",
+                    "    }",
+                    "}"]
                 body = f"""{{
     {sum_t} *sum = {sums};
-    int32_t c, iy, ix, ky, kx, oc, oy, ox;
+    int32_t ky, kx, r, oc, oy, ox;
+    int32_t sum_at[{kw}] = {{0}}, w_at[{kw}] = {{0}};{fired_decl}
     memset(sum, 0, sizeof({sum_t}) * {co * ho_ * wo});
-    for (c = 0; c < {ci}; c++) {{
-        const int32_t g = c / {cig};
-        for (iy = 0; iy < {hi_}; iy++) {{
-            for (ix = 0; ix < {wi}; ix++) {{
-                const {in_t} x = in[(c * {hi_} + iy) * {wi} + ix];
-                if (x == 0) {{
-                    continue;
-                }}
-                for (ky = 0; ky < {kh}; ky++) {{
-                    const int32_t ty = iy + {ph} - ky * {dh};
-                    {check_y}
-                    oy = {oy_expr};
-                    for (kx = 0; kx < {kw}; kx++) {{
-                        const int32_t tx = ix + {pw} - kx * {dw};
-                        {sum_t} *dst;
-                        const {self.const_types[wname]} *wk;
-                        {check_x}
-                        ox = {ox_expr};
-                        dst = sum + (oy * {wo} + ox) * {co} + g * {cog};
-                        wk = {wname} + ((c * {kh} + ky) * {kw} + kx) * {cog};
-                        for (oc = 0; oc < {cog}; oc++) {{
-                            dst[oc] = ({sum_t})(dst[oc] + ({acc_t})wk[oc]{times_x});
-                        }}
-                    }}
-                }}
-            }}
-        }}
-    }}
+{self._events(4, in_list, in_t, ci * hi_ * wi, stamp)}
     for (oc = 0; oc < {co}; oc++) {{
         for (oy = 0; oy < {ho_}; oy++) {{
             for (ox = 0; ox < {wo}; ox++) {{
@@ -331,7 +342,7 @@ class _Gen:
                 }}
             }}
         }}
-    }}
+    }}{fired_end}
 }}"""
             else:
                 wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
@@ -378,6 +389,56 @@ class _Gen:
                  f"        if (ix < 0 || ix >= {wi}) {{", "            continue;", "        }"]
         lines += ["        " + ln for ln in inner] + ["    }", "}"]
         return "\n".join(pad + ln for ln in lines)
+
+    @staticmethod
+    def _spike_store(out_list: bool, out_t: str, spike: str) -> List[str]:
+        """C statements that emit the spike ``spike`` (a C expression, 0 or 1) of neuron ``o``:
+        ``out[o] = spike`` into a buffer, or into an index list (``out[0]`` the number of
+        neurons that fired, ``out[1..]`` their indices in increasing order): the index is written
+        always and kept by advancing the count, without a branch (``1 + fired <= o + 1``, in
+        bounds)."""
+        if out_list:
+            return [f"out[1 + fired] = ({out_t})o;", f"fired += {spike};"]
+        return [f"out[o] = ({out_t}){spike};"]
+
+    @staticmethod
+    def _spike_list_ends(out_list: bool, out_t: str) -> Tuple[str, str]:
+        """The declaration of the count of an index list and the statement that stores it (both
+        empty text for a buffer), for :meth:`_spike_store`."""
+        if not out_list:
+            return "", ""
+        return "\n    int32_t fired = 0;", f"\n    out[0] = ({out_t})fired;"
+
+    @staticmethod
+    def _events(indent: int, in_list: bool, in_t: str, n: int, body: Sequence[str]) -> str:
+        """C loops that run ``body`` for every nonzero input ``j`` (value ``x``; ``j`` in
+        increasing order): from an index list (every listed input is a spike, ``x`` = 1, not
+        declared), or scanning the buffer ``in`` of ``n`` elements a 64-bit word at a time
+        (``memcpy``: no alignment or aliasing assumption) and skipping the words that are 0."""
+        inner = [" " * 4 + ln for ln in body]
+        if in_list:
+            lines = ["{", "    const int32_t count = (int32_t)in[0];", "    int32_t e;",
+                     "    for (e = 1; e <= count; e++) {",
+                     "        const int32_t j = (int32_t)in[e];"]
+            lines += ["    " + ln for ln in inner] + ["    }", "}"]
+        else:
+            per_word = max(1, 8 // _TYPES_BYTES[in_t])
+            lines = ["{", "    int32_t j0, j;", f"    for (j0 = 0; j0 < {n}; j0 += {per_word}) {{"]
+            if per_word > 1:
+                if n % per_word:
+                    lines += [f"        const int32_t j1 = j0 + {per_word} < {n} ? j0 + {per_word} : {n};",
+                              f"        if (j1 - j0 == {per_word}) {{"]
+                else:
+                    lines += [f"        const int32_t j1 = j0 + {per_word};", "        {"]
+                lines += ["            uint64_t word;", "            memcpy(&word, in + j0, sizeof(word));",
+                          "            if (word == 0) {", "                continue;", "            }",
+                          "        }"]
+            else:
+                lines.append("        const int32_t j1 = j0 + 1;")
+            lines += ["        for (j = j0; j < j1; j++) {", f"            const {in_t} x = in[j];",
+                      "            if (x == 0) {", "                continue;", "            }"]
+            lines += ["        " + ln for ln in inner] + ["        }", "    }", "}"]
+        return "\n".join(" " * indent + ln for ln in lines)
 
     @staticmethod
     def _conv_pads(op: SynapseOp, kernel) -> Tuple[int, ...]:
@@ -452,7 +513,10 @@ class _Gen:
                           f"{adaptive} */\n{body}")
         return out_range, out_t
 
-    def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed, fused=False):
+    def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed, fused=False,
+               out_list=False):
+        """Write neuron layer ``i`` (``fused``: its synaptic layer calls it per neuron);
+        ``out_list``: its spikes go out as an index list (:meth:`_spike_store`)."""
         n = _numel(shape)
         program = neuron_program(op)
         regs, (v_lo, v_hi) = program.intervals(in_range)
@@ -481,10 +545,12 @@ class _Gen:
             f"threshold {th}, {op.reset_mode} reset, leak: {leak}.\n * One neuron j with input "
             f"current xin: update the membrane, return the spike. */\n{proto}\n{{\n{body}\n}}")
         if not fused:
+            store = self._spike_store(out_list, out_t, f"{self.name}_n{i}(s, o, (int64_t)in[o])")
+            fired_decl, fired_end = self._spike_list_ends(out_list, out_t)
             self.funcs.append(
                 f"static void {self.name}_op{i}({self.name}_state *s, const {in_t} *in, {out_t} *out)\n"
-                f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
-                f"        out[j] = ({out_t}){self.name}_n{i}(s, j, (int64_t)in[j]);\n    }}\n}}")
+                f"{{\n    int32_t o;{fired_decl}\n    for (o = 0; o < {n}; o++) {{\n"
+                + "".join(f"        {ln}\n" for ln in store) + f"    }}{fired_end}\n}}")
         self.reset_lines.append(f"for (j = 0; j < {n}; j++) {{\n        s->v{i}[j] = ({v_t}){_lit(op.v_init)};\n    }}")
         return (0, 1), out_t
 
@@ -519,11 +585,11 @@ class _Gen:
 
     # -- whole network --------------------------------------------------------------------------
     def _schedule(self):
-        """The C calls in order: ``(steps, source, out_src, last_read)``. A step is ``(i, j)``:
+        """The C calls in order: ``(steps, source, out_src, last_read, readers)``. A step is ``(i, j)``:
         operation ``i``, or synapse ``i`` fused with neuron ``j`` (its current goes straight into
         the neurons when nothing else reads it). ``source[k]`` is the operation whose buffer holds
         value ``k`` (a flatten is its input's buffer in C order); ``last_read[k]``: the last step
-        that reads buffer ``k``."""
+        that reads buffer ``k``; ``readers[k]``: the operations that read it."""
         desc = self.desc
         source = {NETWORK_INPUT: NETWORK_INPUT}
         for i, op in enumerate(desc.ops):
@@ -554,7 +620,7 @@ class _Gen:
             if j != i:
                 for k in desc.op_inputs(i):
                     last_read[source[k]] = pos
-        return steps, source, out_src, last_read
+        return steps, source, out_src, last_read, readers
 
     def build(self):
         desc = self.desc
@@ -562,13 +628,19 @@ class _Gen:
         if desc.input_max >= (1 << 31):
             raise ExportError(f"input_max={desc.input_max} does not fit the int32_t input of the C "
                               f"model")
-        steps, source, out_src, last_read = self._schedule()
+        steps, source, out_src, last_read, readers = self._schedule()
+        # spikes that only event-driven synaptic layers read travel as index lists
+        lists = {j for _, j in steps
+                 if self.synapses == "events" and isinstance(desc.ops[j], NeuronOp)
+                 and j != out_src and readers.get(j)
+                 and all(isinstance(desc.ops[r], SynapseOp) for r in readers[j])}
         # per buffer (operation index, or the input): range, C type and C expression
         ranges = {NETWORK_INPUT: (-int(desc.input_max), int(desc.input_max))}
         types = {NETWORK_INPUT: "int32_t"}
         exprs = {NETWORK_INPUT: "input"}
         # buffers between operations: slots (unions) reused once every reader has run
-        slots: List[List[Tuple[str, int, int, int]]] = []  # per slot: (ctype, n, bytes, op index)
+        # per slot: (ctype, n, bytes, op index, bytes of the dense form's buffer)
+        slots: List[List[Tuple[str, int, int, int, int]]] = []
         slot_busy: List[int] = []                            # per slot: last step reading it
         calls = []
         out_size = _numel(self.shapes[-1][1]) if self.shapes else _numel(self.input_shape)
@@ -577,23 +649,28 @@ class _Gen:
             in_shape, out_shape = self.shapes[i]
             srcs = [source[k] for k in desc.op_inputs(i)]
             in_range, in_t = ranges[srcs[0]], types[srcs[0]]
-            fixed = "int64_t" if j == out_src else None
+            in_list, out_list = srcs[0] in lists, j in lists
+            n_out = _numel(self.shapes[j][1])
+            # an index list holds its count and up to every neuron's index
+            fixed = ("int64_t" if j == out_src else
+                     _ctype(0, n_out)[0] if out_list else None)
             if j != i:
                 n_fixed = fixed or "uint8_t"
                 cur_range, _ = self.synapse(i, op, in_shape, out_shape, in_range, in_t, n_fixed,
-                                            fuse_with=j)
+                                            fuse_with=j, in_list=in_list, out_list=out_list)
                 rng, t = self.neuron(j, desc.ops[j], self.shapes[j][0], cur_range, "int64_t",
                                      n_fixed, fused=True)
                 out_shape = self.shapes[j][1]
             elif isinstance(op, SynapseOp):
-                rng, t = self.synapse(i, op, in_shape, out_shape, in_range, in_t, fixed)
+                rng, t = self.synapse(i, op, in_shape, out_shape, in_range, in_t, fixed,
+                                      in_list=in_list)
             elif isinstance(op, PoolOp):
                 rng, t = self.pool(i, op, in_shape, out_shape, in_range, in_t, fixed)
             elif isinstance(op, JoinOp):
                 rng, t = self.join(i, op, out_shape, [ranges[k] for k in srcs],
                                    [types[k] for k in srcs], fixed)
             else:
-                rng, t = self.neuron(i, op, in_shape, in_range, in_t, fixed)
+                rng, t = self.neuron(i, op, in_shape, in_range, in_t, fixed, out_list=out_list)
             if j == out_src:
                 dst = "output"
             else:
@@ -605,7 +682,9 @@ class _Gen:
                     u = len(slots)
                     slots.append([])
                     slot_busy.append(pos)
-                slots[u].append((t, n, _TYPES_BYTES[t] * n, j))
+                dense_bytes = n if out_list else _TYPES_BYTES[t] * n   # uint8_t spikes
+                n += 1 if out_list else 0
+                slots[u].append((t, n, _TYPES_BYTES[t] * n, j, dense_bytes))
                 slot_busy[u] = last_read.get(j, pos)
                 dst = f"s->buf{u}.a{j}"
             ranges[j], types[j], exprs[j] = rng, t, dst
@@ -618,12 +697,14 @@ class _Gen:
             calls.append(f"for (j = 0; j < {out_size}; j++) {{\n        output[j] = (int64_t)input[j];\n    }}")
         members = []
         ram = 0
+        self.list_bytes = 0
         for u, bufs in enumerate(slots):
-            size = max(b for _, _, b, _ in bufs)
+            size = max(b for _, _, b, _, _ in bufs)
             size8 = -(-size // 8) * 8
-            decl = "".join(f"        {t} a{i}[{n}];\n" for t, n, _, i in bufs)
+            decl = "".join(f"        {t} a{i}[{n}];\n" for t, n, _, i, _ in bufs)
             members.append(f"    union {{\n{decl}        uint8_t bytes[{size8}];\n    }} buf{u};")
             ram += size8
+            self.list_bytes += size8 - -(-max(d for _, _, _, _, d in bufs) // 8) * 8
         self.scratch_bytes = 0
         if self.scratch:
             size8 = -(-max(b for _, _, b, _ in self.scratch) // 8) * 8
@@ -766,7 +847,7 @@ def c_memory(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = None, 
     g = _prepare(desc, "snn", input_shape, synapses)
     return CMemory(rom_bytes=g.rom, ram_bytes=g.ram, state_bytes=g.state_bytes,
                    input_size=_numel(g.input_shape), output_size=g.out_size,
-                   scratch_bytes=g.scratch_bytes)
+                   scratch_bytes=g.scratch_bytes, list_bytes=g.list_bytes)
 
 
 def _pair_texts(gen: "_Gen") -> Tuple[bytes, bytes]:
