@@ -151,7 +151,7 @@ class _Gen:
         self.desc, self.name, self.NAME = desc, name, name.upper()
         self.synapses = synapses
         self.const_types: dict = {}
-        self.scratch: List[Tuple[str, int, int, int]] = []   # (ctype, n, bytes, op index)
+        self.scratch: List[Tuple[str, int, int]] = []   # (struct members, bytes, op index)
         self.input_shape = tuple(int(v) for v in input_shape)
         self.shapes = op_shapes(desc, self.input_shape)
         self.consts: List[str] = []
@@ -159,7 +159,7 @@ class _Gen:
         self.rom = 0
         self.state_members: List[Tuple[int, str]] = []   # (element bytes, declaration)
         self.state_bytes = 0
-        self.uses_rhe = False
+        self.rhe_types: set = set()   # the C types a rounding helper is written for
         self.protos: List[str] = []
 
     # -- helpers --------------------------------------------------------------------------------
@@ -176,11 +176,14 @@ class _Gen:
         self.const_types[ident] = ctype
         return ident
 
-    def scratch_array(self, i: int, ctype: str, n: int) -> str:
-        """An array of ``n`` ``ctype`` in the state's scratch union (sums of an event-driven
-        layer; one layer uses it at a time); returns the C expression that names it."""
-        size = _TYPES_BYTES[ctype]
-        self.scratch.append((ctype, n, size * n, i))
+    def scratch_arrays(self, i: int, sum_t: str, n: int, fired: bool) -> str:
+        """The sums (``n`` ``sum_t``) of event-driven layer ``i`` and, where it feeds a neuron
+        layer (``fired``), that layer's spikes (``n`` bytes), as a struct in the state's scratch
+        union (one layer uses it at a time); returns the C expression that names the struct."""
+        size = _TYPES_BYTES[sum_t]
+        members = f"{sum_t} sum[{n}];" + (f" uint8_t fired[{n}];" if fired else "")
+        nbytes = size * n + (n if fired else 0)
+        self.scratch.append((members, -(-nbytes // size) * size, i))
         return f"s->scratch.s{i}"
 
     # -- operations -----------------------------------------------------------------------------
@@ -205,17 +208,18 @@ class _Gen:
         out_range = bound.out_range
         out_t = out_t_fixed or _ctype(*out_range)[0]
         rescale = rescale_def.c_lines("acc", acc_t, self.const_array, i)
+        events = self.synapses == "events"
         if fuse_with is None:
             rescale.append(f"out[o] = ({out_t})acc;")
+        elif events:
+            rescale.append(f"spiked[k] = (uint8_t){self.name}_n{fuse_with}(s, k, (int64_t)acc);")
         else:
             rescale += self._spike_store(out_list, out_t,
                                          f"{self.name}_n{fuse_with}(s, o, (int64_t)acc)")
-        fired_decl, fired_end = self._spike_list_ends(out_list, out_t)
 
         def rescale_code(indent):
             return "\n".join(" " * indent + line for line in rescale)
 
-        events = self.synapses == "events"
         state = "" if fuse_with is None and not events else f"{self.name}_state *s, "
         sig = f"static void {self.name}_op{i}({state}const {in_t} *in, {out_t} *out)"
         # the sums of the event-driven form: the accumulator's bound alone (no rescale yet)
@@ -230,22 +234,15 @@ class _Gen:
             if events:
                 # a weight column per nonzero input: weights stored [in][out]
                 wname = self.const_array(f"w{i}", w.t().reshape(-1).tolist())
-                sums = self.scratch_array(i, sum_t, c_out)
+                sums = self.scratch_arrays(i, sum_t, c_out, fuse_with is not None)
                 column = [f"const {self.const_types[wname]} *wj = {wname} + j * {c_out};",
                           f"for (oc = 0; oc < {c_out}; oc++) {{",
                           f"    sum[oc] = ({sum_t})(sum[oc] + ({acc_t})wj[oc]{times_x});", "}"]
                 body = f"""{{
-    {sum_t} *sum = {sums};
-    int32_t oc;{fired_decl}
-    memset(sum, 0, sizeof({sum_t}) * {c_out});
+    {sum_t} *sum = {sums}.sum;
+    int32_t oc;
 {self._events(4, in_list, in_t, n_in, column)}
-    for (oc = 0; oc < {c_out}; oc++) {{
-        const int32_t o = oc;
-        {acc_t} acc = sum[oc];
-        {{
-{rescale_code(12)}
-        }}
-    }}{fired_end}
+{self._event_outputs(sums, 1, c_out, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
                 wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
@@ -285,7 +282,7 @@ class _Gen:
                 # sums [oy][ox][oc]; the columns the stamp reaches are clipped once per event
                 wt = w.reshape(op.groups, cog, cig, kh, kw).permute(0, 2, 3, 4, 1)
                 wname = self.const_array(f"w{i}", wt.reshape(-1).tolist())
-                sums = self.scratch_array(i, sum_t, co * ho_ * wo)
+                sums = self.scratch_arrays(i, sum_t, co * ho_ * wo, fuse_with is not None)
 
                 def target(axis, stride, size):
                     """The condition that input row/column t<axis> reaches no output, and the
@@ -327,22 +324,11 @@ class _Gen:
                     "    }",
                     "}"]
                 body = f"""{{
-    {sum_t} *sum = {sums};
-    int32_t ky, kx, r, oc, oy, ox;
-    int32_t sum_at[{kw}] = {{0}}, w_at[{kw}] = {{0}};{fired_decl}
-    memset(sum, 0, sizeof({sum_t}) * {co * ho_ * wo});
+    {sum_t} *sum = {sums}.sum;
+    int32_t ky, kx, r, oc;
+    int32_t sum_at[{kw}] = {{0}}, w_at[{kw}] = {{0}};
 {self._events(4, in_list, in_t, ci * hi_ * wi, stamp)}
-    for (oc = 0; oc < {co}; oc++) {{
-        for (oy = 0; oy < {ho_}; oy++) {{
-            for (ox = 0; ox < {wo}; ox++) {{
-                const int32_t o = (oc * {ho_} + oy) * {wo} + ox;
-                {acc_t} acc = sum[(oy * {wo} + ox) * {co} + oc];
-                {{
-{rescale_code(20)}
-                }}
-            }}
-        }}
-    }}{fired_end}
+{self._event_outputs(sums, ho_ * wo, co, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
                 wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
@@ -390,6 +376,41 @@ class _Gen:
         lines += ["        " + ln for ln in inner] + ["    }", "}"]
         return "\n".join(pad + ln for ln in lines)
 
+    def _event_outputs(self, sums: str, positions: int, co: int, acc_t: str,
+                       rescale: Sequence[str], fuse_with, out_list: bool, out_t: str) -> str:
+        """C text (indent 4) that turns the sums ``[position][channel]`` of an event-driven layer
+        into its output, leaving every sum 0 for the next step (so that no step clears them:
+        ``<name>_reset`` zeroes the state): the currents, in C order; or, fused with a neuron
+        layer, its spikes. The neuron layer's membranes are then kept in the sums' order, so that
+        the loop reads, updates and writes contiguous memory without a branch, and the spike
+        bytes (``spiked``) are emitted afterwards a 64-bit word at a time, without a branch per
+        neuron: as an index list, or into the output buffer."""
+        if fuse_with is None:
+            head, index = [], f"        const int32_t o = oc * {positions} + p;"
+        else:
+            head, index = [f"uint8_t *spiked = {sums}.fired;"], None
+        lines = head + [
+            "int32_t p;",
+            f"for (p = 0; p < {positions}; p++) {{",
+            f"    for (oc = 0; oc < {co}; oc++) {{",
+            f"        const int32_t k = p * {co} + oc;"] + ([index] if index else []) + [
+            f"        {acc_t} acc = sum[k];",
+            "        sum[k] = 0;"]
+        lines += ["        " + ln for ln in rescale]
+        lines += ["    }", "}"]
+        if fuse_with is not None:
+            n = positions * co
+            o_expr = "j" if positions == 1 else f"(j % {co}) * {positions} + j / {co}"
+            emit = (["const int32_t o = " + o_expr + ";"]
+                    + self._spike_store(out_list, out_t, "x"))
+            fired_decl, fired_end = self._spike_list_ends(out_list, out_t)
+            lines += [ln.strip() for ln in fired_decl.split("\n") if ln.strip()]
+            if not out_list:
+                lines.append(f"memset(out, 0, sizeof({out_t}) * {n});")
+            lines += self._events(0, False, "uint8_t", n, emit, src="spiked", clear=True, every=True).split("\n")
+            lines += [ln.strip() for ln in fired_end.split("\n") if ln.strip()]
+        return "\n".join("    " + ln for ln in lines)
+
     @staticmethod
     def _spike_store(out_list: bool, out_t: str, spike: str) -> List[str]:
         """C statements that emit the spike ``spike`` (a C expression, 0 or 1) of neuron ``o``:
@@ -410,16 +431,19 @@ class _Gen:
         return "\n    int32_t fired = 0;", f"\n    out[0] = ({out_t})fired;"
 
     @staticmethod
-    def _events(indent: int, in_list: bool, in_t: str, n: int, body: Sequence[str]) -> str:
-        """C loops that run ``body`` for every nonzero input ``j`` (value ``x``; ``j`` in
-        increasing order): from an index list (every listed input is a spike, ``x`` = 1, not
-        declared), or scanning the buffer ``in`` of ``n`` elements a 64-bit word at a time
-        (``memcpy``: no alignment or aliasing assumption) and skipping the words that are 0."""
+    def _events(indent: int, in_list: bool, in_t: str, n: int, body: Sequence[str],
+                src: str = "in", clear: bool = False, every: bool = False) -> str:
+        """C loops that run ``body`` for every nonzero input ``j`` (value ``x``): from an index
+        list ``src`` (every listed input is a spike, ``x`` = 1, not declared), or scanning the
+        buffer ``src`` of ``n`` elements a 64-bit word at a time (``memcpy``: no alignment or
+        aliasing assumption) and skipping the words that are 0; ``clear``: setting the nonzero
+        ones to 0 once read; ``every``: running ``body`` for every element of a nonzero word,
+        zeros included (a branch-free body)."""
         inner = [" " * 4 + ln for ln in body]
         if in_list:
-            lines = ["{", "    const int32_t count = (int32_t)in[0];", "    int32_t e;",
+            lines = ["{", f"    const int32_t count = (int32_t){src}[0];", "    int32_t e;",
                      "    for (e = 1; e <= count; e++) {",
-                     "        const int32_t j = (int32_t)in[e];"]
+                     f"        const int32_t j = (int32_t){src}[e];"]
             lines += ["    " + ln for ln in inner] + ["    }", "}"]
         else:
             per_word = max(1, 8 // _TYPES_BYTES[in_t])
@@ -430,14 +454,18 @@ class _Gen:
                               f"        if (j1 - j0 == {per_word}) {{"]
                 else:
                     lines += [f"        const int32_t j1 = j0 + {per_word};", "        {"]
-                lines += ["            uint64_t word;", "            memcpy(&word, in + j0, sizeof(word));",
+                lines += ["            uint64_t word;", f"            memcpy(&word, {src} + j0, sizeof(word));",
                           "            if (word == 0) {", "                continue;", "            }",
                           "        }"]
             else:
                 lines.append("        const int32_t j1 = j0 + 1;")
-            lines += ["        for (j = j0; j < j1; j++) {", f"            const {in_t} x = in[j];",
-                      "            if (x == 0) {", "                continue;", "            }"]
-            lines += ["        " + ln for ln in inner] + ["        }", "    }", "}"]
+            lines += ["        for (j = j0; j < j1; j++) {", f"            const {in_t} x = {src}[j];"]
+            if not every:
+                lines += ["            if (x == 0) {", "                continue;", "            }"]
+            lines += ["        " + ln for ln in inner] + ["        }"]
+            if clear:
+                lines.append(f"        memset({src} + j0, 0, sizeof({in_t}) * (size_t)(j1 - j0));")
+            lines += ["    }", "}"]
         return "\n".join(" " * indent + ln for ln in lines)
 
     @staticmethod
@@ -526,19 +554,21 @@ class _Gen:
             raise ExportError(f"layer {op.name!r}: the charge is bounded only by {big} (grid shift "
                               f"{op.grid_shift}, leak shift {op.leak_shift}), which reaches "
                               f"2^{_LIMIT_BITS}: the C code would overflow int64")
+        reg_t = program.c_type(in_range)
         if any(ins.code == "rhe" for ins in program.instrs):
-            self.uses_rhe = True
+            self.rhe_types.add(reg_t)
         v_t, v_size = _ctype(v_lo, v_hi, signed=True)
         self.state_members.append((v_size, f"{v_t} v{i}[{n}];"))
         self.state_bytes += v_size * n
         out_t = out_t_fixed or "uint8_t"
-        lines = ["const int64_t v = (int64_t)s->v{i}[j];".format(i=i)]
-        lines += program.c_lines(self.name)
+        lines = [f"const {reg_t} v = ({reg_t})s->v{i}[j];",
+                 f"const {reg_t} xin = ({reg_t})current;"]
+        lines += program.c_lines(self.name, reg_t)
         lines += [f"s->v{i}[j] = ({v_t})v_next;", "return spike;"]
         body = "\n".join("    " + ln for ln in lines)
         th = op.threshold
         leak = op.leak_text()
-        proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t xin)"
+        proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t current)"
         self.protos.append(proto + ";")
         self.funcs.append(
             f"/* {_quote(op.name)}: {op.kind.upper()}, {op.v_bits}-bit membrane [{op.v_min}, {op.v_max}], "
@@ -707,9 +737,9 @@ class _Gen:
             self.list_bytes += size8 - -(-max(d for _, _, _, _, d in bufs) // 8) * 8
         self.scratch_bytes = 0
         if self.scratch:
-            size8 = -(-max(b for _, _, b, _ in self.scratch) // 8) * 8
+            size8 = -(-max(b for _, b, _ in self.scratch) // 8) * 8
             self.scratch_bytes = size8
-            decl = "".join(f"        {t} s{i}[{n}];\n" for t, n, _, i in self.scratch)
+            decl = "".join(f"        struct {{ {m} }} s{i};\n" for m, _, i in self.scratch)
             members.append(f"    union {{\n{decl}        uint8_t bytes[{size8}];\n    }} scratch;")
             ram += size8
         for _, decl in sorted(self.state_members, key=lambda e: -e[0]):
@@ -773,8 +803,8 @@ void {n}_step({n}_state *s, const int32_t *input, int64_t *output);
     def source(self, pair_id: str = "") -> str:
         n, N = self.name, self.NAME
         rhe = ""
-        if self.uses_rhe:
-            rhe = c_rhe_helper(n) + "\n"
+        for c_type in sorted(self.rhe_types):
+            rhe += c_rhe_helper(n, c_type) + "\n"
         reset_body = "\n    ".join(self.reset_lines)
         step_body = "\n    ".join(self.calls)
         needs_j_reset = bool(self.reset_lines)

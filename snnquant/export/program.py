@@ -45,17 +45,25 @@ def c_literal(v: int) -> str:
     return f"INT64_C({v})"
 
 
-def c_rhe_helper(prefix: str) -> str:
-    """The C99 function ``<prefix>_rhe(d, k)``: the C reading of the ``rhe`` opcode
+#: The C register types a :class:`NeuronProgram` is printed with: ``(type, helper suffix, bits
+#: of the offset that makes the rounded number non-negative)``.
+_C_WIDTHS = {"int64_t": ("", 62), "int32_t": ("_i32", 30)}
+
+
+def c_rhe_helper(prefix: str, c_type: str = "int64_t") -> str:
+    """The C99 function ``<prefix>_rhe(d, k)`` (``int64_t``) or ``<prefix>_i32_rhe(d, k)``
+    (``int32_t``): the C reading of the ``rhe`` opcode
     (:func:`~snnquant.export.round_half_even_shift`)."""
-    return f"""/* round(d / 2^k), ties to even (1 <= k <= 61, |d| < 2^62), as torch.round and IntegerSNN:
- * (e + 2^(k-1) - 1 + floor(e / 2^k) mod 2) >> k on e = d + 2^62 >= 0, in uint64_t (no shift of a
- * negative number, no overflow); 2^62 is a multiple of 2^(k+1), so ties go the same way */
-static int64_t {prefix}_rhe(int64_t d, int k)
+    suffix, b = _C_WIDTHS[c_type]
+    u = "uint64_t" if c_type == "int64_t" else "uint32_t"
+    return f"""/* round(d / 2^k), ties to even (1 <= k <= {b - 1}, |d| < 2^{b}), as torch.round and IntegerSNN:
+ * (e + 2^(k-1) - 1 + floor(e / 2^k) mod 2) >> k on e = d + 2^{b} >= 0, in {u} (no shift of a
+ * negative number, no overflow); 2^{b} is a multiple of 2^(k+1), so ties go the same way */
+static {c_type} {prefix}{suffix}_rhe({c_type} d, int k)
 {{
-    const uint64_t e = (uint64_t)d + ((uint64_t)1 << 62);
-    const uint64_t r = (e + ((e >> k) & 1u) + ((((uint64_t)1) << (k - 1)) - 1u)) >> k;
-    return (int64_t)r - (((int64_t)1) << (62 - k));
+    const {u} e = ({u})d + (({u})1 << {b});
+    const {u} r = (e + ((e >> k) & 1u) + (((({u})1) << (k - 1)) - 1u)) >> k;
+    return ({c_type})r - ((({c_type})1) << ({b} - k));
 }}
 """
 
@@ -204,15 +212,27 @@ class NeuronProgram:
                   rhe or integer_ops.round_half_even_shift)
         return {k: env[k] for k in names}
 
-    def c_lines(self, prefix: str) -> List[str]:
-        """The step as C99 statements declaring one local per register (``v`` and ``xin`` must be
-        ``int64_t`` locals already)."""
+    def c_lines(self, prefix: str, c_type: str = "int64_t") -> List[str]:
+        """The step as C99 statements declaring one local per register, of type ``c_type``
+        (``int64_t``, or ``int32_t`` where :meth:`c_type` allows it; the spike is an ``int``);
+        ``v`` and ``xin`` must be locals of that type already."""
         out = []
+        helper = prefix + _C_WIDTHS[c_type][0]
         for ins in self.instrs:
             op = OPCODES[ins.code]
             args = [a if isinstance(a, str) else c_literal(a) for a in ins.args]
-            out.append(f"const {op.c_type} {ins.dst} = {op.c(prefix, *args)};")
+            out.append(f"const {c_type if op.c_type == 'int64_t' else op.c_type} {ins.dst} = "
+                       f"{op.c(helper, *args)};")
         return out
+
+    def c_type(self, x_range: Interval) -> str:
+        """The narrowest register type :meth:`c_lines` can print the step with for currents in
+        ``x_range``: ``int32_t`` when every register (:meth:`intervals`) stays below
+        :math:`2^{30}` in magnitude and every shift below 30 (what ``<prefix>_i32_rhe`` needs),
+        else ``int64_t``."""
+        regs, _ = self.intervals(x_range)
+        big = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
+        return "int32_t" if big < (1 << 30) and max(self.shifts() + [0]) < 30 else "int64_t"
 
     def intervals(self, x_range: Interval) -> Tuple[Dict[str, Interval], Interval]:
         """Ranges of every register when the current lies in ``x_range``, for every membrane the

@@ -1,0 +1,94 @@
+"""The event-driven form of the C runtime (``to_c(..., synapses='events')``) at its edges: index
+lists of spikes when a layer fires every neuron or none, and kernel stamps of events on every
+border position of a convolution; compared with ``IntegerSNN`` (strict flags, UBSan)."""
+import dataclasses
+
+import pytest
+import torch
+
+from snnquant.export import IntegerNetwork, IntegerSNN, NeuronOp, SynapseOp, c_memory
+
+from test_export_c import _mlp_desc, assert_same, build
+
+
+def _first_neuron(desc):
+    return next(i for i, op in enumerate(desc.ops) if isinstance(op, NeuronOp))
+
+
+@pytest.mark.parametrize("arch,stride", [("mlp", 1), ("conv", 1), ("conv", 2), ("conv1d", 2)])
+@pytest.mark.parametrize("fires", ["all", "none", "some"])
+def test_index_list_of_a_layer_that_fires_all_none_or_some(arch, stride, fires, tmp_path):
+    """The hidden layer's spikes feed only a linear layer, so they travel as an index list (its
+    count and the indices): with every neuron firing (the list full: count = size), none (empty)
+    and some, the C model equals IntegerSNN, and RAM_BYTES counts the list."""
+    desc = _mlp_desc(arch=arch, stride=stride, pool=None)
+    k = _first_neuron(desc)
+    op = desc.ops[k]
+    threshold = {"all": op.v_min, "none": op.v_max + 1, "some": op.threshold}[fires]
+    ops = list(desc.ops)
+    ops[k] = dataclasses.replace(op, threshold=threshold)
+    desc = dataclasses.replace(desc, ops=ops)
+    shape = {"mlp": (12,), "conv": (2, 6, 6), "conv1d": (2, 8)}[arch]
+    x = torch.randint(0, 3, (5, 6) + shape, generator=torch.Generator().manual_seed(1))
+    _, layers = IntegerSNN(desc)(x, record=True)
+    spikes = layers[op.name]
+    if fires == "all":
+        assert bool((spikes == 1).all())
+    elif fires == "none":
+        assert not bool(spikes.any())
+    else:
+        assert 0 < float(spikes.float().mean()) < 1
+    exe = build(desc, tmp_path / "events", input_shape=shape)
+    assert assert_same(desc, exe, x) == 1.0
+    n = spikes[0, 0].numel()
+    header = (tmp_path / "events" / "snn.h").read_text()
+    assert f"int16_t a{k}[{n + 1}];" in header or f"uint8_t a{k}[{n + 1}];" in header
+    events = c_memory(desc, shape)
+    dense = c_memory(desc, shape, synapses="dense")
+    # n + 1 list entries against n spike bytes, each buffer rounded up to 8 bytes
+    assert events.list_bytes >= 0 and dense.list_bytes == 0
+    assert events.ram_bytes == dense.ram_bytes + events.scratch_bytes + events.list_bytes
+    assert f"#define SNN_RAM_BYTES {events.ram_bytes}\n" in header
+
+
+def _conv_desc(kind, weight, stride, padding, dilation, groups, input_max):
+    """One convolution whose currents are the output (units of the accumulator)."""
+    c_out = weight.shape[0]
+    op = SynapseOp(name="conv", kind=kind, weight=weight, weight_bits=8,
+                   weight_scale=torch.ones(c_out), multiplier=torch.ones(c_out, dtype=torch.int64),
+                   shift=torch.zeros(c_out, dtype=torch.int64), bias=None, bias_bits=None,
+                   in_frac_bits=0, out_frac_bits=0, stride=stride, padding=padding,
+                   dilation=dilation, groups=groups)
+    return IntegerNetwork(ops=[op], input_max=input_max, output_kind="current",
+                          output_frac_bits=0)
+
+
+@pytest.mark.parametrize("stride,padding,dilation,groups", [
+    ((1, 1), (1, 1), (1, 1), 1), ((2, 2), (1, 1), (1, 1), 1), ((1, 2), (2, 0), (2, 1), 2),
+    ((2, 1), (0, 2), (1, 2), 1), ((1, 1), "same", (2, 2), 1), ((3, 2), (1, 2), (1, 1), 2)])
+def test_conv_stamp_of_an_event_at_every_position(stride, padding, dilation, groups, tmp_path):
+    """One event per sample, at every input position (borders and corners included), of value
+    -3..3 (event counts, not only spikes): the event-driven stamp, clipped at the borders once
+    per event, gives IntegerSNN's currents at every output, as the dense form does."""
+    c_in, h, w = 4, 5, 6
+    weight = torch.arange(1, 4 * (c_in // groups) * 3 * 3 + 1).reshape(4, c_in // groups, 3, 3)
+    weight = (weight % 15 - 7).to(torch.int64)
+    desc = _conv_desc("conv2d", weight, stride, padding, dilation, groups, input_max=3)
+    n = c_in * h * w
+    x = torch.zeros(1, n, c_in, h, w, dtype=torch.int64)
+    x.view(1, n, n)[0, torch.arange(n), torch.arange(n)] = torch.arange(n) % 7 - 3
+    x[0, 3::7] = 0          # a few samples without any event
+    assert int(IntegerSNN(desc)(x).abs().sum()) > 0
+    for form in ("events", "dense"):
+        exe = build(desc, tmp_path / form, input_shape=(c_in, h, w), synapses=form)
+        assert assert_same(desc, exe, x) == 1.0, form
+
+
+def test_conv1d_stamp_of_an_event_at_every_position(tmp_path):
+    weight = (torch.arange(3 * 2 * 4).reshape(3, 2, 4) % 9 - 4).to(torch.int64)
+    desc = _conv_desc("conv1d", weight, (2,), (3,), (1,), 1, input_max=2)
+    n = 2 * 9
+    x = torch.zeros(1, n, 2, 9, dtype=torch.int64)
+    x.view(1, n, n)[0, torch.arange(n), torch.arange(n)] = 2 - 2 * (torch.arange(n) % 3)
+    exe = build(desc, tmp_path, input_shape=(2, 9))
+    assert assert_same(desc, exe, x) == 1.0
