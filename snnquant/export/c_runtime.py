@@ -19,7 +19,8 @@ The partial sums of an accumulator are bounded by the same :math:`\lVert w_c \rV
 in any order and over any subset of the inputs, so the event-driven form (only the nonzero inputs,
 see :func:`to_c`) and the dense form need the same types. From these bounds each layer picks the
 narrowest C type that holds it (``int32_t`` accumulators where :math:`2^{31}` is never reached,
-``int64_t`` otherwise), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
+``int64_t`` otherwise; a neuron layer's registers in ``int32_t`` where every one stays below
+:math:`2^{30}`, :meth:`~snnquant.export.program.NeuronProgram.c_type`), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
 undefined behaviour, so the code never relies on it. Shifts of negative numbers are written as
 multiplications by :math:`2^k` (left) and as ``~(~d >> k)`` (floor right shift), so the code does
 not depend on implementation-defined behaviour either.
@@ -919,7 +920,8 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
       magnitude (``desc.input_max``; larger inputs are not checked by the C code);
     * ``NAME_ROM_BYTES``: bytes of constant data (weights, biases, rescale factors; not code);
       ``NAME_RAM_BYTES``: ``sizeof(name_state)``;
-    * ``name_state``: one sample's membranes (and the buffers between layers);
+    * ``name_state``: one sample's membranes (and the buffers between layers; its layout is
+      private to the generated code);
     * ``void name_reset(name_state *s)``: membranes to their initial values;
     * ``void name_step(name_state *s, const int32_t *input, int64_t *output)``: one step;
       ``output`` receives what :class:`~snnquant.export.IntegerSNN` returns: the spikes (0/1);
@@ -938,12 +940,25 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
 
     Synapses. With ``synapses='events'`` (the default) a synaptic layer adds only what its
     nonzero inputs contribute: a weight column per nonzero input of a linear layer, a kernel
-    stamp per nonzero input of a convolution (weights stored input-major), into sums kept in the
-    state (``scratch``, counted in ``NAME_RAM_BYTES``); its time then grows with the synaptic
-    operations (nonzero inputs times fan-out), not with the layer size. Every synaptic input of an
-    exported network is spikes or event counts, so this is the faster form for SNN activity;
-    ``synapses='dense'`` writes the dense loops (every input times every weight), which need no
-    scratch and win only for inputs that are mostly nonzero. Both compute the same integers.
+    stamp per nonzero input of a convolution (weights stored input-major; the columns a stamp
+    reaches are clipped at the borders once per event), into sums kept in the state
+    (``scratch``, counted in ``NAME_RAM_BYTES``); its time then grows with the synaptic
+    operations (nonzero inputs times fan-out), not with the layer size. The spikes of a neuron
+    layer that only synaptic layers read travel as an index list: the count of neurons that
+    fired, then their indices (C order of the layer's output, in no particular order), written
+    without a branch per neuron, so the next layer reads its events without scanning for them;
+    other inputs (the network's, a pool's) are scanned a 64-bit word at a time, skipping words
+    of zeros. Each layer leaves its sums at 0 for the next step (``name_reset`` zeroes the
+    state), and a neuron layer fed by an event-driven layer keeps its membranes in the order of
+    the sums (position, then channel), so its update is one branch-free loop over contiguous
+    memory. The RAM this takes beyond ``synapses='dense'`` is
+    :attr:`CMemory.scratch_bytes` (sums, and one byte per neuron of the layers they feed) plus
+    :attr:`CMemory.list_bytes` (an index list of :math:`n + 1` entries where the dense form has
+    :math:`n` bytes of spikes). Every synaptic input of an exported network is spikes or event
+    counts, so this is the faster form for SNN activity; ``synapses='dense'`` writes the dense
+    loops (every input times every weight), which need no scratch, have constant trip counts
+    (for HLS tools) and win only for inputs that are mostly nonzero. Both compute the same
+    integers.
 
     Layer names. The source model's module names (any text: ``'capa_oculta_ñ'``, spaces,
     quotes, ``'fc/*hidden*/'``) never become C identifiers: every generated symbol is
