@@ -66,17 +66,21 @@ def _conv_desc(kind, weight, stride, padding, dilation, groups, input_max):
 @pytest.mark.parametrize("stride,padding,dilation,groups", [
     ((1, 1), (1, 1), (1, 1), 1), ((2, 2), (1, 1), (1, 1), 1), ((1, 2), (2, 0), (2, 1), 2),
     ((2, 1), (0, 2), (1, 2), 1), ((1, 1), "same", (2, 2), 1), ((3, 2), (1, 2), (1, 1), 2)])
-def test_conv_stamp_of_an_event_at_every_position(stride, padding, dilation, groups, tmp_path):
+@pytest.mark.parametrize("scale", [1, 13_000])
+def test_conv_stamp_of_an_event_at_every_position(stride, padding, dilation, groups, scale,
+                                                  tmp_path):
     """One event per sample, at every input position (borders and corners included), of value
-    -3..3 (event counts, not only spikes): the event-driven stamp, clipped at the borders once
-    per event, gives IntegerSNN's currents at every output, as the dense form does."""
+    -3..3 times ``scale`` (event counts, not only spikes; 39,000 does not fit the int16_t the
+    stamp multiplies in when input_max allows it): the event-driven stamp, clipped at the
+    borders once per event, gives IntegerSNN's currents at every output, as the dense form
+    does."""
     c_in, h, w = 4, 5, 6
     weight = torch.arange(1, 4 * (c_in // groups) * 3 * 3 + 1).reshape(4, c_in // groups, 3, 3)
     weight = (weight % 15 - 7).to(torch.int64)
-    desc = _conv_desc("conv2d", weight, stride, padding, dilation, groups, input_max=3)
+    desc = _conv_desc("conv2d", weight, stride, padding, dilation, groups, input_max=3 * scale)
     n = c_in * h * w
     x = torch.zeros(1, n, c_in, h, w, dtype=torch.int64)
-    x.view(1, n, n)[0, torch.arange(n), torch.arange(n)] = torch.arange(n) % 7 - 3
+    x.view(1, n, n)[0, torch.arange(n), torch.arange(n)] = (torch.arange(n) % 7 - 3) * scale
     x[0, 3::7] = 0          # a few samples without any event
     assert int(IntegerSNN(desc)(x).abs().sum()) > 0
     for form in ("events", "dense"):

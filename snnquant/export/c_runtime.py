@@ -161,6 +161,7 @@ class _Gen:
         self.state_members: List[Tuple[int, str]] = []   # (element bytes, declaration)
         self.state_bytes = 0
         self.rhe_types: set = set()   # the C types a rounding helper is written for
+        self.fire: dict = {}   # neuron layer -> the event-driven sums it reads (_fire_function)
         self.protos: List[str] = []
 
     # -- helpers --------------------------------------------------------------------------------
@@ -212,9 +213,7 @@ class _Gen:
         events = self.synapses == "events"
         if fuse_with is None:
             rescale.append(f"out[o] = ({out_t})acc;")
-        elif events:
-            rescale.append(f"spiked[k] = (uint8_t){self.name}_n{fuse_with}(s, k, (int64_t)acc);")
-        else:
+        elif not events:   # event-driven: the neuron layer's _fire_function charges it
             rescale += self._spike_store(out_list, out_t,
                                          f"{self.name}_n{fuse_with}(s, o, (int64_t)acc)")
 
@@ -226,7 +225,9 @@ class _Gen:
         # the sums of the event-driven form: the accumulator's bound alone (no rescale yet)
         sum_t = _ctype(-max(bound.accumulator + (1,)), max(bound.accumulator + (1,)), signed=True)[0]
         # an event of a spike (0/1) adds the weight itself
-        times_x = "" if (in_range[0] >= 0 and in_range[1] <= 1) else f" * ({acc_t})x"
+        # a value that fits int16_t is multiplied as one (SIMD units multiply 16-bit lanes cheaply)
+        x16 = "(int16_t)" if in_t in ("int32_t", "int64_t") and max(map(abs, in_range)) < (1 << 15) else ""
+        times_x = "" if (in_range[0] >= 0 and in_range[1] <= 1) else f" * ({acc_t}){x16}x"
         if op.kind == "linear":
             if len(in_shape) != 1:
                 raise ExportError(f"layer {op.name!r}: a linear layer on a per-sample input of "
@@ -387,19 +388,13 @@ class _Gen:
         bytes (``spiked``) are emitted afterwards a 64-bit word at a time, without a branch per
         neuron: as an index list, or into the output buffer."""
         if fuse_with is None:
-            head, index = [], f"        const int32_t o = oc * {positions} + p;"
+            lines = ["int32_t p;"] + self._sum_loop(positions, co, acc_t, rescale, [
+                f"const int32_t o = oc * {positions} + p;"])
         else:
-            head, index = [f"uint8_t *spiked = {sums}.fired;"], None
-        lines = head + [
-            "int32_t p;",
-            f"for (p = 0; p < {positions}; p++) {{",
-            f"    for (oc = 0; oc < {co}; oc++) {{",
-            f"        const int32_t k = p * {co} + oc;"] + ([index] if index else []) + [
-            f"        {acc_t} acc = sum[k];",
-            "        sum[k] = 0;"]
-        lines += ["        " + ln for ln in rescale]
-        lines += ["    }", "}"]
-        if fuse_with is not None:
+            # the neuron layer writes <name>_fire<j> (sums, spike bytes, its membranes)
+            self.fire[fuse_with] = (sums, positions, co, acc_t, list(rescale))
+            lines = [f"uint8_t *spiked = {sums}.fired;",
+                     f"{self.name}_fire{fuse_with}(sum, spiked, s->v{fuse_with});"]
             n = positions * co
             o_expr = "j" if positions == 1 else f"(j % {co}) * {positions} + j / {co}"
             emit = (["const int32_t o = " + o_expr + ";"]
@@ -411,6 +406,37 @@ class _Gen:
             lines += self._events(0, False, "uint8_t", n, emit, src="spiked", clear=True, every=True).split("\n")
             lines += [ln.strip() for ln in fired_end.split("\n") if ln.strip()]
         return "\n".join("    " + ln for ln in lines)
+
+    @staticmethod
+    def _sum_loop(positions: int, co: int, acc_t: str, rescale: Sequence[str],
+                  head: Sequence[str] = ()) -> List[str]:
+        """C lines: for every sum ``k`` (position ``p``, channel ``oc``), ``acc`` = the sum,
+        the sum set to 0, then ``head`` and the rescale's lines; ``p`` and ``oc`` declared by
+        the caller."""
+        lines = [f"for (p = 0; p < {positions}; p++) {{",
+                 f"    for (oc = 0; oc < {co}; oc++) {{",
+                 f"        const int32_t k = p * {co} + oc;"]
+        lines += ["        " + ln for ln in head]
+        lines += [f"        {acc_t} acc = sum[k];", "        sum[k] = 0;"]
+        lines += ["        " + ln for ln in rescale]
+        return lines + ["    }", "}"]
+
+    def _fire_function(self, j: int, v_t: str, step: Sequence[str], about: str) -> None:
+        """Write ``<name>_fire<j>``: neuron layer ``j`` fed by event-driven layer's sums
+        (recorded in ``self.fire[j]``): every sum, rescaled, charges its neuron, whose spike
+        goes to a byte. The three arrays are distinct objects (``restrict``), and the loop has
+        no call and no branch, so compilers vectorise it."""
+        sums, positions, co, acc_t, rescale = self.fire.pop(j)
+        sum_t = next(m for m, _, i in self.scratch if f"s->scratch.s{i}" == sums).split()[0]
+        body = rescale + ["{"] + ["    " + ln for ln in step] + ["    spiked[k] = (uint8_t)spike;", "}"]
+        proto = (f"static void {self.name}_fire{j}({sum_t} *restrict sum, "
+                 f"uint8_t *restrict spiked, {v_t} *restrict membrane)")
+        self.protos.append(proto + ";")
+        text = "\n".join("    " + ln for ln in ["int32_t p, oc;"]
+                         + self._sum_loop(positions, co, acc_t, body))
+        self.funcs.append(f"/* {about}\n * Every neuron, with the current of its sum (the "
+                          f"sums' order: position, then channel), to a spike byte. */\n"
+                          f"{proto}\n{{\n{text}\n}}")
 
     @staticmethod
     def _spike_store(out_list: bool, out_t: str, spike: str) -> List[str]:
@@ -507,7 +533,15 @@ class _Gen:
             x0 = f"{starts[-1]}[ox]"
             if op.dims == 2:
                 y0 = f"{starts[0]}[oy]"
-        if op.kind == "max":
+        if op.kind == "max" and in_range[0] >= 0:
+            # every window holds an element (PyTorch's padding is at most half the kernel), so
+            # the maximum of values >= 0 starts from 0: no flag, no branch
+            out_range = in_range
+            update = "best = in[j] > best ? in[j] : best;"
+            acc_t = in_t
+            start = f"{acc_t} best = 0;"
+            result = "best"
+        elif op.kind == "max":
             out_range = in_range
             init = "int first = 1;"
             update = "if (first || in[j] > best) {\n    best = in[j];\n    first = 0;\n}"
@@ -562,19 +596,23 @@ class _Gen:
         self.state_members.append((v_size, f"{v_t} v{i}[{n}];"))
         self.state_bytes += v_size * n
         out_t = out_t_fixed or "uint8_t"
-        lines = [f"const {reg_t} v = ({reg_t})s->v{i}[j];",
-                 f"const {reg_t} xin = ({reg_t})current;"]
-        lines += program.c_lines(self.name, reg_t)
-        lines += [f"s->v{i}[j] = ({v_t})v_next;", "return spike;"]
-        body = "\n".join("    " + ln for ln in lines)
-        th = op.threshold
-        leak = op.leak_text()
-        proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t current)"
-        self.protos.append(proto + ";")
-        self.funcs.append(
-            f"/* {_quote(op.name)}: {op.kind.upper()}, {op.v_bits}-bit membrane [{op.v_min}, {op.v_max}], "
-            f"threshold {th}, {op.reset_mode} reset, leak: {leak}.\n * One neuron j with input "
-            f"current xin: update the membrane, return the spike. */\n{proto}\n{{\n{body}\n}}")
+        def step(membrane, index, current):
+            return ([f"const {reg_t} v = ({reg_t}){membrane}[{index}];",
+                     f"const {reg_t} xin = ({reg_t}){current};"]
+                    + program.c_lines(self.name, reg_t)
+                    + [f"{membrane}[{index}] = ({v_t})v_next;"])
+        about = (f"{_quote(op.name)}: {op.kind.upper()}, {op.v_bits}-bit membrane [{op.v_min}, "
+                 f"{op.v_max}], threshold {op.threshold}, {op.reset_mode} reset, leak: "
+                 f"{op.leak_text()}.")
+        if i in self.fire:
+            self._fire_function(i, v_t, step("membrane", "k", "acc"), about)
+        else:
+            body = "\n".join("    " + ln for ln in step(f"s->v{i}", "j", "current") + ["return spike;"])
+            proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t current)"
+            self.protos.append(proto + ";")
+            self.funcs.append(
+                f"/* {about}\n * One neuron j with input current xin: update the membrane, return "
+                f"the spike. */\n{proto}\n{{\n{body}\n}}")
         if not fused:
             store = self._spike_store(out_list, out_t, f"{self.name}_n{i}(s, o, (int64_t)in[o])")
             fired_decl, fired_end = self._spike_list_ends(out_list, out_t)
