@@ -96,3 +96,29 @@ def test_conv1d_stamp_of_an_event_at_every_position(tmp_path):
     x.view(1, n, n)[0, torch.arange(n), torch.arange(n)] = 2 - 2 * (torch.arange(n) % 3)
     exe = build(desc, tmp_path, input_shape=(2, 9))
     assert assert_same(desc, exe, x) == 1.0
+
+
+@pytest.mark.parametrize("fires", ["all", "none", "some"])
+def test_max_pool_of_spikes_travels_as_an_index_list(fires, tmp_path):
+    """A max pool of spikes (its output is spikes) that only a linear layer reads writes an
+    index list, also when every window or none holds a spike; a max pool of currents (values
+    beyond 0/1) keeps its buffer."""
+    desc = _mlp_desc(arch="conv", pool="max")
+    k = _first_neuron(desc)
+    op = desc.ops[k]
+    threshold = {"all": op.v_min, "none": op.v_max + 1, "some": op.threshold}[fires]
+    ops = list(desc.ops)
+    ops[k] = dataclasses.replace(op, threshold=threshold)
+    desc = dataclasses.replace(desc, ops=ops)
+    pool = next(i for i, o in enumerate(desc.ops) if o.__class__.__name__ == "PoolOp")
+    x = torch.randint(0, 3, (5, 6, 2, 6, 6), generator=torch.Generator().manual_seed(2))
+    exe = build(desc, tmp_path / "events", input_shape=(2, 6, 6))
+    assert assert_same(desc, exe, x) == 1.0
+    n = 4 * 3 * 3      # 4 channels, 6 x 6 pooled by 3 with stride 2 and padding 1
+    header = (tmp_path / "events" / "snn.h").read_text()
+    assert f"uint8_t a{pool}[{n + 1}];" in header
+    current = _mlp_desc(arch="conv", pool="max_current")
+    pool = next(i for i, o in enumerate(current.ops) if o.__class__.__name__ == "PoolOp")
+    build(current, tmp_path / "current", input_shape=(2, 6, 6))
+    text = (tmp_path / "current" / "snn.h").read_text()
+    assert f"int32_t a{pool}[{n}];" in text and f"a{pool}[{n + 1}]" not in text

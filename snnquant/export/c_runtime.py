@@ -506,7 +506,10 @@ class _Gen:
             raise ExportError(f"layer {op.name!r}: padding={op.padding!r} is not supported")
         return tuple(int(p) for p in op.padding)
 
-    def pool(self, i: int, op: PoolOp, in_shape, out_shape, in_range, in_t, out_t_fixed):
+    def pool(self, i: int, op: PoolOp, in_shape, out_shape, in_range, in_t, out_t_fixed,
+             out_list=False):
+        """Write pooling ``i``; ``out_list``: its output (spikes: a max pool of spikes) goes
+        out as an index list (:meth:`_spike_store`)."""
         if op.dims == 1:
             # [C, L], or the features [F] of a VotingLayer as one channel
             c, wi, wo = (1, in_shape[0], out_shape[0]) if len(in_shape) == 1 else \
@@ -558,18 +561,21 @@ class _Gen:
 
         def window(indent, *inner):
             return self._window(indent, kh, kw, y0, x0, dh, dw, hi_, wi, *inner)
+        store = "\n".join(" " * 16 + ln for ln in self._spike_store(out_list, out_t, result))
+        fired_decl, fired_end = self._spike_list_ends(out_list, out_t)
         body = f"""static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)
 {{
-    int32_t ch, oy, ox, ky, kx, j;
+    int32_t ch, oy, ox, ky, kx, j;{fired_decl}
     for (ch = 0; ch < {c}; ch++) {{
         for (oy = 0; oy < {ho_}; oy++) {{
             for (ox = 0; ox < {wo}; ox++) {{
+                const int32_t o = (ch * {ho_} + oy) * {wo} + ox;
                 {start}
 {window(16, f"j = (ch * {hi_} + iy) * {wi} + ix;", *update.split(chr(10)))}
-                out[(ch * {ho_} + oy) * {wo} + ox] = ({out_t}){result};
+{store}
             }}
         }}
-    }}
+    }}{fired_end}
 }}"""
         adaptive = f", adaptive to {tuple(op.output_size)}" if op.output_size else ""
         self.funcs.append(f"/* {_quote(op.name)}: {op.kind} pooling {tuple(op.kernel_size)}"
@@ -698,11 +704,13 @@ class _Gen:
             raise ExportError(f"input_max={desc.input_max} does not fit the int32_t input of the C "
                               f"model")
         steps, source, out_src, last_read, readers = self._schedule()
-        # spikes that only event-driven synaptic layers read travel as index lists
-        lists = {j for _, j in steps
-                 if self.synapses == "events" and isinstance(desc.ops[j], NeuronOp)
-                 and j != out_src and readers.get(j)
-                 and all(isinstance(desc.ops[r], SynapseOp) for r in readers[j])}
+        # spikes (of a neuron layer, or a max pool of spikes) that only event-driven synaptic
+        # layers read travel as index lists
+        listable = {j for _, j in steps
+                    if self.synapses == "events" and isinstance(desc.ops[j], (NeuronOp, PoolOp))
+                    and j != out_src and readers.get(j)
+                    and all(isinstance(desc.ops[r], SynapseOp) for r in readers[j])}
+        lists = set()
         # per buffer (operation index, or the input): range, C type and C expression
         ranges = {NETWORK_INPUT: (-int(desc.input_max), int(desc.input_max))}
         types = {NETWORK_INPUT: "int32_t"}
@@ -718,7 +726,11 @@ class _Gen:
             in_shape, out_shape = self.shapes[i]
             srcs = [source[k] for k in desc.op_inputs(i)]
             in_range, in_t = ranges[srcs[0]], types[srcs[0]]
-            in_list, out_list = srcs[0] in lists, j in lists
+            in_list = srcs[0] in lists
+            out_list = j in listable and (isinstance(desc.ops[j], NeuronOp) or (
+                op.kind == "max" and in_range[0] >= 0 and in_range[1] <= 1))
+            if out_list:
+                lists.add(j)
             n_out = _numel(self.shapes[j][1])
             # an index list holds its count and up to every neuron's index
             fixed = ("int64_t" if j == out_src else
@@ -734,7 +746,8 @@ class _Gen:
                 rng, t = self.synapse(i, op, in_shape, out_shape, in_range, in_t, fixed,
                                       in_list=in_list)
             elif isinstance(op, PoolOp):
-                rng, t = self.pool(i, op, in_shape, out_shape, in_range, in_t, fixed)
+                rng, t = self.pool(i, op, in_shape, out_shape, in_range, in_t, fixed,
+                                   out_list=out_list)
             elif isinstance(op, JoinOp):
                 rng, t = self.join(i, op, out_shape, [ranges[k] for k in srcs],
                                    [types[k] for k in srcs], fixed)
@@ -982,11 +995,11 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
     reaches are clipped at the borders once per event), into sums kept in the state
     (``scratch``, counted in ``NAME_RAM_BYTES``); its time then grows with the synaptic
     operations (nonzero inputs times fan-out), not with the layer size. The spikes of a neuron
-    layer that only synaptic layers read travel as an index list: the count of neurons that
+    layer (or of a max pool of spikes) that only synaptic layers read travel as an index list: the count of neurons that
     fired, then their indices (C order of the layer's output, in no particular order), written
     without a branch per neuron, so the next layer reads its events without scanning for them;
-    other inputs (the network's, a pool's) are scanned a 64-bit word at a time, skipping words
-    of zeros. Each layer leaves its sums at 0 for the next step (``name_reset`` zeroes the
+    other inputs (the network's, a sum pool's) are scanned a 64-bit word at a time, skipping
+    words of zeros. Each layer leaves its sums at 0 for the next step (``name_reset`` zeroes the
     state), and a neuron layer fed by an event-driven layer keeps its membranes in the order of
     the sums (position, then channel), so its update is one branch-free loop over contiguous
     memory. The RAM this takes beyond ``synapses='dense'`` is
