@@ -244,7 +244,7 @@ class _Gen:
     {sum_t} *sum = {sums}.sum;
     int32_t oc;
 {self._events(4, in_list, in_t, n_in, column)}
-{self._event_outputs(sums, 1, c_out, acc_t, rescale, fuse_with, out_list, out_t)}
+{self._event_outputs(sums, sum_t, 1, c_out, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
                 wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
@@ -330,7 +330,7 @@ class _Gen:
     int32_t ky, kx, r, oc;
     int32_t sum_at[{kw}] = {{0}}, w_at[{kw}] = {{0}};
 {self._events(4, in_list, in_t, ci * hi_ * wi, stamp)}
-{self._event_outputs(sums, ho_ * wo, co, acc_t, rescale, fuse_with, out_list, out_t)}
+{self._event_outputs(sums, sum_t, ho_ * wo, co, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
                 wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
@@ -378,7 +378,7 @@ class _Gen:
         lines += ["        " + ln for ln in inner] + ["    }", "}"]
         return "\n".join(pad + ln for ln in lines)
 
-    def _event_outputs(self, sums: str, positions: int, co: int, acc_t: str,
+    def _event_outputs(self, sums: str, sum_t: str, positions: int, co: int, acc_t: str,
                        rescale: Sequence[str], fuse_with, out_list: bool, out_t: str) -> str:
         """C text (indent 4) that turns the sums ``[position][channel]`` of an event-driven layer
         into its output, leaving every sum 0 for the next step (so that no step clears them:
@@ -386,13 +386,13 @@ class _Gen:
         layer, its spikes. The neuron layer's membranes are then kept in the sums' order, so that
         the loop reads, updates and writes contiguous memory without a branch, and the spike
         bytes (``spiked``) are emitted afterwards a 64-bit word at a time, without a branch per
-        neuron: as an index list, or into the output buffer."""
+        neuron: as an index list, or into the output buffer (``sum_t``: the sums' C type)."""
         if fuse_with is None:
             lines = ["int32_t p;"] + self._sum_loop(positions, co, acc_t, rescale, [
                 f"const int32_t o = oc * {positions} + p;"])
         else:
             # the neuron layer writes <name>_fire<j> (sums, spike bytes, its membranes)
-            self.fire[fuse_with] = (sums, positions, co, acc_t, list(rescale))
+            self.fire[fuse_with] = (sum_t, positions, co, acc_t, list(rescale))
             lines = [f"uint8_t *spiked = {sums}.fired;",
                      f"{self.name}_fire{fuse_with}(sum, spiked, s->v{fuse_with});"]
             n = positions * co
@@ -426,8 +426,7 @@ class _Gen:
         (recorded in ``self.fire[j]``): every sum, rescaled, charges its neuron, whose spike
         goes to a byte. The three arrays are distinct objects (``restrict``), and the loop has
         no call and no branch, so compilers vectorise it."""
-        sums, positions, co, acc_t, rescale = self.fire.pop(j)
-        sum_t = next(m for m, _, i in self.scratch if f"s->scratch.s{i}" == sums).split()[0]
+        sum_t, positions, co, acc_t, rescale = self.fire.pop(j)
         body = rescale + ["{"] + ["    " + ln for ln in step] + ["    spiked[k] = (uint8_t)spike;", "}"]
         proto = (f"static void {self.name}_fire{j}({sum_t} *restrict sum, "
                  f"uint8_t *restrict spiked, {v_t} *restrict membrane)")
@@ -442,9 +441,9 @@ class _Gen:
     def _spike_store(out_list: bool, out_t: str, spike: str) -> List[str]:
         """C statements that emit the spike ``spike`` (a C expression, 0 or 1) of neuron ``o``:
         ``out[o] = spike`` into a buffer, or into an index list (``out[0]`` the number of
-        neurons that fired, ``out[1..]`` their indices in increasing order): the index is written
-        always and kept by advancing the count, without a branch (``1 + fired <= o + 1``, in
-        bounds)."""
+        neurons that fired, ``out[1..]`` their indices, in the order the neurons are visited):
+        the index is written always and kept by advancing the count, without a branch (at most
+        ``n`` indices after the count: in bounds)."""
         if out_list:
             return [f"out[1 + fired] = ({out_t})o;", f"fired += {spike};"]
         return [f"out[o] = ({out_t}){spike};"]
