@@ -226,7 +226,8 @@ class _Gen:
         sum_t = _ctype(-max(bound.accumulator + (1,)), max(bound.accumulator + (1,)), signed=True)[0]
         # an event of a spike (0/1) adds the weight itself
         # a value that fits int16_t is multiplied as one (SIMD units multiply 16-bit lanes cheaply)
-        x16 = "(int16_t)" if in_t in ("int32_t", "int64_t") and max(map(abs, in_range)) < (1 << 15) else ""
+        x16 = ("(int16_t)" if in_t in ("int32_t", "int64_t")
+               and max(map(abs, in_range)) < (1 << 15) else "")
         times_x = "" if (in_range[0] >= 0 and in_range[1] <= 1) else f" * ({acc_t}){x16}x"
         if op.kind == "linear":
             if len(in_shape) != 1:
@@ -403,7 +404,8 @@ class _Gen:
             lines += [ln.strip() for ln in fired_decl.split("\n") if ln.strip()]
             if not out_list:
                 lines.append(f"memset(out, 0, sizeof({out_t}) * {n});")
-            lines += self._events(0, False, "uint8_t", n, emit, src="spiked", clear=True, every=True).split("\n")
+            lines += self._events(0, False, "uint8_t", n, emit, src="spiked", clear=True,
+                                  every=True).split("\n")
             lines += [ln.strip() for ln in fired_end.split("\n") if ln.strip()]
         return "\n".join("    " + ln for ln in lines)
 
@@ -427,7 +429,8 @@ class _Gen:
         goes to a byte. The three arrays are distinct objects (``restrict``), and the loop has
         no call and no branch, so compilers vectorise it."""
         sum_t, positions, co, acc_t, rescale = self.fire.pop(j)
-        body = rescale + ["{"] + ["    " + ln for ln in step] + ["    spiked[k] = (uint8_t)spike;", "}"]
+        body = (rescale + ["{"] + ["    " + ln for ln in step]
+                + ["    spiked[k] = (uint8_t)spike;", "}"])
         proto = (f"static void {self.name}_fire{j}({sum_t} *restrict sum, "
                  f"uint8_t *restrict spiked, {v_t} *restrict membrane)")
         self.protos.append(proto + ";")
@@ -476,16 +479,19 @@ class _Gen:
             lines = ["{", "    int32_t j0, j;", f"    for (j0 = 0; j0 < {n}; j0 += {per_word}) {{"]
             if per_word > 1:
                 if n % per_word:
-                    lines += [f"        const int32_t j1 = j0 + {per_word} < {n} ? j0 + {per_word} : {n};",
+                    lines += [f"        const int32_t j1 = j0 + {per_word} < {n} ? j0 + {per_word}"
+                              f" : {n};",
                               f"        if (j1 - j0 == {per_word}) {{"]
                 else:
                     lines += [f"        const int32_t j1 = j0 + {per_word};", "        {"]
-                lines += ["            uint64_t word;", f"            memcpy(&word, {src} + j0, sizeof(word));",
+                lines += ["            uint64_t word;",
+                          f"            memcpy(&word, {src} + j0, sizeof(word));",
                           "            if (word == 0) {", "                continue;", "            }",
                           "        }"]
             else:
                 lines.append("        const int32_t j1 = j0 + 1;")
-            lines += ["        for (j = j0; j < j1; j++) {", f"            const {in_t} x = {src}[j];"]
+            lines += ["        for (j = j0; j < j1; j++) {",
+                      f"            const {in_t} x = {src}[j];"]
             if not every:
                 lines += ["            if (x == 0) {", "                continue;", "            }"]
             lines += ["        " + ln for ln in inner] + ["        }"]
@@ -612,7 +618,8 @@ class _Gen:
         if i in self.fire:
             self._fire_function(i, v_t, step("membrane", "k", "acc"), about)
         else:
-            body = "\n".join("    " + ln for ln in step(f"s->v{i}", "j", "current") + ["return spike;"])
+            body = "\n".join("    " + ln for ln in step(f"s->v{i}", "j", "current")
+                              + ["return spike;"])
             proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t current)"
             self.protos.append(proto + ";")
             self.funcs.append(
