@@ -122,3 +122,21 @@ def test_max_pool_of_spikes_travels_as_an_index_list(fires, tmp_path):
     build(current, tmp_path / "current", input_shape=(2, 6, 6))
     text = (tmp_path / "current" / "snn.h").read_text()
     assert f"int32_t a{pool}[{n}];" in text and f"a{pool}[{n + 1}]" not in text
+
+
+def test_neuron_registers_take_the_narrowest_type_the_bounds_allow(tmp_path):
+    """A neuron layer's registers are int16_t when every proven bound is below 2^14, int32_t
+    below 2^30, int64_t otherwise (NeuronProgram.c_type); the C model is exact with each."""
+    from snnquant.export.program import neuron_program
+
+    program = neuron_program(next(op for op in _mlp_desc().ops if isinstance(op, NeuronOp)))
+    assert program.c_type((-100, 100)) == "int16_t"
+    assert program.c_type((-(1 << 20), 1 << 20)) == "int32_t"
+    assert program.c_type((-(1 << 40), 1 << 40)) == "int64_t"
+    x = torch.randint(0, 4, (6, 5, 12), generator=torch.Generator().manual_seed(3))
+    for input_max, c_type in ((3, "int16_t"), (1 << 10, "int32_t"), (1 << 22, "int64_t")):
+        desc = dataclasses.replace(_mlp_desc(), input_max=input_max)
+        exe = build(desc, tmp_path / c_type)
+        assert assert_same(desc, exe, x) == 1.0
+        source = (tmp_path / c_type / "snn.c").read_text()
+        assert f"const {c_type} q_round = " in source, c_type     # the first layer's

@@ -19,8 +19,9 @@ The partial sums of an accumulator are bounded by the same :math:`\lVert w_c \rV
 in any order and over any subset of the inputs, so the event-driven form (only the nonzero inputs,
 see :func:`to_c`) and the dense form need the same types. From these bounds each layer picks the
 narrowest C type that holds it (``int32_t`` accumulators where :math:`2^{31}` is never reached,
-``int64_t`` otherwise; a neuron layer's registers in ``int32_t`` where every one stays below
-:math:`2^{30}`, :meth:`~snnquant.export.program.NeuronProgram.c_type`), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
+``int64_t`` otherwise; a neuron layer's registers in ``int16_t`` or ``int32_t`` where every
+one stays below :math:`2^{14}` or :math:`2^{30}`,
+:meth:`~snnquant.export.program.NeuronProgram.c_type`), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
 undefined behaviour, so the code never relies on it. Shifts of negative numbers are written as
 multiplications by :math:`2^k` (left) and as ``~(~d >> k)`` (floor right shift), so the code does
 not depend on implementation-defined behaviour either.

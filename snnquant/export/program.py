@@ -47,15 +47,15 @@ def c_literal(v: int) -> str:
 
 #: The C register types a :class:`NeuronProgram` is printed with: ``(type, helper suffix, bits
 #: of the offset that makes the rounded number non-negative)``.
-_C_WIDTHS = {"int64_t": ("", 62), "int32_t": ("_i32", 30)}
+_C_WIDTHS = {"int64_t": ("", 62), "int32_t": ("_i32", 30), "int16_t": ("_i16", 14)}
 
 
 def c_rhe_helper(prefix: str, c_type: str = "int64_t") -> str:
-    """The C99 function ``<prefix>_rhe(d, k)`` (``int64_t``) or ``<prefix>_i32_rhe(d, k)``
-    (``int32_t``): the C reading of the ``rhe`` opcode
-    (:func:`~snnquant.export.round_half_even_shift`)."""
+    """The C99 function ``<prefix>_rhe(d, k)`` (``int64_t``), ``<prefix>_i32_rhe(d, k)``
+    (``int32_t``) or ``<prefix>_i16_rhe(d, k)`` (``int16_t``): the C reading of the ``rhe``
+    opcode (:func:`~snnquant.export.round_half_even_shift`)."""
     suffix, b = _C_WIDTHS[c_type]
-    u = "uint64_t" if c_type == "int64_t" else "uint32_t"
+    u = "u" + c_type
     return f"""/* round(d / 2^k), ties to even (1 <= k <= {b - 1}, |d| < 2^{b}), as torch.round and IntegerSNN:
  * (e + 2^(k-1) - 1 + floor(e / 2^k) mod 2) >> k on e = d + 2^{b} >= 0, in {u} (no shift of a
  * negative number, no overflow); 2^{b} is a multiple of 2^(k+1), so ties go the same way */
@@ -227,12 +227,17 @@ class NeuronProgram:
 
     def c_type(self, x_range: Interval) -> str:
         """The narrowest register type :meth:`c_lines` can print the step with for currents in
-        ``x_range``: ``int32_t`` when every register (:meth:`intervals`) stays below
-        :math:`2^{30}` in magnitude and every shift below 30 (what ``<prefix>_i32_rhe`` needs),
-        else ``int64_t``."""
+        ``x_range``: ``int16_t`` when every register (:meth:`intervals`) stays below
+        :math:`2^{14}` in magnitude and every shift below 14 (what ``<prefix>_i16_rhe`` needs),
+        ``int32_t`` below :math:`2^{30}` and 30, else ``int64_t``. C computes in ``int`` and
+        stores each register in its type, which holds it: narrow registers let a compiler put
+        more neurons in one SIMD register."""
         regs, _ = self.intervals(x_range)
         big = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
-        return "int32_t" if big < (1 << 30) and max(self.shifts() + [0]) < 30 else "int64_t"
+        shift = max(self.shifts() + [0])
+        if big < (1 << 14) and shift < 14:
+            return "int16_t"
+        return "int32_t" if big < (1 << 30) and shift < 30 else "int64_t"
 
     def intervals(self, x_range: Interval) -> Tuple[Dict[str, Interval], Interval]:
         """Ranges of every register when the current lies in ``x_range``, for every membrane the
