@@ -134,9 +134,40 @@ def test_neuron_registers_take_the_narrowest_type_the_bounds_allow(tmp_path):
     assert program.c_type((-(1 << 20), 1 << 20)) == "int32_t"
     assert program.c_type((-(1 << 40), 1 << 40)) == "int64_t"
     x = torch.randint(0, 4, (6, 5, 12), generator=torch.Generator().manual_seed(3))
-    for input_max, c_type in ((3, "int16_t"), (1 << 10, "int32_t"), (1 << 22, "int64_t")):
-        desc = dataclasses.replace(_mlp_desc(), input_max=input_max)
+    for v_bits, c_type in ((8, "int16_t"), (16, "int32_t")):
+        desc = _mlp_desc(v_bits=v_bits)
         exe = build(desc, tmp_path / c_type)
         assert assert_same(desc, exe, x) == 1.0
         source = (tmp_path / c_type / "snn.c").read_text()
-        assert f"const {c_type} q_round = " in source, c_type     # the first layer's
+        assert f"const {c_type} q_round = " in source, c_type
+
+
+@pytest.mark.parametrize("kind,decay_input,soft", [("lif", True, False), ("lif", False, True),
+                                                   ("if", True, False)])
+def test_currents_beyond_the_saturating_range_are_clamped_exactly(kind, decay_input, soft,
+                                                                  tmp_path):
+    """Inputs up to 2^22 give currents far beyond what a membrane of 8 bits can take in: the C
+    model clamps the current to NeuronProgram.saturating_range (outside it the charge saturates
+    for every membrane), computes the neuron in int16_t, and still equals IntegerSNN, with
+    currents beyond both ends of the range."""
+    from snnquant.export.program import neuron_program
+
+    desc = dataclasses.replace(_mlp_desc(kind=kind, decay_input=decay_input, soft=soft),
+                               input_max=1 << 22)
+    op = desc.ops[_first_neuron(desc)]
+    program = neuron_program(op)
+    lo, hi = program.saturating_range((-(1 << 40), 1 << 40))
+    assert -(1 << 14) < lo < 0 < hi < (1 << 14)
+    assert program.saturating_range((-3, 5)) == (-3, 5)      # nothing to clamp
+    v = torch.arange(op.v_min, op.v_max + 1)                 # the charge is saturated beyond
+    for a, b in ((hi, hi + 12345), (lo, lo - 12345)):
+        at_a, at_b = program.run(v, torch.full_like(v, a)), program.run(v, torch.full_like(v, b))
+        assert torch.equal(at_a[0], at_b[0]) and torch.equal(at_a[1], at_b[1])
+    g = torch.Generator().manual_seed(4)
+    x = torch.randint(-(1 << 22), 1 << 22, (6, 5, 12), generator=g)
+    x[:, :2] //= 1 << 16          # two samples with smaller currents, inside the range
+    exe = build(desc, tmp_path)
+    assert assert_same(desc, exe, x) == 1.0
+    source = (tmp_path / "snn.c").read_text()
+    assert f"(acc < {lo} ? {lo} : (acc > {hi} ? {hi} : acc))" in source    # in <name>_fire
+    assert "const int16_t q_round = " in source or "const int16_t h = " in source

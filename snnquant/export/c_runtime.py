@@ -21,7 +21,10 @@ see :func:`to_c`) and the dense form need the same types. From these bounds each
 narrowest C type that holds it (``int32_t`` accumulators where :math:`2^{31}` is never reached,
 ``int64_t`` otherwise; a neuron layer's registers in ``int16_t`` or ``int32_t`` where every
 one stays below :math:`2^{14}` or :math:`2^{30}`,
-:meth:`~snnquant.export.program.NeuronProgram.c_type`), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
+:meth:`~snnquant.export.program.NeuronProgram.c_type`, after its current is clamped to the
+range beyond which the charge saturates for every membrane,
+:meth:`~snnquant.export.program.NeuronProgram.saturating_range`, where that makes the type
+narrower), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
 undefined behaviour, so the code never relies on it. Shifts of negative numbers are written as
 multiplications by :math:`2^k` (left) and as ``~(~d >> k)`` (floor right shift), so the code does
 not depend on implementation-defined behaviour either.
@@ -594,14 +597,19 @@ class _Gen:
         ``out_list``: its spikes go out as an index list (:meth:`_spike_store`)."""
         n = _numel(shape)
         program = neuron_program(op)
-        regs, (v_lo, v_hi) = program.intervals(in_range)
+        # currents beyond the saturating range charge the membrane to its bound all the same:
+        # clamped to it, every register's bound (and so its C type) shrinks
+        x_lo, x_hi = program.saturating_range(in_range)
+        if program.c_type((x_lo, x_hi)) == program.c_type(in_range):
+            x_lo, x_hi = in_range       # no narrower type: no clamp to pay for
+        regs, (v_lo, v_hi) = program.intervals((x_lo, x_hi))
         big = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
         shift = max(program.shifts() + [0])
         if big >= (1 << _LIMIT_BITS) or shift >= _LIMIT_BITS:
             raise ExportError(f"layer {op.name!r}: the charge is bounded only by {big} (grid shift "
                               f"{op.grid_shift}, leak shift {op.leak_shift}), which reaches "
                               f"2^{_LIMIT_BITS}: the C code would overflow int64")
-        reg_t = program.c_type(in_range)
+        reg_t = program.c_type((x_lo, x_hi))
         if any(ins.code == "rhe" for ins in program.instrs):
             self.rhe_types.add(reg_t)
         v_t, v_size = _ctype(v_lo, v_hi, signed=True)
@@ -609,6 +617,9 @@ class _Gen:
         self.state_bytes += v_size * n
         out_t = out_t_fixed or "uint8_t"
         def step(membrane, index, current):
+            if (x_lo, x_hi) != tuple(in_range):
+                current = (f"({current} < {_lit(x_lo)} ? {_lit(x_lo)} : ({current} > {_lit(x_hi)}"
+                           f" ? {_lit(x_hi)} : {current}))")
             return ([f"const {reg_t} v = ({reg_t}){membrane}[{index}];",
                      f"const {reg_t} xin = ({reg_t}){current};"]
                     + program.c_lines(self.name, reg_t)

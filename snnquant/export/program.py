@@ -225,6 +225,55 @@ class NeuronProgram:
                        f"{op.c(helper, *args)};")
         return out
 
+    def saturating_range(self, x_range: Interval) -> Interval:
+        r"""The currents that matter: ``(lo, hi)`` within ``x_range`` such that a current below
+        ``lo`` gives the step's result for ``lo``, and one above ``hi`` the result for ``hi``,
+        for every membrane the layer can hold. Clamping the current to it changes nothing and
+        narrows every register's bound (:meth:`c_type`).
+
+        It holds because the rounded charge ``q`` does not decrease when the current grows (every
+        instruction is checked to be non-decreasing in ``xin``; otherwise ``x_range`` itself is
+        returned), and it depends on the current only through ``q``: ``hi`` is the smallest
+        current whose ``q`` is ``v_max`` for every membrane (interval bounds), ``lo`` the largest
+        whose ``q`` is ``v_min``.
+        """
+        sign = {"xin": 1, "v": 0}           # 1: non-decreasing in xin, 0: independent, None: ?
+        for ins in self.instrs:
+            s = [sign.get(a, 0) if isinstance(a, str) else 0 for a in ins.args]
+            if ins.code == "sub":
+                s[1] = -s[1] if s[1] is not None else None
+            if ins.code in ("add", "sub", "shl", "mul", "rhe", "clamp"):
+                known = [v for v in s if v != 0]
+                sign[ins.dst] = (None if None in known or len(set(known)) > 1 else
+                                 (known[0] if known else 0))
+            else:
+                sign[ins.dst] = 0 if all(v == 0 for v in s) else None
+        clamp = next(i for i in self.instrs if i.code == "clamp")
+        q = clamp.args[0]         # the charge before the clamp (the clamp's interval is its range)
+        if sign.get(q) != 1 or any(sign.get(i.dst) is None for i in self.instrs
+                                   if i.dst not in ("spike", "v_next")):
+            return x_range
+        _, v = self.intervals(x_range)
+
+        def q_at(x: int) -> Interval:
+            lo, hi = self._interval_pass(v, (x, x))[q]
+            return min(max(lo, self.v_min), self.v_max), min(max(hi, self.v_min), self.v_max)
+
+        def search(ok, lo: int, hi: int) -> int:   # the first x in [lo, hi] with ok(x)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if ok(mid):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return lo
+        lo, hi = x_range
+        if q_at(hi)[0] == self.v_max:
+            hi = search(lambda x: q_at(x)[0] == self.v_max, lo, hi)
+        if q_at(lo)[1] == self.v_min:
+            lo = -search(lambda x: q_at(-x)[1] == self.v_min, -hi, -lo)
+        return lo, hi
+
     def c_type(self, x_range: Interval) -> str:
         """The narrowest register type :meth:`c_lines` can print the step with for currents in
         ``x_range``: ``int16_t`` when every register (:meth:`intervals`) stays below
