@@ -291,7 +291,8 @@ def main(argv=None):
                  f"{100 * agreement['dense']:.2f}%, IntegerSNN 'auto' with the default "
                  f"{100 * agreement['integer_snn_auto']:.2f}% of {args.N} samples; ROM "
                  f"{mems['events'].rom_bytes} B, RAM {mems['events'].ram_bytes} B event-driven "
-                 f"({mems['events'].scratch_bytes} B sums), {mems['dense'].ram_bytes} B dense")
+                 f"({mems['events'].scratch_bytes} B scratch: sums and spike bytes, "
+                 f"{mems['events'].list_bytes} B index lists), {mems['dense'].ram_bytes} B dense")
     table = "\n".join(lines)
     print(table)
     result = dict(
@@ -305,7 +306,8 @@ def main(argv=None):
                      compile_command=" ".join(Path(c).name if i > 0 and "/" in c else c
                                               for i, c in enumerate(cmd))),
         rom_bytes=mems["events"].rom_bytes, ram_bytes=mems["events"].ram_bytes,
-        ram_bytes_dense=mems["dense"].ram_bytes, synaptic_ops_per_sample=synops * args.T,
+        ram_bytes_dense=mems["dense"].ram_bytes, scratch_bytes=mems["events"].scratch_bytes,
+        list_bytes=mems["events"].list_bytes, synaptic_ops_per_sample=synops * args.T,
         ns_per_synaptic_op=ns_per_synop, ratios=ratios, agreement=agreement, results=rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -360,7 +360,8 @@ def test_event_driven_sums_are_counted_in_ram(tmp_path):
     events = c_memory(desc, (2, 6, 6))
     dense = c_memory(desc, (2, 6, 6), synapses="dense")
     assert dense.scratch_bytes == 0 and events.scratch_bytes > 0
-    assert events.ram_bytes == dense.ram_bytes + events.scratch_bytes
+    assert events.ram_bytes == dense.ram_bytes + events.scratch_bytes + events.list_bytes
+    assert dense.list_bytes == 0 and events.list_bytes == 0    # the pool reads the spikes
     assert events.rom_bytes == dense.rom_bytes
     header, source = to_c(desc, tmp_path, input_shape=(2, 6, 6))
     assert f"#define SNN_RAM_BYTES {events.ram_bytes}\n" in header.read_text()

@@ -65,7 +65,9 @@ def _assert_c_equals_integer_snn(desc, shape, x, folder):
         header = (folder / synapses / "snn.h").read_text()
         assert f"#define SNN_RAM_BYTES {mem[synapses].ram_bytes}\n" in header
         assert f"#define SNN_ROM_BYTES {mem[synapses].rom_bytes}\n" in header
-    assert mem["events"].ram_bytes == mem["dense"].ram_bytes + mem["events"].scratch_bytes
+    assert mem["events"].ram_bytes == (mem["dense"].ram_bytes + mem["events"].scratch_bytes
+                                       + mem["events"].list_bytes)
+    assert mem["dense"].list_bytes == 0
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))

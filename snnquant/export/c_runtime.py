@@ -19,7 +19,12 @@ The partial sums of an accumulator are bounded by the same :math:`\lVert w_c \rV
 in any order and over any subset of the inputs, so the event-driven form (only the nonzero inputs,
 see :func:`to_c`) and the dense form need the same types. From these bounds each layer picks the
 narrowest C type that holds it (``int32_t`` accumulators where :math:`2^{31}` is never reached,
-``int64_t`` otherwise), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
+``int64_t`` otherwise; a neuron layer's registers in ``int16_t`` or ``int32_t`` where every
+one stays below :math:`2^{14}` or :math:`2^{30}`,
+:meth:`~snnquant.export.program.NeuronProgram.c_type`, after its current is clamped to the
+range beyond which the charge saturates for every membrane,
+:meth:`~snnquant.export.program.NeuronProgram.saturating_range`, where that makes the type
+narrower), and a network whose bound reaches :math:`2^{62}` is refused: C signed overflow is
 undefined behaviour, so the code never relies on it. Shifts of negative numbers are written as
 multiplications by :math:`2^k` (left) and as ``~(~d >> k)`` (floor right shift), so the code does
 not depend on implementation-defined behaviour either.
@@ -91,8 +96,14 @@ class CMemory:
             layers and the sums of the event-driven layers.
         state_bytes: the membranes alone.
         input_size: ``<NAME>_INPUT_SIZE``; ``output_size``: ``<NAME>_OUTPUT_SIZE``.
-        scratch_bytes: the sums of the event-driven synaptic layers (one layer's at a time; 0
-            with ``synapses='dense'``), included in ``ram_bytes``.
+        scratch_bytes: the sums of the event-driven synaptic layers and the spikes of the
+            neuron layers they feed (one layer's at a time; 0 with ``synapses='dense'``),
+            included in ``ram_bytes``.
+        list_bytes: what the index lists of spikes (``synapses='events'``: the spikes of a
+            neuron layer that only synaptic layers read travel as the count and the indices of
+            the neurons that fired) add to the buffers between layers over the one byte per
+            neuron of ``synapses='dense'``; included in ``ram_bytes``, so that
+            ``ram_bytes`` = dense ``ram_bytes`` + ``scratch_bytes`` + ``list_bytes``.
     """
 
     rom_bytes: int
@@ -101,6 +112,7 @@ class CMemory:
     input_size: int
     output_size: int
     scratch_bytes: int = 0
+    list_bytes: int = 0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -144,7 +156,7 @@ class _Gen:
         self.desc, self.name, self.NAME = desc, name, name.upper()
         self.synapses = synapses
         self.const_types: dict = {}
-        self.scratch: List[Tuple[str, int, int, int]] = []   # (ctype, n, bytes, op index)
+        self.scratch: List[Tuple[str, int, int]] = []   # (struct members, bytes, op index)
         self.input_shape = tuple(int(v) for v in input_shape)
         self.shapes = op_shapes(desc, self.input_shape)
         self.consts: List[str] = []
@@ -152,7 +164,8 @@ class _Gen:
         self.rom = 0
         self.state_members: List[Tuple[int, str]] = []   # (element bytes, declaration)
         self.state_bytes = 0
-        self.uses_rhe = False
+        self.rhe_types: set = set()   # the C types a rounding helper is written for
+        self.fire: dict = {}   # neuron layer -> the event-driven sums it reads (_fire_function)
         self.protos: List[str] = []
 
     # -- helpers --------------------------------------------------------------------------------
@@ -169,16 +182,22 @@ class _Gen:
         self.const_types[ident] = ctype
         return ident
 
-    def scratch_array(self, i: int, ctype: str, n: int) -> str:
-        """An array of ``n`` ``ctype`` in the state's scratch union (sums of an event-driven
-        layer; one layer uses it at a time); returns the C expression that names it."""
-        size = _TYPES_BYTES[ctype]
-        self.scratch.append((ctype, n, size * n, i))
+    def scratch_arrays(self, i: int, sum_t: str, n: int, fired: bool) -> str:
+        """The sums (``n`` ``sum_t``) of event-driven layer ``i`` and, where it feeds a neuron
+        layer (``fired``), that layer's spikes (``n`` bytes), as a struct in the state's scratch
+        union (one layer uses it at a time); returns the C expression that names the struct."""
+        size = _TYPES_BYTES[sum_t]
+        members = f"{sum_t} sum[{n}];" + (f" uint8_t fired[{n}];" if fired else "")
+        nbytes = size * n + (n if fired else 0)
+        self.scratch.append((members, -(-nbytes // size) * size, i))
         return f"s->scratch.s{i}"
 
     # -- operations -----------------------------------------------------------------------------
     def synapse(self, i: int, op: SynapseOp, in_shape, out_shape, in_range, in_t, out_t_fixed,
-                fuse_with=None):
+                fuse_with=None, in_list=False, out_list=False):
+        """Write synaptic layer ``i`` (fused with neuron layer ``fuse_with``: its spikes are the
+        output); ``in_list``/``out_list``: the input/output is an index list
+        (:meth:`_spike_store`), else a buffer."""
         w = op.weight.to(torch.int64)
         c_out = int(w.shape[0])
         rescale_def = SynapseRescale.of(op)
@@ -195,21 +214,25 @@ class _Gen:
         out_range = bound.out_range
         out_t = out_t_fixed or _ctype(*out_range)[0]
         rescale = rescale_def.c_lines("acc", acc_t, self.const_array, i)
+        events = self.synapses == "events"
         if fuse_with is None:
             rescale.append(f"out[o] = ({out_t})acc;")
-        else:
-            rescale.append(f"out[o] = ({out_t}){self.name}_n{fuse_with}(s, o, (int64_t)acc);")
+        elif not events:   # event-driven: the neuron layer's _fire_function charges it
+            rescale += self._spike_store(out_list, out_t,
+                                         f"{self.name}_n{fuse_with}(s, o, (int64_t)acc)")
 
         def rescale_code(indent):
             return "\n".join(" " * indent + line for line in rescale)
 
-        events = self.synapses == "events"
         state = "" if fuse_with is None and not events else f"{self.name}_state *s, "
         sig = f"static void {self.name}_op{i}({state}const {in_t} *in, {out_t} *out)"
         # the sums of the event-driven form: the accumulator's bound alone (no rescale yet)
         sum_t = _ctype(-max(bound.accumulator + (1,)), max(bound.accumulator + (1,)), signed=True)[0]
         # an event of a spike (0/1) adds the weight itself
-        times_x = "" if (in_range[0] >= 0 and in_range[1] <= 1) else f" * ({acc_t})x"
+        # a value that fits int16_t is multiplied as one (SIMD units multiply 16-bit lanes cheaply)
+        x16 = ("(int16_t)" if in_t in ("int32_t", "int64_t")
+               and max(map(abs, in_range)) < (1 << 15) else "")
+        times_x = "" if (in_range[0] >= 0 and in_range[1] <= 1) else f" * ({acc_t}){x16}x"
         if op.kind == "linear":
             if len(in_shape) != 1:
                 raise ExportError(f"layer {op.name!r}: a linear layer on a per-sample input of "
@@ -218,27 +241,15 @@ class _Gen:
             if events:
                 # a weight column per nonzero input: weights stored [in][out]
                 wname = self.const_array(f"w{i}", w.t().reshape(-1).tolist())
-                sums = self.scratch_array(i, sum_t, c_out)
+                sums = self.scratch_arrays(i, sum_t, c_out, fuse_with is not None)
+                column = [f"const {self.const_types[wname]} *wj = {wname} + j * {c_out};",
+                          f"for (oc = 0; oc < {c_out}; oc++) {{",
+                          f"    sum[oc] = ({sum_t})(sum[oc] + ({acc_t})wj[oc]{times_x});", "}"]
                 body = f"""{{
-    {sum_t} *sum = {sums};
-    int32_t oc, j;
-    memset(sum, 0, sizeof({sum_t}) * {c_out});
-    for (j = 0; j < {n_in}; j++) {{
-        const {in_t} x = in[j];
-        if (x != 0) {{
-            const {self.const_types[wname]} *wj = {wname} + j * {c_out};
-            for (oc = 0; oc < {c_out}; oc++) {{
-                sum[oc] = ({sum_t})(sum[oc] + ({acc_t})wj[oc]{times_x});
-            }}
-        }}
-    }}
-    for (oc = 0; oc < {c_out}; oc++) {{
-        const int32_t o = oc;
-        {acc_t} acc = sum[oc];
-        {{
-{rescale_code(12)}
-        }}
-    }}
+    {sum_t} *sum = {sums}.sum;
+    int32_t oc;
+{self._events(4, in_list, in_t, n_in, column)}
+{self._event_outputs(sums, sum_t, 1, c_out, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
                 wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
@@ -275,63 +286,56 @@ class _Gen:
             cog = c_out // op.groups
             if events:
                 # a kernel stamp per nonzero input: weights stored [c_in][ky][kx][out of group],
-                # sums [oy][ox][oc]
+                # sums [oy][ox][oc]; the columns the stamp reaches are clipped once per event
                 wt = w.reshape(op.groups, cog, cig, kh, kw).permute(0, 2, 3, 4, 1)
                 wname = self.const_array(f"w{i}", wt.reshape(-1).tolist())
-                sums = self.scratch_array(i, sum_t, co * ho_ * wo)
+                sums = self.scratch_arrays(i, sum_t, co * ho_ * wo, fuse_with is not None)
 
-                def target(axis, stride, size, indent):
-                    """The check that input row/column t<axis> reaches an output, and its index."""
-                    pad = " " * indent
+                def target(axis, stride, size):
+                    """The condition that input row/column t<axis> reaches no output, and the
+                    output's index."""
                     cond = (f"t{axis} < 0 || t{axis} >= {size}" if stride == 1 else
                             f"t{axis} < 0 || t{axis} % {stride} != 0 || t{axis} / {stride} >= {size}")
-                    return (f"if ({cond}) {{\n{pad}    continue;\n{pad}}}",
-                            f"t{axis}" if stride == 1 else f"t{axis} / {stride}")
-                check_y, oy_expr = target("y", sh, ho_, 20)
-                check_x, ox_expr = target("x", sw, wo, 24)
+                    return cond, (f"t{axis}" if stride == 1 else f"t{axis} / {stride}")
+                miss_y, oy_expr = target("y", sh, ho_)
+                miss_x, ox_expr = target("x", sw, wo)
+                stamp = [
+                    f"const int32_t c = j / {hi_ * wi};",
+                    f"const int32_t iy = (j - c * {hi_ * wi}) / {wi};",
+                    f"const int32_t ix = j - (c * {hi_} + iy) * {wi};",
+                    f"const int32_t g = c / {cig};",
+                    "int32_t reach = 0;",
+                    f"for (kx = 0; kx < {kw}; kx++) {{",
+                    f"    const int32_t tx = ix + {pw} - kx * {dw};",
+                    f"    if (!({miss_x})) {{",
+                    f"        sum_at[reach] = ({ox_expr}) * {co} + g * {cog};",
+                    f"        w_at[reach] = kx * {cog};",
+                    "        reach++;",
+                    "    }",
+                    "}",
+                    f"for (ky = 0; ky < {kh}; ky++) {{",
+                    f"    const int32_t ty = iy + {ph} - ky * {dh};",
+                    f"    {sum_t} *row;",
+                    f"    const {self.const_types[wname]} *wrow;",
+                    f"    if ({miss_y}) {{",
+                    "        continue;",
+                    "    }",
+                    f"    row = sum + ({oy_expr}) * {wo * co};",
+                    f"    wrow = {wname} + (c * {kh} + ky) * {kw * cog};",
+                    "    for (r = 0; r < reach; r++) {",
+                    f"        {sum_t} *dst = row + sum_at[r];",
+                    f"        const {self.const_types[wname]} *wk = wrow + w_at[r];",
+                    f"        for (oc = 0; oc < {cog}; oc++) {{",
+                    f"            dst[oc] = ({sum_t})(dst[oc] + ({acc_t})wk[oc]{times_x});",
+                    "        }",
+                    "    }",
+                    "}"]
                 body = f"""{{
-    {sum_t} *sum = {sums};
-    int32_t c, iy, ix, ky, kx, oc, oy, ox;
-    memset(sum, 0, sizeof({sum_t}) * {co * ho_ * wo});
-    for (c = 0; c < {ci}; c++) {{
-        const int32_t g = c / {cig};
-        for (iy = 0; iy < {hi_}; iy++) {{
-            for (ix = 0; ix < {wi}; ix++) {{
-                const {in_t} x = in[(c * {hi_} + iy) * {wi} + ix];
-                if (x == 0) {{
-                    continue;
-                }}
-                for (ky = 0; ky < {kh}; ky++) {{
-                    const int32_t ty = iy + {ph} - ky * {dh};
-                    {check_y}
-                    oy = {oy_expr};
-                    for (kx = 0; kx < {kw}; kx++) {{
-                        const int32_t tx = ix + {pw} - kx * {dw};
-                        {sum_t} *dst;
-                        const {self.const_types[wname]} *wk;
-                        {check_x}
-                        ox = {ox_expr};
-                        dst = sum + (oy * {wo} + ox) * {co} + g * {cog};
-                        wk = {wname} + ((c * {kh} + ky) * {kw} + kx) * {cog};
-                        for (oc = 0; oc < {cog}; oc++) {{
-                            dst[oc] = ({sum_t})(dst[oc] + ({acc_t})wk[oc]{times_x});
-                        }}
-                    }}
-                }}
-            }}
-        }}
-    }}
-    for (oc = 0; oc < {co}; oc++) {{
-        for (oy = 0; oy < {ho_}; oy++) {{
-            for (ox = 0; ox < {wo}; ox++) {{
-                const int32_t o = (oc * {ho_} + oy) * {wo} + ox;
-                {acc_t} acc = sum[(oy * {wo} + ox) * {co} + oc];
-                {{
-{rescale_code(20)}
-                }}
-            }}
-        }}
-    }}
+    {sum_t} *sum = {sums}.sum;
+    int32_t ky, kx, r, oc;
+    int32_t sum_at[{kw}] = {{0}}, w_at[{kw}] = {{0}};
+{self._events(4, in_list, in_t, ci * hi_ * wi, stamp)}
+{self._event_outputs(sums, sum_t, ho_ * wo, co, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
                 wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
@@ -379,6 +383,127 @@ class _Gen:
         lines += ["        " + ln for ln in inner] + ["    }", "}"]
         return "\n".join(pad + ln for ln in lines)
 
+    def _event_outputs(self, sums: str, sum_t: str, positions: int, co: int, acc_t: str,
+                       rescale: Sequence[str], fuse_with, out_list: bool, out_t: str) -> str:
+        """C text (indent 4) that turns the sums ``[position][channel]`` of an event-driven layer
+        into its output, leaving every sum 0 for the next step (so that no step clears them:
+        ``<name>_reset`` zeroes the state): the currents, in C order; or, fused with a neuron
+        layer, its spikes. The neuron layer's membranes are then kept in the sums' order, so that
+        the loop reads, updates and writes contiguous memory without a branch, and the spike
+        bytes (``spiked``) are emitted afterwards a 64-bit word at a time, without a branch per
+        neuron: as an index list, or into the output buffer (``sum_t``: the sums' C type)."""
+        if fuse_with is None:
+            lines = ["int32_t p;"] + self._sum_loop(positions, co, acc_t, rescale, [
+                f"const int32_t o = oc * {positions} + p;"])
+        else:
+            # the neuron layer writes <name>_fire<j> (sums, spike bytes, its membranes)
+            self.fire[fuse_with] = (sum_t, positions, co, acc_t, list(rescale))
+            lines = [f"uint8_t *spiked = {sums}.fired;",
+                     f"{self.name}_fire{fuse_with}(sum, spiked, s->v{fuse_with});"]
+            n = positions * co
+            o_expr = "j" if positions == 1 else f"(j % {co}) * {positions} + j / {co}"
+            emit = (["const int32_t o = " + o_expr + ";"]
+                    + self._spike_store(out_list, out_t, "x"))
+            fired_decl, fired_end = self._spike_list_ends(out_list, out_t)
+            lines += [ln.strip() for ln in fired_decl.split("\n") if ln.strip()]
+            if not out_list:
+                lines.append(f"memset(out, 0, sizeof({out_t}) * {n});")
+            lines += self._events(0, False, "uint8_t", n, emit, src="spiked", clear=True,
+                                  every=True).split("\n")
+            lines += [ln.strip() for ln in fired_end.split("\n") if ln.strip()]
+        return "\n".join("    " + ln for ln in lines)
+
+    @staticmethod
+    def _sum_loop(positions: int, co: int, acc_t: str, rescale: Sequence[str],
+                  head: Sequence[str] = ()) -> List[str]:
+        """C lines: for every sum ``k`` (position ``p``, channel ``oc``), ``acc`` = the sum,
+        the sum set to 0, then ``head`` and the rescale's lines; ``p`` and ``oc`` declared by
+        the caller."""
+        lines = [f"for (p = 0; p < {positions}; p++) {{",
+                 f"    for (oc = 0; oc < {co}; oc++) {{",
+                 f"        const int32_t k = p * {co} + oc;"]
+        lines += ["        " + ln for ln in head]
+        lines += [f"        {acc_t} acc = sum[k];", "        sum[k] = 0;"]
+        lines += ["        " + ln for ln in rescale]
+        return lines + ["    }", "}"]
+
+    def _fire_function(self, j: int, v_t: str, step: Sequence[str], about: str) -> None:
+        """Write ``<name>_fire<j>``: neuron layer ``j`` fed by event-driven layer's sums
+        (recorded in ``self.fire[j]``): every sum, rescaled, charges its neuron, whose spike
+        goes to a byte. The three arrays are distinct objects (``restrict``), and the loop has
+        no call and no branch, so compilers vectorise it."""
+        sum_t, positions, co, acc_t, rescale = self.fire.pop(j)
+        body = (rescale + ["{"] + ["    " + ln for ln in step]
+                + ["    spiked[k] = (uint8_t)spike;", "}"])
+        proto = (f"static void {self.name}_fire{j}({sum_t} *restrict sum, "
+                 f"uint8_t *restrict spiked, {v_t} *restrict membrane)")
+        self.protos.append(proto + ";")
+        text = "\n".join("    " + ln for ln in ["int32_t p, oc;"]
+                         + self._sum_loop(positions, co, acc_t, body))
+        self.funcs.append(f"/* {about}\n * Every neuron, with the current of its sum (the "
+                          f"sums' order: position, then channel), to a spike byte. */\n"
+                          f"{proto}\n{{\n{text}\n}}")
+
+    @staticmethod
+    def _spike_store(out_list: bool, out_t: str, spike: str) -> List[str]:
+        """C statements that emit the spike ``spike`` (a C expression, 0 or 1) of neuron ``o``:
+        ``out[o] = spike`` into a buffer, or into an index list (``out[0]`` the number of
+        neurons that fired, ``out[1..]`` their indices, in the order the neurons are visited):
+        the index is written always and kept by advancing the count, without a branch (at most
+        ``n`` indices after the count: in bounds)."""
+        if out_list:
+            return [f"out[1 + fired] = ({out_t})o;", f"fired += {spike};"]
+        return [f"out[o] = ({out_t}){spike};"]
+
+    @staticmethod
+    def _spike_list_ends(out_list: bool, out_t: str) -> Tuple[str, str]:
+        """The declaration of the count of an index list and the statement that stores it (both
+        empty text for a buffer), for :meth:`_spike_store`."""
+        if not out_list:
+            return "", ""
+        return "\n    int32_t fired = 0;", f"\n    out[0] = ({out_t})fired;"
+
+    @staticmethod
+    def _events(indent: int, in_list: bool, in_t: str, n: int, body: Sequence[str],
+                src: str = "in", clear: bool = False, every: bool = False) -> str:
+        """C loops that run ``body`` for every nonzero input ``j`` (value ``x``): from an index
+        list ``src`` (every listed input is a spike, ``x`` = 1, not declared), or scanning the
+        buffer ``src`` of ``n`` elements a 64-bit word at a time (``memcpy``: no alignment or
+        aliasing assumption) and skipping the words that are 0; ``clear``: setting the nonzero
+        ones to 0 once read; ``every``: running ``body`` for every element of a nonzero word,
+        zeros included (a branch-free body)."""
+        inner = [" " * 4 + ln for ln in body]
+        if in_list:
+            lines = ["{", f"    const int32_t count = (int32_t){src}[0];", "    int32_t e;",
+                     "    for (e = 1; e <= count; e++) {",
+                     f"        const int32_t j = (int32_t){src}[e];"]
+            lines += ["    " + ln for ln in inner] + ["    }", "}"]
+        else:
+            per_word = max(1, 8 // _TYPES_BYTES[in_t])
+            lines = ["{", "    int32_t j0, j;", f"    for (j0 = 0; j0 < {n}; j0 += {per_word}) {{"]
+            if per_word > 1:
+                if n % per_word:
+                    lines += [f"        const int32_t j1 = j0 + {per_word} < {n} ? j0 + {per_word}"
+                              f" : {n};",
+                              f"        if (j1 - j0 == {per_word}) {{"]
+                else:
+                    lines += [f"        const int32_t j1 = j0 + {per_word};", "        {"]
+                lines += ["            uint64_t word;",
+                          f"            memcpy(&word, {src} + j0, sizeof(word));",
+                          "            if (word == 0) {", "                continue;", "            }",
+                          "        }"]
+            else:
+                lines.append("        const int32_t j1 = j0 + 1;")
+            lines += ["        for (j = j0; j < j1; j++) {",
+                      f"            const {in_t} x = {src}[j];"]
+            if not every:
+                lines += ["            if (x == 0) {", "                continue;", "            }"]
+            lines += ["        " + ln for ln in inner] + ["        }"]
+            if clear:
+                lines.append(f"        memset({src} + j0, 0, sizeof({in_t}) * (size_t)(j1 - j0));")
+            lines += ["    }", "}"]
+        return "\n".join(" " * indent + ln for ln in lines)
+
     @staticmethod
     def _conv_pads(op: SynapseOp, kernel) -> Tuple[int, ...]:
         if isinstance(op.padding, str):
@@ -390,7 +515,10 @@ class _Gen:
             raise ExportError(f"layer {op.name!r}: padding={op.padding!r} is not supported")
         return tuple(int(p) for p in op.padding)
 
-    def pool(self, i: int, op: PoolOp, in_shape, out_shape, in_range, in_t, out_t_fixed):
+    def pool(self, i: int, op: PoolOp, in_shape, out_shape, in_range, in_t, out_t_fixed,
+             out_list=False):
+        """Write pooling ``i``; ``out_list``: its output (spikes: a max pool of spikes) goes
+        out as an index list (:meth:`_spike_store`)."""
         if op.dims == 1:
             # [C, L], or the features [F] of a VotingLayer as one channel
             c, wi, wo = (1, in_shape[0], out_shape[0]) if len(in_shape) == 1 else \
@@ -417,7 +545,15 @@ class _Gen:
             x0 = f"{starts[-1]}[ox]"
             if op.dims == 2:
                 y0 = f"{starts[0]}[oy]"
-        if op.kind == "max":
+        if op.kind == "max" and in_range[0] >= 0:
+            # every window holds an element (PyTorch's padding is at most half the kernel), so
+            # the maximum of values >= 0 starts from 0: no flag, no branch
+            out_range = in_range
+            update = "best = in[j] > best ? in[j] : best;"
+            acc_t = in_t
+            start = f"{acc_t} best = 0;"
+            result = "best"
+        elif op.kind == "max":
             out_range = in_range
             init = "int first = 1;"
             update = "if (first || in[j] > best) {\n    best = in[j];\n    first = 0;\n}"
@@ -434,57 +570,80 @@ class _Gen:
 
         def window(indent, *inner):
             return self._window(indent, kh, kw, y0, x0, dh, dw, hi_, wi, *inner)
+        store = "\n".join(" " * 16 + ln for ln in self._spike_store(out_list, out_t, result))
+        fired_decl, fired_end = self._spike_list_ends(out_list, out_t)
         body = f"""static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)
 {{
-    int32_t ch, oy, ox, ky, kx, j;
+    int32_t ch, oy, ox, ky, kx, j;{fired_decl}
     for (ch = 0; ch < {c}; ch++) {{
         for (oy = 0; oy < {ho_}; oy++) {{
             for (ox = 0; ox < {wo}; ox++) {{
+                const int32_t o = (ch * {ho_} + oy) * {wo} + ox;
                 {start}
 {window(16, f"j = (ch * {hi_} + iy) * {wi} + ix;", *update.split(chr(10)))}
-                out[(ch * {ho_} + oy) * {wo} + ox] = ({out_t}){result};
+{store}
             }}
         }}
-    }}
+    }}{fired_end}
 }}"""
         adaptive = f", adaptive to {tuple(op.output_size)}" if op.output_size else ""
         self.funcs.append(f"/* {_quote(op.name)}: {op.kind} pooling {tuple(op.kernel_size)}"
                           f"{adaptive} */\n{body}")
         return out_range, out_t
 
-    def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed, fused=False):
+    def neuron(self, i: int, op: NeuronOp, shape, in_range, in_t, out_t_fixed, fused=False,
+               out_list=False):
+        """Write neuron layer ``i`` (``fused``: its synaptic layer calls it per neuron);
+        ``out_list``: its spikes go out as an index list (:meth:`_spike_store`)."""
         n = _numel(shape)
         program = neuron_program(op)
-        regs, (v_lo, v_hi) = program.intervals(in_range)
+        # currents beyond the saturating range charge the membrane to its bound all the same:
+        # clamped to it, every register's bound (and so its C type) shrinks
+        x_lo, x_hi = program.saturating_range(in_range)
+        if program.c_type((x_lo, x_hi)) == program.c_type(in_range):
+            x_lo, x_hi = in_range       # no narrower type: no clamp to pay for
+        regs, (v_lo, v_hi) = program.intervals((x_lo, x_hi))
         big = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
         shift = max(program.shifts() + [0])
         if big >= (1 << _LIMIT_BITS) or shift >= _LIMIT_BITS:
             raise ExportError(f"layer {op.name!r}: the charge is bounded only by {big} (grid shift "
                               f"{op.grid_shift}, leak shift {op.leak_shift}), which reaches "
                               f"2^{_LIMIT_BITS}: the C code would overflow int64")
+        reg_t = program.c_type((x_lo, x_hi))
         if any(ins.code == "rhe" for ins in program.instrs):
-            self.uses_rhe = True
+            self.rhe_types.add(reg_t)
         v_t, v_size = _ctype(v_lo, v_hi, signed=True)
         self.state_members.append((v_size, f"{v_t} v{i}[{n}];"))
         self.state_bytes += v_size * n
         out_t = out_t_fixed or "uint8_t"
-        lines = ["const int64_t v = (int64_t)s->v{i}[j];".format(i=i)]
-        lines += program.c_lines(self.name)
-        lines += [f"s->v{i}[j] = ({v_t})v_next;", "return spike;"]
-        body = "\n".join("    " + ln for ln in lines)
-        th = op.threshold
-        leak = op.leak_text()
-        proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t xin)"
-        self.protos.append(proto + ";")
-        self.funcs.append(
-            f"/* {_quote(op.name)}: {op.kind.upper()}, {op.v_bits}-bit membrane [{op.v_min}, {op.v_max}], "
-            f"threshold {th}, {op.reset_mode} reset, leak: {leak}.\n * One neuron j with input "
-            f"current xin: update the membrane, return the spike. */\n{proto}\n{{\n{body}\n}}")
+        def step(membrane, index, current):
+            if (x_lo, x_hi) != tuple(in_range):
+                current = (f"({current} < {_lit(x_lo)} ? {_lit(x_lo)} : ({current} > {_lit(x_hi)}"
+                           f" ? {_lit(x_hi)} : {current}))")
+            return ([f"const {reg_t} v = ({reg_t}){membrane}[{index}];",
+                     f"const {reg_t} xin = ({reg_t}){current};"]
+                    + program.c_lines(self.name, reg_t)
+                    + [f"{membrane}[{index}] = ({v_t})v_next;"])
+        about = (f"{_quote(op.name)}: {op.kind.upper()}, {op.v_bits}-bit membrane [{op.v_min}, "
+                 f"{op.v_max}], threshold {op.threshold}, {op.reset_mode} reset, leak: "
+                 f"{op.leak_text()}.")
+        if i in self.fire:
+            self._fire_function(i, v_t, step("membrane", "k", "acc"), about)
+        else:
+            body = "\n".join("    " + ln for ln in step(f"s->v{i}", "j", "current")
+                              + ["return spike;"])
+            proto = f"static int {self.name}_n{i}({self.name}_state *s, int32_t j, int64_t current)"
+            self.protos.append(proto + ";")
+            self.funcs.append(
+                f"/* {about}\n * One neuron j with input current xin: update the membrane, return "
+                f"the spike. */\n{proto}\n{{\n{body}\n}}")
         if not fused:
+            store = self._spike_store(out_list, out_t, f"{self.name}_n{i}(s, o, (int64_t)in[o])")
+            fired_decl, fired_end = self._spike_list_ends(out_list, out_t)
             self.funcs.append(
                 f"static void {self.name}_op{i}({self.name}_state *s, const {in_t} *in, {out_t} *out)\n"
-                f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
-                f"        out[j] = ({out_t}){self.name}_n{i}(s, j, (int64_t)in[j]);\n    }}\n}}")
+                f"{{\n    int32_t o;{fired_decl}\n    for (o = 0; o < {n}; o++) {{\n"
+                + "".join(f"        {ln}\n" for ln in store) + f"    }}{fired_end}\n}}")
         self.reset_lines.append(f"for (j = 0; j < {n}; j++) {{\n        s->v{i}[j] = ({v_t}){_lit(op.v_init)};\n    }}")
         return (0, 1), out_t
 
@@ -519,11 +678,11 @@ class _Gen:
 
     # -- whole network --------------------------------------------------------------------------
     def _schedule(self):
-        """The C calls in order: ``(steps, source, out_src, last_read)``. A step is ``(i, j)``:
+        """The C calls in order: ``(steps, source, out_src, last_read, readers)``. A step is ``(i, j)``:
         operation ``i``, or synapse ``i`` fused with neuron ``j`` (its current goes straight into
         the neurons when nothing else reads it). ``source[k]`` is the operation whose buffer holds
         value ``k`` (a flatten is its input's buffer in C order); ``last_read[k]``: the last step
-        that reads buffer ``k``."""
+        that reads buffer ``k``; ``readers[k]``: the operations that read it."""
         desc = self.desc
         source = {NETWORK_INPUT: NETWORK_INPUT}
         for i, op in enumerate(desc.ops):
@@ -554,7 +713,7 @@ class _Gen:
             if j != i:
                 for k in desc.op_inputs(i):
                     last_read[source[k]] = pos
-        return steps, source, out_src, last_read
+        return steps, source, out_src, last_read, readers
 
     def build(self):
         desc = self.desc
@@ -562,13 +721,21 @@ class _Gen:
         if desc.input_max >= (1 << 31):
             raise ExportError(f"input_max={desc.input_max} does not fit the int32_t input of the C "
                               f"model")
-        steps, source, out_src, last_read = self._schedule()
+        steps, source, out_src, last_read, readers = self._schedule()
+        # spikes (of a neuron layer, or a max pool of spikes) that only event-driven synaptic
+        # layers read travel as index lists
+        listable = {j for _, j in steps
+                    if self.synapses == "events" and isinstance(desc.ops[j], (NeuronOp, PoolOp))
+                    and j != out_src and readers.get(j)
+                    and all(isinstance(desc.ops[r], SynapseOp) for r in readers[j])}
+        lists = set()
         # per buffer (operation index, or the input): range, C type and C expression
         ranges = {NETWORK_INPUT: (-int(desc.input_max), int(desc.input_max))}
         types = {NETWORK_INPUT: "int32_t"}
         exprs = {NETWORK_INPUT: "input"}
         # buffers between operations: slots (unions) reused once every reader has run
-        slots: List[List[Tuple[str, int, int, int]]] = []  # per slot: (ctype, n, bytes, op index)
+        # per slot: (ctype, n, bytes, op index, bytes of the dense form's buffer)
+        slots: List[List[Tuple[str, int, int, int, int]]] = []
         slot_busy: List[int] = []                            # per slot: last step reading it
         calls = []
         out_size = _numel(self.shapes[-1][1]) if self.shapes else _numel(self.input_shape)
@@ -577,23 +744,33 @@ class _Gen:
             in_shape, out_shape = self.shapes[i]
             srcs = [source[k] for k in desc.op_inputs(i)]
             in_range, in_t = ranges[srcs[0]], types[srcs[0]]
-            fixed = "int64_t" if j == out_src else None
+            in_list = srcs[0] in lists
+            out_list = j in listable and (isinstance(desc.ops[j], NeuronOp) or (
+                op.kind == "max" and in_range[0] >= 0 and in_range[1] <= 1))
+            if out_list:
+                lists.add(j)
+            n_out = _numel(self.shapes[j][1])
+            # an index list holds its count and up to every neuron's index
+            fixed = ("int64_t" if j == out_src else
+                     _ctype(0, n_out)[0] if out_list else None)
             if j != i:
                 n_fixed = fixed or "uint8_t"
                 cur_range, _ = self.synapse(i, op, in_shape, out_shape, in_range, in_t, n_fixed,
-                                            fuse_with=j)
+                                            fuse_with=j, in_list=in_list, out_list=out_list)
                 rng, t = self.neuron(j, desc.ops[j], self.shapes[j][0], cur_range, "int64_t",
                                      n_fixed, fused=True)
                 out_shape = self.shapes[j][1]
             elif isinstance(op, SynapseOp):
-                rng, t = self.synapse(i, op, in_shape, out_shape, in_range, in_t, fixed)
+                rng, t = self.synapse(i, op, in_shape, out_shape, in_range, in_t, fixed,
+                                      in_list=in_list)
             elif isinstance(op, PoolOp):
-                rng, t = self.pool(i, op, in_shape, out_shape, in_range, in_t, fixed)
+                rng, t = self.pool(i, op, in_shape, out_shape, in_range, in_t, fixed,
+                                   out_list=out_list)
             elif isinstance(op, JoinOp):
                 rng, t = self.join(i, op, out_shape, [ranges[k] for k in srcs],
                                    [types[k] for k in srcs], fixed)
             else:
-                rng, t = self.neuron(i, op, in_shape, in_range, in_t, fixed)
+                rng, t = self.neuron(i, op, in_shape, in_range, in_t, fixed, out_list=out_list)
             if j == out_src:
                 dst = "output"
             else:
@@ -605,7 +782,9 @@ class _Gen:
                     u = len(slots)
                     slots.append([])
                     slot_busy.append(pos)
-                slots[u].append((t, n, _TYPES_BYTES[t] * n, j))
+                dense_bytes = n if out_list else _TYPES_BYTES[t] * n   # uint8_t spikes
+                n += 1 if out_list else 0
+                slots[u].append((t, n, _TYPES_BYTES[t] * n, j, dense_bytes))
                 slot_busy[u] = last_read.get(j, pos)
                 dst = f"s->buf{u}.a{j}"
             ranges[j], types[j], exprs[j] = rng, t, dst
@@ -618,17 +797,19 @@ class _Gen:
             calls.append(f"for (j = 0; j < {out_size}; j++) {{\n        output[j] = (int64_t)input[j];\n    }}")
         members = []
         ram = 0
+        self.list_bytes = 0
         for u, bufs in enumerate(slots):
-            size = max(b for _, _, b, _ in bufs)
+            size = max(b for _, _, b, _, _ in bufs)
             size8 = -(-size // 8) * 8
-            decl = "".join(f"        {t} a{i}[{n}];\n" for t, n, _, i in bufs)
+            decl = "".join(f"        {t} a{i}[{n}];\n" for t, n, _, i, _ in bufs)
             members.append(f"    union {{\n{decl}        uint8_t bytes[{size8}];\n    }} buf{u};")
             ram += size8
+            self.list_bytes += size8 - -(-max(d for _, _, _, _, d in bufs) // 8) * 8
         self.scratch_bytes = 0
         if self.scratch:
-            size8 = -(-max(b for _, _, b, _ in self.scratch) // 8) * 8
+            size8 = -(-max(b for _, b, _ in self.scratch) // 8) * 8
             self.scratch_bytes = size8
-            decl = "".join(f"        {t} s{i}[{n}];\n" for t, n, _, i in self.scratch)
+            decl = "".join(f"        struct {{ {m} }} s{i};\n" for m, _, i in self.scratch)
             members.append(f"    union {{\n{decl}        uint8_t bytes[{size8}];\n    }} scratch;")
             ram += size8
         for _, decl in sorted(self.state_members, key=lambda e: -e[0]):
@@ -692,8 +873,8 @@ void {n}_step({n}_state *s, const int32_t *input, int64_t *output);
     def source(self, pair_id: str = "") -> str:
         n, N = self.name, self.NAME
         rhe = ""
-        if self.uses_rhe:
-            rhe = c_rhe_helper(n) + "\n"
+        for c_type in sorted(self.rhe_types):
+            rhe += c_rhe_helper(n, c_type) + "\n"
         reset_body = "\n    ".join(self.reset_lines)
         step_body = "\n    ".join(self.calls)
         needs_j_reset = bool(self.reset_lines)
@@ -766,7 +947,7 @@ def c_memory(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = None, 
     g = _prepare(desc, "snn", input_shape, synapses)
     return CMemory(rom_bytes=g.rom, ram_bytes=g.ram, state_bytes=g.state_bytes,
                    input_size=_numel(g.input_shape), output_size=g.out_size,
-                   scratch_bytes=g.scratch_bytes)
+                   scratch_bytes=g.scratch_bytes, list_bytes=g.list_bytes)
 
 
 def _pair_texts(gen: "_Gen") -> Tuple[bytes, bytes]:
@@ -808,7 +989,8 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
       magnitude (``desc.input_max``; larger inputs are not checked by the C code);
     * ``NAME_ROM_BYTES``: bytes of constant data (weights, biases, rescale factors; not code);
       ``NAME_RAM_BYTES``: ``sizeof(name_state)``;
-    * ``name_state``: one sample's membranes (and the buffers between layers);
+    * ``name_state``: one sample's membranes (and the buffers between layers; its layout is
+      private to the generated code);
     * ``void name_reset(name_state *s)``: membranes to their initial values;
     * ``void name_step(name_state *s, const int32_t *input, int64_t *output)``: one step;
       ``output`` receives what :class:`~snnquant.export.IntegerSNN` returns: the spikes (0/1);
@@ -827,12 +1009,25 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
 
     Synapses. With ``synapses='events'`` (the default) a synaptic layer adds only what its
     nonzero inputs contribute: a weight column per nonzero input of a linear layer, a kernel
-    stamp per nonzero input of a convolution (weights stored input-major), into sums kept in the
-    state (``scratch``, counted in ``NAME_RAM_BYTES``); its time then grows with the synaptic
-    operations (nonzero inputs times fan-out), not with the layer size. Every synaptic input of an
-    exported network is spikes or event counts, so this is the faster form for SNN activity;
-    ``synapses='dense'`` writes the dense loops (every input times every weight), which need no
-    scratch and win only for inputs that are mostly nonzero. Both compute the same integers.
+    stamp per nonzero input of a convolution (weights stored input-major; the columns a stamp
+    reaches are clipped at the borders once per event), into sums kept in the state
+    (``scratch``, counted in ``NAME_RAM_BYTES``); its time then grows with the synaptic
+    operations (nonzero inputs times fan-out), not with the layer size. The spikes of a neuron
+    layer (or of a max pool of spikes) that only synaptic layers read travel as an index list: the count of neurons that
+    fired, then their indices (C order of the layer's output, in no particular order), written
+    without a branch per neuron, so the next layer reads its events without scanning for them;
+    other inputs (the network's, a sum pool's) are scanned a 64-bit word at a time, skipping
+    words of zeros. Each layer leaves its sums at 0 for the next step (``name_reset`` zeroes the
+    state), and a neuron layer fed by an event-driven layer keeps its membranes in the order of
+    the sums (position, then channel), so its update is one branch-free loop over contiguous
+    memory. The RAM this takes beyond ``synapses='dense'`` is
+    :attr:`CMemory.scratch_bytes` (sums, and one byte per neuron of the layers they feed) plus
+    :attr:`CMemory.list_bytes` (an index list of :math:`n + 1` entries where the dense form has
+    :math:`n` bytes of spikes). Every synaptic input of an exported network is spikes or event
+    counts, so this is the faster form for SNN activity; ``synapses='dense'`` writes the dense
+    loops (every input times every weight), which need no scratch, have constant trip counts
+    (for HLS tools) and win only for inputs that are mostly nonzero. Both compute the same
+    integers.
 
     Layer names. The source model's module names (any text: ``'capa_oculta_ñ'``, spaces,
     quotes, ``'fc/*hidden*/'``) never become C identifiers: every generated symbol is

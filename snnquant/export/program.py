@@ -45,17 +45,25 @@ def c_literal(v: int) -> str:
     return f"INT64_C({v})"
 
 
-def c_rhe_helper(prefix: str) -> str:
-    """The C99 function ``<prefix>_rhe(d, k)``: the C reading of the ``rhe`` opcode
-    (:func:`~snnquant.export.round_half_even_shift`)."""
-    return f"""/* round(d / 2^k), ties to even (1 <= k <= 61, |d| < 2^62), as torch.round and IntegerSNN:
- * (e + 2^(k-1) - 1 + floor(e / 2^k) mod 2) >> k on e = d + 2^62 >= 0, in uint64_t (no shift of a
- * negative number, no overflow); 2^62 is a multiple of 2^(k+1), so ties go the same way */
-static int64_t {prefix}_rhe(int64_t d, int k)
+#: The C register types a :class:`NeuronProgram` is printed with: ``(type, helper suffix, bits
+#: of the offset that makes the rounded number non-negative)``.
+_C_WIDTHS = {"int64_t": ("", 62), "int32_t": ("_i32", 30), "int16_t": ("_i16", 14)}
+
+
+def c_rhe_helper(prefix: str, c_type: str = "int64_t") -> str:
+    """The C99 function ``<prefix>_rhe(d, k)`` (``int64_t``), ``<prefix>_i32_rhe(d, k)``
+    (``int32_t``) or ``<prefix>_i16_rhe(d, k)`` (``int16_t``): the C reading of the ``rhe``
+    opcode (:func:`~snnquant.export.round_half_even_shift`)."""
+    suffix, b = _C_WIDTHS[c_type]
+    u = "u" + c_type
+    return f"""/* round(d / 2^k), ties to even (1 <= k <= {b - 1}, |d| < 2^{b}), as torch.round and IntegerSNN:
+ * (e + 2^(k-1) - 1 + floor(e / 2^k) mod 2) >> k on e = d + 2^{b} >= 0, in {u} (no shift of a
+ * negative number, no overflow); 2^{b} is a multiple of 2^(k+1), so ties go the same way */
+static {c_type} {prefix}{suffix}_rhe({c_type} d, int k)
 {{
-    const uint64_t e = (uint64_t)d + ((uint64_t)1 << 62);
-    const uint64_t r = (e + ((e >> k) & 1u) + ((((uint64_t)1) << (k - 1)) - 1u)) >> k;
-    return (int64_t)r - (((int64_t)1) << (62 - k));
+    const {u} e = ({u})d + (({u})1 << {b});
+    const {u} r = (e + ((e >> k) & 1u) + (((({u})1) << (k - 1)) - 1u)) >> k;
+    return ({c_type})r - ((({c_type})1) << ({b} - k));
 }}
 """
 
@@ -228,15 +236,81 @@ class NeuronProgram:
                   rhe or integer_ops.round_half_even_shift)
         return {k: env[k] for k in names}
 
-    def c_lines(self, prefix: str) -> List[str]:
-        """The step as C99 statements declaring one local per register (``v`` and ``xin`` must be
-        ``int64_t`` locals already)."""
+    def c_lines(self, prefix: str, c_type: str = "int64_t") -> List[str]:
+        """The step as C99 statements declaring one local per register, of type ``c_type``
+        (``int64_t``, or ``int32_t`` where :meth:`c_type` allows it; the spike is an ``int``);
+        ``v`` and ``xin`` must be locals of that type already."""
         out = []
+        helper = prefix + _C_WIDTHS[c_type][0]
         for ins in self.instrs:
             op = OPCODES[ins.code]
             args = [a if isinstance(a, str) else c_literal(a) for a in ins.args]
-            out.append(f"const {op.c_type} {ins.dst} = {op.c(prefix, *args)};")
+            out.append(f"const {c_type if op.c_type == 'int64_t' else op.c_type} {ins.dst} = "
+                       f"{op.c(helper, *args)};")
         return out
+
+    def saturating_range(self, x_range: Interval) -> Interval:
+        r"""The currents that matter: ``(lo, hi)`` within ``x_range`` such that a current below
+        ``lo`` gives the step's result for ``lo``, and one above ``hi`` the result for ``hi``,
+        for every membrane the layer can hold. Clamping the current to it changes nothing and
+        narrows every register's bound (:meth:`c_type`).
+
+        It holds because the rounded charge ``q`` does not decrease when the current grows (every
+        instruction is checked to be non-decreasing in ``xin``; otherwise ``x_range`` itself is
+        returned), and it depends on the current only through ``q``: ``hi`` is the smallest
+        current whose ``q`` is ``v_max`` for every membrane (interval bounds), ``lo`` the largest
+        whose ``q`` is ``v_min``.
+        """
+        sign = {"xin": 1, "v": 0}           # 1: non-decreasing in xin, 0: independent, None: ?
+        for ins in self.instrs:
+            s = [sign.get(a, 0) if isinstance(a, str) else 0 for a in ins.args]
+            if ins.code == "sub":
+                s[1] = -s[1] if s[1] is not None else None
+            if ins.code in ("add", "sub", "shl", "mul", "rhe", "clamp"):
+                known = [v for v in s if v != 0]
+                sign[ins.dst] = (None if None in known or len(set(known)) > 1 else
+                                 (known[0] if known else 0))
+            else:
+                sign[ins.dst] = 0 if all(v == 0 for v in s) else None
+        clamp = next(i for i in self.instrs if i.code == "clamp")
+        q = clamp.args[0]         # the charge before the clamp (the clamp's interval is its range)
+        if sign.get(q) != 1 or any(sign.get(i.dst) is None for i in self.instrs
+                                   if i.dst not in ("spike", "v_next")):
+            return x_range
+        _, v = self.intervals(x_range)
+
+        def q_at(x: int) -> Interval:
+            lo, hi = self._interval_pass(v, (x, x))[q]
+            return min(max(lo, self.v_min), self.v_max), min(max(hi, self.v_min), self.v_max)
+
+        def search(ok, lo: int, hi: int) -> int:   # the first x in [lo, hi] with ok(x)
+            while lo < hi:
+                mid = (lo + hi) // 2
+                if ok(mid):
+                    hi = mid
+                else:
+                    lo = mid + 1
+            return lo
+        lo, hi = x_range
+        if q_at(hi)[0] == self.v_max:
+            hi = search(lambda x: q_at(x)[0] == self.v_max, lo, hi)
+        if q_at(lo)[1] == self.v_min:
+            lo = -search(lambda x: q_at(-x)[1] == self.v_min, -hi, -lo)
+        return lo, hi
+
+    def c_type(self, x_range: Interval) -> str:
+        """The narrowest register type :meth:`c_lines` can print the step with for currents in
+        ``x_range``: ``int16_t`` when every register (:meth:`intervals`) stays below
+        :math:`2^{14}` in magnitude and every shift below 14 (what ``<prefix>_i16_rhe`` needs),
+        ``int32_t`` below :math:`2^{30}` and 30, else ``int64_t``. C computes in ``int`` and
+        stores each register in its type, which holds it: narrow registers let a compiler put
+        more neurons in one SIMD register."""
+        regs, _ = self.intervals(x_range)
+        big = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
+        shift = max(self.shifts() + [0])
+        if big < (1 << 14) and shift < 14:
+            return "int16_t"
+        return "int32_t" if big < (1 << 30) and shift < 30 else "int64_t"
 
     def intervals(self, x_range: Interval) -> Tuple[Dict[str, Interval], Interval]:
         """Ranges of every register when the current lies in ``x_range``, for every membrane the
