@@ -15,6 +15,18 @@ def _first_neuron(desc):
     return next(i for i, op in enumerate(desc.ops) if isinstance(op, NeuronOp))
 
 
+def _firing(desc, fires):
+    """``desc`` with its first neuron layer's threshold set so that it fires at every step
+    (``'all'``: the threshold is ``v_min``), never (``'none'``: above ``v_max``) or as exported
+    (``'some'``); returns the description and that layer's operation."""
+    k = _first_neuron(desc)
+    op = desc.ops[k]
+    threshold = {"all": op.v_min, "none": op.v_max + 1, "some": op.threshold}[fires]
+    ops = list(desc.ops)
+    ops[k] = dataclasses.replace(op, threshold=threshold)
+    return dataclasses.replace(desc, ops=ops), ops[k]
+
+
 @pytest.mark.parametrize("arch,stride", [("mlp", 1), ("conv", 1), ("conv", 2), ("conv1d", 2)])
 @pytest.mark.parametrize("fires", ["all", "none", "some"])
 def test_index_list_of_a_layer_that_fires_all_none_or_some(arch, stride, fires, tmp_path):
@@ -22,12 +34,7 @@ def test_index_list_of_a_layer_that_fires_all_none_or_some(arch, stride, fires, 
     count and the indices): with every neuron firing (the list full: count = size), none (empty)
     and some, the C model equals IntegerSNN, and RAM_BYTES counts the list."""
     desc = _mlp_desc(arch=arch, stride=stride, pool=None)
-    k = _first_neuron(desc)
-    op = desc.ops[k]
-    threshold = {"all": op.v_min, "none": op.v_max + 1, "some": op.threshold}[fires]
-    ops = list(desc.ops)
-    ops[k] = dataclasses.replace(op, threshold=threshold)
-    desc = dataclasses.replace(desc, ops=ops)
+    desc, op = _firing(desc, fires)
     shape = {"mlp": (12,), "conv": (2, 6, 6), "conv1d": (2, 8)}[arch]
     x = torch.randint(0, 3, (5, 6) + shape, generator=torch.Generator().manual_seed(1))
     _, layers = IntegerSNN(desc)(x, record=True)
@@ -42,6 +49,7 @@ def test_index_list_of_a_layer_that_fires_all_none_or_some(arch, stride, fires, 
     assert assert_same(desc, exe, x) == 1.0
     n = spikes[0, 0].numel()
     header = (tmp_path / "events" / "snn.h").read_text()
+    k = _first_neuron(desc)
     assert f"int16_t a{k}[{n + 1}];" in header or f"uint8_t a{k}[{n + 1}];" in header
     events = c_memory(desc, shape)
     dense = c_memory(desc, shape, synapses="dense")
@@ -104,12 +112,7 @@ def test_max_pool_of_spikes_travels_as_an_index_list(fires, tmp_path):
     index list, also when every window or none holds a spike; a max pool of currents (values
     beyond 0/1) keeps its buffer."""
     desc = _mlp_desc(arch="conv", pool="max")
-    k = _first_neuron(desc)
-    op = desc.ops[k]
-    threshold = {"all": op.v_min, "none": op.v_max + 1, "some": op.threshold}[fires]
-    ops = list(desc.ops)
-    ops[k] = dataclasses.replace(op, threshold=threshold)
-    desc = dataclasses.replace(desc, ops=ops)
+    desc, op = _firing(desc, fires)
     pool = next(i for i, o in enumerate(desc.ops) if o.__class__.__name__ == "PoolOp")
     x = torch.randint(0, 3, (5, 6, 2, 6, 6), generator=torch.Generator().manual_seed(2))
     exe = build(desc, tmp_path / "events", input_shape=(2, 6, 6))
