@@ -21,8 +21,6 @@ from typing import Callable, Optional
 
 import torch
 
-from .._filelock import file_lock
-from .._io import atomic_write
 from ..kernels import cpp_backend
 from .program import NeuronProgram, c_literal, c_rhe_helper
 
@@ -82,23 +80,10 @@ extern "C" void {_PREFIX}_neuron(const {in_type} *snq_x_seq, {spike_type} *snq_s
 
 
 def _build(source: str, compiler: str):
-    flags, identity = cpp_backend._compiler_identity(compiler)
+    flags, identity = cpp_backend.compiler_identity(compiler)
     digest = hashlib.sha256("\n".join([source, identity, *flags]).encode()).hexdigest()[:24]
-    folder = cpp_backend.require_cache()
-    target = folder / f"snnquant_int_neuron_{digest}.so"
-    if not cpp_backend.library_is_intact(target):
-        with file_lock(target.with_name(target.name + ".lock")):
-            if not cpp_backend.library_is_intact(target):
-                def compile_into(partial):
-                    done = cpp_backend._run([compiler, *flags, "-x", "c++", "-", "-o", partial],
-                                            input=source, stdin=None)
-                    if done.returncode != 0:
-                        raise cpp_backend.CppBuildError(
-                            f"the integer neuron kernel did not compile ({compiler}, exit "
-                            f"{done.returncode}):\n{done.stderr}")
-                atomic_write(target, compile_into)
-                atomic_write(cpp_backend._checksum_path(target),
-                             hashlib.sha256(target.read_bytes()).hexdigest() + "\n")
+    target = cpp_backend.require_cache() / f"snnquant_int_neuron_{digest}.so"
+    cpp_backend.compile_into_cache(target, source, flags, compiler, "the integer neuron kernel")
     function = getattr(ctypes.CDLL(str(target)), f"{_PREFIX}_neuron")
     function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 2 + [ctypes.c_int]
     function.restype = None

@@ -44,7 +44,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -388,17 +388,68 @@ def remove_stale_builds(directory: Path) -> list:
     return removed
 
 
-def _compile(compiler: str, mode: str, config: Optional[KernelConfig], output: str) -> None:
+def _sources_text(mode: str) -> str:
     # the sources are concatenated on stdin (no build folder to leave behind); #line keeps the
     # compiler's messages pointing at the real files
-    source = "".join(f'#line 1 "{name}"\n' + text.decode("utf-8") + "\n"
-                     for name, text in _sources(mode).items())
-    command = [compiler, *_mode_flags(compiler, mode), *_config_defines(config), "-x", "c++", "-",
-               "-o", output]
-    result = _run(command, input=source, stdin=None)
-    if result.returncode != 0:
-        raise CppBuildError(f"the cpp backend could not compile neuron.cu ({compiler}, "
-                            f"exit {result.returncode}): {' '.join(command)}\n{result.stderr}")
+    return "".join(f'#line 1 "{name}"\n' + text.decode("utf-8") + "\n"
+                   for name, text in _sources(mode).items())
+
+
+def compiler_identity(compiler: str) -> tuple[tuple[str, ...], str]:
+    """``(flags, identity)``: the flags the cpp backend builds with on this compiler (OpenMP and
+    ``-march=native`` where it takes them) and a text naming the compiler exactly (its version
+    and what ``-march=native`` means here), for cache keys."""
+    return _compiler_identity(compiler)
+
+
+def compile_into_cache(target: Path, source: str, flags: Sequence[str], compiler: str,
+                       what: str) -> Path:
+    """Compile the C++ ``source`` (given on stdin) with ``flags`` into the shared library
+    ``target`` in a cache folder, unless an intact one (:func:`library_is_intact`) is there.
+
+    Safe when several processes call it at once: the build runs under a lock file next to the
+    library, into a temporary file that is fsynced and renamed into place; then the library's
+    SHA-256 is recorded beside it. A library whose bytes do not match the record (cut, damaged,
+    foreign, or never recorded) is rebuilt. Stale temporaries of killed builds are removed.
+
+    Args:
+        target: the library's path; its name must change with whatever changes the build
+            (source, compiler, flags).
+        source: the C++ source.
+        flags: the compiler flags (:func:`compiler_identity`, plus any defines).
+        compiler: the C++ compiler.
+        what: what is compiled, for the error message.
+
+    Returns:
+        ``target``.
+
+    Raises:
+        CppBuildError: the compilation failed (with the compiler's command and output).
+        KernelCacheError: the cache folder cannot be created or written.
+    """
+    if library_is_intact(target):
+        return target
+    folder = require_cache(target.parent)
+
+    def compile_to(output: str) -> None:
+        command = [compiler, *flags, "-x", "c++", "-", "-o", output]
+        result = _run(command, input=source, stdin=None)
+        if result.returncode != 0:
+            raise CppBuildError(f"{what} did not compile ({compiler}, exit {result.returncode}): "
+                                f"{' '.join(command)}\n{result.stderr}")
+    try:
+        # without flock (Windows) the atomic rename alone keeps concurrent builds safe
+        with file_lock(target.with_name(target.name + ".lock")):
+            if library_is_intact(target):  # another process built it while this one waited
+                return target
+            remove_stale_builds(folder)
+            atomic_write(target, compile_to)
+            digest = hashlib.sha256(target.read_bytes()).hexdigest()
+            atomic_write(_checksum_path(target), digest + "\n")
+    except OSError as error:
+        raise KernelCacheError(_cache_message(folder, f"{type(error).__name__}: {error}")) \
+            from error
+    return target
 
 
 def build_library(config: Optional[KernelConfig], compiler: Optional[str] = None,
@@ -426,23 +477,9 @@ def build_library(config: Optional[KernelConfig], compiler: Optional[str] = None
     """
     compiler = compiler or cpp_compiler()
     target = library_path(config, compiler, directory, mode)
-    if library_is_intact(target):
-        return target
-    folder = require_cache(target.parent)
-    try:
-        # without flock (Windows) the atomic rename alone keeps concurrent builds safe
-        with file_lock(target.with_name(target.name + ".lock")):
-            if library_is_intact(target):  # another process built it while this one waited
-                return target
-            remove_stale_builds(folder)
-            atomic_write(target, lambda partial: _compile(compiler, mode, config, partial))
-            digest = hashlib.sha256(target.read_bytes()).hexdigest()
-            atomic_write(_checksum_path(target), digest + "\n")
-    except OSError as error:
-        raise KernelCacheError(_cache_message(folder, f"{type(error).__name__}: {error}")) \
-            from error
-    return target
-
+    return compile_into_cache(target, _sources_text(mode),
+                              [*_mode_flags(compiler, mode), *_config_defines(config)], compiler,
+                              "the cpp backend's neuron.cu")
 
 class KernelLibrary:
     """One loaded library of the CPU build: its two entry points, with the one ctypes argument
