@@ -77,6 +77,13 @@ class QuantConfig:
             threshold) or ``'lsq'`` (learned step).
         backend: neuron backend, ``'torch'``, ``'cupy'``, ``'cpp'`` or ``'auto'`` (default; see
             :mod:`snnquant.kernels.dispatch`).
+        fold_batchnorm: train every quantized ``Linear``/``Conv`` layer followed by a BatchNorm
+            that :func:`~snnquant.export.fold_batchnorm` can fold as the folded layer (default
+            ``True``; :mod:`snnquant.nn.batchnorm`): the weight quantizer sees
+            :math:`W\gamma/\sqrt{\sigma^2+\epsilon}`, evaluation runs exactly the folded
+            layer, and folding after training changes no weight and no spike. The folded bias is
+            quantized with ``bias_bits`` on the weight grid. ``False`` quantizes :math:`W`
+            before the BatchNorm, as before (folding then changes the network at low bits).
         skip: glob patterns on qualified module names (``'fc.*'``, ``'0'``) left unquantized.
         overrides: ``{pattern: {field: value}}``: per-module changes of the fields above; the first
             matching pattern wins.
@@ -89,6 +96,7 @@ class QuantConfig:
     v_bits: Optional[int] = None
     membrane_quantizer: str = "uniform"
     backend: str = DEFAULT_BACKEND
+    fold_batchnorm: bool = True
     skip: Sequence[str] = ()
     overrides: Dict[str, dict] = field(default_factory=dict)
 
@@ -112,9 +120,11 @@ class QuantConfig:
                     raise QuantConfigTypeError(_or_none(exc)) from None
                 except ValueError as exc:
                     raise ValueError(_or_none(exc)) from None
-        if not isinstance(self.per_channel, bool):
-            raise QuantConfigTypeError(f"per_channel must be True or False, got "
-                                       f"{self.per_channel!r} ({type(self.per_channel).__name__})")
+        for name in ("per_channel", "fold_batchnorm"):
+            value = getattr(self, name)
+            if not isinstance(value, bool):
+                raise QuantConfigTypeError(f"{name} must be True or False, got {value!r} "
+                                           f"({type(value).__name__})")
         for name, choices in (("weight_quantizer", WEIGHT_QUANTIZERS),
                               ("membrane_quantizer", MEMBRANE_QUANTIZERS), ("backend", BACKENDS)):
             value = getattr(self, name)
@@ -193,6 +203,9 @@ class QuantReport:
             at every position).
         notes: what the quantized network still needs before an exact integer export (for
             example a learned :math:`\tau` of a ``ParametricLIFNode``).
+        folded: ``(layer name, BatchNorm name)`` of every pair trained as the folded layer
+            (``QuantConfig.fold_batchnorm``, :mod:`snnquant.nn.batchnorm`); a BatchNorm not
+            folded during training is in ``skipped`` with the reason.
         hooks: the hooks moved from a replaced module to its replacement, one line per module
             and kind (``"0: 2 forward hooks (record, log) moved to QuantLinear"``); forward
             pre-hooks and hooks, and backward pre-hooks and hooks, keep their order and the
@@ -202,6 +215,7 @@ class QuantReport:
     skipped: List[SkippedModule] = field(default_factory=list)
     shared: List[List[str]] = field(default_factory=list)
     notes: List[str] = field(default_factory=list)
+    folded: List[tuple] = field(default_factory=list)
     hooks: List[str] = field(default_factory=list)
 
     def __str__(self):
@@ -211,6 +225,7 @@ class QuantReport:
                   + (f" (the same module as {same[r.name]})" if r.name in same else "")
                   for r in self.replaced]
         lines += [f"  {s.name}: {s.old_type} skipped ({s.reason})" for s in self.skipped]
+        lines += [f"  {bn}: folded into {syn} during training" for syn, bn in self.folded]
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"hooks: {h}" for h in self.hooks]
         return "\n".join(lines)
@@ -294,6 +309,42 @@ def _why_not_quantized(module) -> Optional[str]:
                 "(snnquant.export.fold_batchnorm) before an integer export")
     return (f"{kind} has parameters or buffers that quantize_model does not quantize; they stay "
             f"float")
+
+
+def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: QuantReport):
+    """Attach every BatchNorm that :func:`~snnquant.export.fold_batchnorm` can fold to the
+    quantized layer before it (``config.fold_batchnorm``); say why for the others."""
+    # the capture fold_batchnorm itself uses, so that what trains folded is what folds
+    from .export.fold import _plan
+    from .nn.batchnorm import foldable_batchnorm
+
+    plan = _plan(model)
+    modules = dict(model.named_modules())
+    why = dict(plan.refused)
+    for synapse_name, bn_name in plan.pairs:
+        layer, bn = modules[synapse_name], modules[bn_name]
+        cfg = config.for_module(synapse_name)
+        if not isinstance(layer, registry.quantized_classes()) or layer.weight_quant is None:
+            why[bn_name] = f"layer {synapse_name!r} before it is not quantized"
+        elif layer.batchnorm is not None:
+            continue  # folded during training already (a model quantized before)
+        elif not cfg.fold_batchnorm:
+            why[bn_name] = "QuantConfig.fold_batchnorm is False"
+        elif foldable_batchnorm(bn) is not None:
+            why[bn_name] = foldable_batchnorm(bn)
+        else:
+            layer.attach_batchnorm(bn, cfg.bias_bits)
+            report.folded.append((synapse_name, bn_name))
+    folded = {bn for _, bn in report.folded}
+    kept = []
+    for entry in report.skipped:
+        if entry.name in folded:
+            continue
+        if entry.name in why:
+            entry = entry._replace(reason=f"{entry.reason}; it is not folded during training: "
+                                          f"{why[entry.name]}")
+        kept.append(entry)
+    report.skipped[:] = kept
 
 
 def _plif_note(name: str, module) -> Optional[str]:
@@ -625,6 +676,8 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
             note = _plif_note(names[0], new)
             if note is not None:
                 report.notes.append(note)
+    if any(isinstance(m, _BATCH_NORMS) for m in model.modules()):
+        _fold_batchnorms_in_training(model, config, report)
     report.replaced.sort(key=lambda r: order[r.name])
     report.skipped.sort(key=lambda r: order.get(r.name, -1))
     _warn_unmatched(config, all_names, target_names, model)

@@ -18,7 +18,7 @@ from .integer_ops import pack_int, round_half_even_shift, unpack_int
 from .exporter import to_integer
 from .simulator import IntegerSNN
 from .agreement import IntegerAgreement, compare_integer, integer_agreement
-from .fold import FoldWarning, fold_batchnorm
+from .fold import FoldedLayer, FoldReport, FoldWarning, fold_batchnorm
 from .files import load_integer, save_integer
 from .nir_graph import to_nir
 from .saturation import (LayerSaturation, SaturationReport, SaturationWarning,
@@ -33,6 +33,6 @@ __all__ = [
     "IntegerAgreement", "compare_integer", "integer_agreement", "fold_batchnorm", "save_integer",
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
     "c_memory", "CMemory", "saturation_report", "SaturationReport", "LayerSaturation",
-    "SaturationWarning", "widen_membrane_range", "FoldWarning", "check_input_shape",
+    "SaturationWarning", "widen_membrane_range", "FoldWarning", "FoldReport", "FoldedLayer", "check_input_shape",
     "nir_out_of_bounds",
 ]

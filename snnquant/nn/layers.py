@@ -83,6 +83,8 @@ def make_bias_quantizer(spec, weight_quant: Optional[QuantizerBase], has_bias: b
 class _QuantLayerMixin:
     """Shared quantized-weight machinery of the layers."""
 
+    _spatial_dims = 0  # dimensions after the channel one in the output (0: channels last)
+
     def _init_quant(self, weight_quant: QuantArg, bias_quant: QuantArg):
         out_channels = self.weight.shape[0]
         self.weight_quant = make_weight_quantizer(weight_quant, "weight_quant", out_channels)
@@ -102,7 +104,11 @@ class _QuantLayerMixin:
             if module is not None:
                 for t in list(module.parameters()) + list(module.buffers()):
                     key.append((t.data_ptr(), t._version, t.device, t.dtype))
-        for t in (self.weight, self.bias):
+        tensors = [self.weight, self.bias]
+        bn = self.batchnorm
+        if bn is not None:
+            tensors += list(bn.parameters()) + list(bn.buffers())
+        for t in tensors:
             if t is not None:
                 key.append((t.data_ptr(), t._version, t.device, t.dtype))
         return tuple(key)
@@ -126,16 +132,104 @@ class _QuantLayerMixin:
         return result
 
     def quantized_weight(self) -> torch.Tensor:
-        """The weight used in forward: :math:`Q_w(W)` (or :math:`W` without a weight quantizer)."""
+        """The weight used in forward: :math:`Q_w(W)` (or :math:`W` without a weight quantizer);
+        with a BatchNorm folded in during training, :math:`Q_w(W')` of the folded weight."""
+        w = self.effective_weight()
         if self.weight_quant is None:
-            return self.weight
-        return self.weight_quant.quantize(self.weight)
+            return w
+        return self.weight_quant.quantize(w)
 
     def quantized_bias(self) -> Optional[torch.Tensor]:
-        """The bias used in forward: :math:`Q_b(b)`, :math:`b`, or ``None``."""
+        """The bias used in forward: :math:`Q_b(b)`, :math:`b`, or ``None``; with a BatchNorm
+        folded in during training, the folded bias :math:`Q_b(b')` (quantized by the
+        BatchNorm's ``folded_bias_quant``, or float without one)."""
+        bn = self.batchnorm
+        if bn is not None:
+            b = self.effective_bias()
+            return b if bn.folded_bias_quant is None else bn.folded_bias_quant.quantize(b)
         if self.bias is None or self.bias_quant is None:
             return self.bias
         return self.bias_quant.quantize(self.bias)
+
+    # --- BatchNorm folded in during training (snnquant.nn.batchnorm) ----------------------------
+
+    @property
+    def batchnorm(self):
+        """The BatchNorm folded into this layer during training, or ``None``."""
+        return self.__dict__.get("_folded_bn")
+
+    def attach_batchnorm(self, bn: nn.Module, bias_bits: Optional[int] = DEFAULT_BIAS_BITS):
+        r"""Train this layer as the folded layer of itself and ``bn``, the BatchNorm right after it.
+
+        .. math::
+
+            s = \frac{\gamma}{\sqrt{\sigma^2 + \epsilon}},\qquad W' = W\,s,\qquad
+            b' = (b - \mu)\,s + \beta
+
+        In evaluation, and in training once :func:`~snnquant.nn.freeze_batchnorm` froze the
+        statistics, the layer computes :math:`Q_w(W') * x + Q_b(b')` and ``bn`` passes its input
+        through; in training with batch statistics it computes :math:`Q_w(W') * x / s + b` and
+        ``bn`` normalises that (see :mod:`snnquant.nn.batchnorm`). ``bn`` keeps its parameters
+        and statistics and becomes a ``Folded*BatchNorm*`` of the same base class.
+
+        Args:
+            bn: ``nn.BatchNorm1d/2d`` or SpikingJelly's ``layer.BatchNorm1d/2d`` with running
+                statistics and one feature per output of this layer.
+            bias_bits: bit width of the folded bias on the weight grid
+                (:class:`~snnquant.nn.WeightGridBiasQuantizer`), or ``None`` for a float folded
+                bias (which the integer export later puts on a grid).
+        """
+        from .batchnorm import attach
+        if self.batchnorm is not None:
+            raise ValueError("a BatchNorm is already folded into this layer")
+        attach(self, bn, bias_bits)
+
+    def detach_batchnorm(self) -> None:
+        """Undo :meth:`attach_batchnorm`: the BatchNorm becomes its plain class again (parameters
+        and statistics unchanged) and this layer quantizes its own weight. The weight quantizer
+        keeps its statistics, learned for the folded weight (``weight_quant.mark_uninitialized()``
+        re-initialises them from :math:`W` at the next call)."""
+        bn = self.__dict__.pop("_folded_bn", None)
+        if bn is not None:
+            bn._detach()
+
+    def _channels(self, t: torch.Tensor) -> torch.Tensor:
+        """A per-output-channel vector shaped to broadcast over this layer's output."""
+        return t.reshape((-1,) + (1,) * self._spatial_dims)
+
+    def batchnorm_scale(self) -> torch.Tensor:
+        r""":math:`s = \gamma / \sqrt{\sigma^2 + \epsilon}` of the folded BatchNorm (running
+        statistics), one value per output channel."""
+        bn = self.batchnorm
+        scale = torch.rsqrt(bn.running_var + bn.eps)
+        return scale * bn.weight if bn.affine else scale
+
+    def effective_weight(self) -> torch.Tensor:
+        """The weight the weight quantizer sees: :math:`W`, or the folded :math:`W' = W s`."""
+        if self.batchnorm is None:
+            return self.weight
+        scale = self.batchnorm_scale()
+        return self.weight * scale.reshape((-1,) + (1,) * (self.weight.dim() - 1))
+
+    def effective_bias(self) -> Optional[torch.Tensor]:
+        r"""The bias before its quantizer: :math:`b`, or the folded
+        :math:`b' = (b - \mu)\,s + \beta`."""
+        bn = self.batchnorm
+        if bn is None:
+            return self.bias
+        b = -bn.running_mean if self.bias is None else self.bias - bn.running_mean
+        b = b * self.batchnorm_scale()
+        return b + bn.bias if bn.affine else b
+
+    def _apply_parameters(self, run, x):
+        """``run(x, weight, bias)`` with the quantized parameters; with a BatchNorm folded in
+        and batch statistics in use, :math:`Q_w(W') * x / s + b` for the BatchNorm to normalise.
+        """
+        bn = self.batchnorm
+        if bn is None or bn.folded_form:
+            return run(x, *self._quantized_parameters())
+        y = run(x, self.quantized_weight(), None) / self._channels(self.batchnorm_scale())
+        return y if self.bias is None else y + self._channels(self.bias)
 
     def _quant_extra_repr(self) -> str:
         wb = getattr(self.weight_quant, "num_bits", None)
@@ -172,7 +266,7 @@ class QuantLinear(_QuantLayerMixin, layer.Linear):
         if self.step_mode == "m" and x.dim() < 2:
             raise ValueError(f"QuantLinear in step_mode='m' expects x with shape [T, N, ...] "
                              f"(last dimension in_features), got shape {tuple(x.shape)}")
-        return F.linear(x, *self._quantized_parameters())
+        return self._apply_parameters(F.linear, x)
 
     def extra_repr(self):
         return super().extra_repr() + self._quant_extra_repr()
@@ -192,7 +286,7 @@ class _QuantConvNd(_QuantLayerMixin):
         self._init_quant(weight_quant, bias_quant)
 
     def _conv(self, x):
-        return self._conv_forward(x, *self._quantized_parameters())
+        return self._apply_parameters(self._conv_forward, x)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.step_mode == "s":
@@ -239,6 +333,7 @@ class QuantConv1d(_QuantConvNd, layer.Conv1d):
     """
 
     _expected_dim = 4
+    _spatial_dims = 1
     _shape_text = "[T, N, C, L]"
 
 
@@ -259,4 +354,5 @@ class QuantConv2d(_QuantConvNd, layer.Conv2d):
     """
 
     _expected_dim = 5
+    _spatial_dims = 2
     _shape_text = "[T, N, C, H, W]"

@@ -39,7 +39,8 @@ class WeightGridBiasQuantizer(ConfigCheckMixin, QuantizerBase):
         self.__dict__["_layer"] = None  # a plain reference, not a submodule
 
     def bind(self, layer: nn.Module) -> "WeightGridBiasQuantizer":
-        """Use the weight quantizer of ``layer`` (which must have ``weight`` and ``weight_quant``)."""
+        """Use the weight quantizer of ``layer`` (a quantized layer: its ``weight_quant`` and the
+        weight that quantizer sees, ``effective_weight()``)."""
         self.__dict__["_layer"] = layer
         return self
 
@@ -50,7 +51,7 @@ class WeightGridBiasQuantizer(ConfigCheckMixin, QuantizerBase):
             raise RuntimeError("WeightGridBiasQuantizer is not bound to a layer with a weight "
                                "quantizer (call .bind(layer))")
         wq = layer.weight_quant
-        wq.ensure_initialized(layer.weight)
+        wq.ensure_initialized(layer.effective_weight())
         grid = wq.grid()
         if grid is None or grid.step is None:
             raise ValueError(f"bias on the weight grid needs a weight quantizer with a uniform "
