@@ -19,7 +19,9 @@ from .nn.neurons import BACKENDS, QuantParametricLIFNode
 from .nn.quantizers import (MEMBRANE_QUANTIZERS, BinaryQuantizer, LSQQuantizer, MinMaxQuantizer,
                             QuantizedBits, TernaryQuantizer, WeightGridBiasQuantizer,
                             make_membrane_quantizer)
+from .capture import charged_neuron, plan_folding
 from .nn import registry
+from .nn.batchnorm import foldable_batchnorm
 from .utils import copy_model
 
 __all__ = ["QuantConfig", "QuantConfigTypeError", "QuantReport", "ReplacedModule", "SkippedModule", "quantize_model",
@@ -314,11 +316,7 @@ def _why_not_quantized(module) -> Optional[str]:
 def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: QuantReport):
     """Attach every BatchNorm that :func:`~snnquant.export.fold_batchnorm` can fold to the
     quantized layer before it (``config.fold_batchnorm``); say why for the others."""
-    # the capture fold_batchnorm itself uses, so that what trains folded is what folds
-    from .export.fold import _plan
-    from .nn.batchnorm import foldable_batchnorm
-
-    plan = _plan(model)
+    plan = plan_folding(model)  # the capture fold_batchnorm uses: what trains folded, folds
     modules = dict(model.named_modules())
     why = dict(plan.refused)
     for synapse_name, bn_name in plan.pairs:
@@ -333,7 +331,7 @@ def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: 
         elif foldable_batchnorm(bn) is not None:
             why[bn_name] = foldable_batchnorm(bn)
         else:
-            layer.attach_batchnorm(bn, cfg.bias_bits)
+            layer.attach_batchnorm(bn, cfg.bias_bits, charged_neuron(plan, modules, synapse_name))
             report.folded.append((synapse_name, bn_name))
     folded = {bn for _, bn in report.folded}
     kept = []

@@ -484,6 +484,7 @@ FLOORS = (
     ("kernels",),
     ("nn",),
     ("utils",),
+    ("capture",),
     ("convert", "export", "measure"),
     ("summary", "calibrate", "sensitivity"),
 )

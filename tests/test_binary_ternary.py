@@ -201,8 +201,11 @@ def test_fold_batchnorm_scales_learned_alpha(kind):
     net = nn.Sequential(layer.Conv2d(2, 4, 3, padding=1, bias=False), layer.BatchNorm2d(4),
                         neuron.LIFNode(tau=2.0))
     sjf.set_step_mode(net, "m")
-    cfg = QuantConfig(weight_bits=1, per_channel=True, weight_quantizer="lsq") if kind == "binary" \
-        else QuantConfig(weight_quantizer="ternary", weight_bits=2, per_channel=True)
+    # quantized before the BatchNorm (the post-training fold): alpha follows the BN scale
+    cfg = QuantConfig(weight_bits=1, per_channel=True, weight_quantizer="lsq",
+                      fold_batchnorm=False) if kind == "binary" \
+        else QuantConfig(weight_quantizer="ternary", weight_bits=2, per_channel=True,
+                         fold_batchnorm=False)
     q, _ = quantize_model(net, cfg)
     x = torch.rand(3, 2, 2, 6, 6)
     q.train()

@@ -100,7 +100,7 @@ def test_fold_batchnorm_uses_the_interface_for_any_quantizer():
 
     torch.manual_seed(1)
     net = nn.Sequential(layer.Linear(5, 4), nn.BatchNorm1d(4), neuron.IFNode())
-    qnet, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
+    qnet, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8, fold_batchnorm=False))
     qnet[0].weight_quant = NoRescale(4, power_of_two=True)
     qnet(torch.rand(8, 5))
     fold_batchnorm(qnet.eval())

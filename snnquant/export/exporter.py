@@ -49,7 +49,7 @@ import torch.nn as nn
 
 from ..nn import registry
 from ..utils import copy_model, is_multi_step, model_walk
-from .fold import SpikingTracer, connect_functions, is_sequence
+from ..capture import SpikingTracer, connect_functions, is_sequence
 from .integer_ops import pow2_exponent
 from .program import adaptive_windows
 

@@ -1,25 +1,13 @@
 r"""Fold BatchNorm into the preceding synaptic layer, anywhere in a module tree.
 
-:func:`fold_batchnorm` is the entry point.
-
-Where a BatchNorm sits is found in two ways, used together:
-
-* the forward pass as :mod:`torch.fx` sees it (``symbolic_trace`` with SpikingJelly's and
-  snnquant's layers, neurons and sequence containers as leaves), which finds ``conv -> bn`` edges
-  in residual blocks and other hand-written ``forward`` methods;
-* the execution order of sequence containers (``nn.Sequential``, SpikingJelly's
-  ``SeqToANNContainer`` / ``MultiStepContainer`` / ``StepModeContainer``), inside which the
-  tracer does not look, and for modules the tracer cannot trace.
-
-A BatchNorm is foldable when its input is the output of a ``Linear`` / ``Conv1d`` / ``Conv2d``
-layer that feeds nothing else, both are called once, and it has running statistics.
+:func:`fold_batchnorm` is the entry point; where each BatchNorm sits and whether it folds comes
+from :mod:`snnquant.capture` (the capture :func:`~snnquant.quantize_model` also uses, so that
+the pairs trained folded are the pairs folded here).
 """
 
 from __future__ import annotations
 
 import math
-import operator
-import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -27,7 +15,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..utils import copy_model, model_walk
+from ..capture import FoldPlan, charged_neuron, is_synapse, plan_folding
+from ..utils import copy_model
 
 from .description import ExportError
 from .integer_ops import pow2_exponent
@@ -39,21 +28,6 @@ _FOLD_HINT = "model = snnquant.export.fold_batchnorm(model)"
 
 class FoldWarning(UserWarning):
     """A BatchNorm that :func:`fold_batchnorm` left in place (``on_unfoldable="warn"``)."""
-
-
-def _is_synapse(m) -> bool:
-    return isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))
-
-
-def _is_neuron(m) -> bool:
-    from spikingjelly.activation_based import neuron
-    return isinstance(m, neuron.BaseNode)
-
-
-def _passes_through(m) -> bool:
-    return isinstance(m, (nn.Identity, nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.MaxPool1d,
-                          nn.MaxPool2d, nn.AvgPool1d, nn.AvgPool2d, nn.Flatten)) or \
-        type(m).__name__ in ("Dropout", "Dropout2d")
 
 
 def _membrane_step(neuron_module) -> Optional[float]:
@@ -103,210 +77,10 @@ def _reinit_weight_quantizer(layer) -> str:
     return f"{type(wq).__name__} statistics re-initialised from the folded weight"
 
 
-def _is_batchnorm(m) -> bool:
-    return isinstance(m, nn.modules.batchnorm._BatchNorm)
-
-
-def is_sequence(m) -> bool:
-    """A container whose children run one after the other (what :func:`model_walk` flattens)."""
-    from spikingjelly.activation_based import layer
-    if isinstance(m, (layer.SeqToANNContainer, layer.MultiStepContainer, layer.StepModeContainer)):
-        return True
-    return isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward
-
-
-# functions through which a bias still charges the next neuron's membrane
-_PASSTHROUGH_FUNCTIONS = {operator.add, operator.iadd, torch.add, torch.flatten, "add", "add_",
-                          "flatten", "view", "reshape"}
-
-
-def connect_functions() -> tuple:
-    """SpikingJelly's residual connect functions, kept as one traced call (``sew_function``)."""
-    # a model built from sew_resnet's blocks has imported it; importing it here costs seconds
-    sew = sys.modules.get("spikingjelly.activation_based.model.sew_resnet")
-    function = getattr(sew, "sew_function", None)
-    return (function,) if function is not None else ()
-
-
-class SpikingTracer(torch.fx.Tracer):
-    """torch.fx tracer that keeps layers, neurons and SpikingJelly containers whole.
-
-    Shared by :func:`fold_batchnorm` and :func:`~snnquant.export.to_integer`. SpikingJelly's
-    ``sew_resnet.sew_function`` (the connect function ``cnf``) stays one call node.
-    """
-
-    def __init__(self):
-        super().__init__(autowrap_functions=connect_functions())
-
-    def is_leaf_module(self, m, module_qualified_name):
-        from spikingjelly.activation_based import base
-        if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
-            return False
-        if is_sequence(m) or isinstance(m, (base.StepModule, base.MemoryModule)) or \
-                _is_batchnorm(m):
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
-
-
-def _join(prefix: str, name: str) -> str:
-    return f"{prefix}.{name}" if prefix else name
-
-
-@dataclass
-class _FoldPlan:
-    """Where every BatchNorm of a model sits: foldable pairs and refusals with their reasons."""
-
-    pairs: List[Tuple[str, str]] = field(default_factory=list)   # (synapse name, bn name)
-    refused: Dict[str, str] = field(default_factory=dict)        # bn name -> reason
-    succ: Dict[str, List[str]] = field(default_factory=dict)     # unit -> units fed by it
-    pred: Dict[str, List[str]] = field(default_factory=dict)     # unit -> units feeding it
-    calls: Dict[str, int] = field(default_factory=dict)          # module name -> times called
-    ports: set = field(default_factory=set)                      # a traced module's input/output
-    passthrough: set = field(default_factory=set)                # add / flatten function nodes
-    untraced: Dict[str, str] = field(default_factory=dict)       # module name -> trace error
-
-    def link(self, a: str, b: str):
-        self.succ.setdefault(a, []).append(b)
-        self.pred.setdefault(b, []).append(a)
-
-
-def _plan(model: nn.Module) -> _FoldPlan:
-    """Trace ``model`` (see the module docstring) and decide for every BatchNorm."""
-    plan = _FoldPlan()
-    modules = dict(model.named_modules())
-
-    def unit(name: str, m: nn.Module) -> Tuple[str, str]:
-        """Register one more call of ``m``; return the units its input enters, its output leaves."""
-        if is_sequence(m):
-            ends = [unit(_join(name, n), child) for n, child, _ in model_walk(m)]
-            if not ends:
-                plan.calls[name] = plan.calls.get(name, 0) + 1
-                return name, name
-            for (_, a_out), (b_in, _) in zip(ends, ends[1:]):
-                plan.link(a_out, b_in)
-            return ends[0][0], ends[-1][1]
-        if SpikingTracer().is_leaf_module(m, name):
-            plan.calls[name] = plan.calls.get(name, 0) + 1
-            return name, name
-        try:
-            graph = SpikingTracer().trace(m)
-        except Exception as err:  # untraceable forward: its children are looked at one by one
-            plan.untraced[name] = f"{type(err).__name__}: {err}"
-            plan.calls[name] = plan.calls.get(name, 0) + 1
-            for n, child in m.named_children():
-                if is_sequence(child) or not SpikingTracer().is_leaf_module(child, _join(name, n)):
-                    unit(_join(name, n), child)
-            return name, name
-        port_in, port_out = f"{name}:<input>", f"{name}:<output>"
-        plan.ports.update((port_in, port_out))
-        ends = {}
-        for node in graph.nodes:
-            if node.op == "placeholder":
-                ends[node] = (port_in, port_in)
-            elif node.op == "output":
-                ends[node] = (port_out, port_out)
-            elif node.op == "call_module":
-                target = _join(name, node.target)
-                ends[node] = unit(target, model.get_submodule(target))
-            elif node.op in ("call_function", "call_method"):
-                pseudo = f"{name}:<{node.name}>"
-                if node.target in _PASSTHROUGH_FUNCTIONS:
-                    plan.passthrough.add(pseudo)
-                ends[node] = (pseudo, pseudo)
-            else:
-                continue
-            for inp in node.all_input_nodes:
-                if inp in ends:
-                    plan.link(ends[inp][1], ends[node][0])
-        return port_in, port_out
-
-    unit("", model)
-    for name, m in modules.items():
-        if _is_batchnorm(m):
-            reason, synapse = _decide(plan, modules, name, m)
-            if reason is None:
-                plan.pairs.append((synapse, name))
-            else:
-                plan.refused[name] = reason
-    return plan
-
-
-def _describe(plan: _FoldPlan, modules, unit: str) -> str:
-    if unit in modules:
-        return f"layer {unit!r} ({type(modules[unit]).__name__})"
-    owner, _, op = unit.rpartition(":")
-    return f"the operation {op.strip('<>')} of {owner or 'the model'!r}"
-
-
-def _decide(plan: _FoldPlan, modules, name: str, bn) -> Tuple[Optional[str], Optional[str]]:
-    """``(None, synapse)`` when BatchNorm ``name`` folds into ``synapse``, else ``(reason, None)``.
-    """
-    calls = plan.calls.get(name, 0)
-    if calls == 0:
-        owner = next((a for a in _ancestors(name) if a in plan.untraced), None)
-        if owner is not None:
-            where = repr(owner) if owner else "the model"
-            return (f"it sits in {where}, whose forward torch.fx cannot trace "
-                    f"({plan.untraced[owner]})", None)
-        owner = next((a for a in _ancestors(name) if plan.calls.get(a)), None)
-        if owner is not None:
-            return (f"it sits inside layer {owner!r} ({type(modules[owner]).__name__}), which "
-                    f"fold_batchnorm treats as one layer and does not look into", None)
-        return "it is never called in the forward pass", None
-    if calls > 1:
-        return f"it is called {calls} times in the forward pass", None
-    node = name
-    while True:
-        feeding = plan.pred.get(node, [])
-        if len(feeding) != 1:
-            return ("its input is not the output of one layer: BatchNorm can only be folded "
-                    "when it directly follows a Linear/Conv layer"), None
-        src = feeding[0]
-        if len(plan.succ[src]) != 1:
-            others = [u for u in plan.succ[src] if u != node]
-            return (f"the output of {_describe(plan, modules, src)} also feeds "
-                    f"{_describe(plan, modules, others[0])}, which folding would change"), None
-        if src not in plan.ports:
-            break
-        node = src
-    if src not in modules or not _is_synapse(modules[src]):
-        return (f"its input comes from {_describe(plan, modules, src)}: BatchNorm can only be "
-                f"folded when it directly follows a Linear/Conv layer"), None
-    if plan.calls.get(src, 0) != 1:
-        return (f"layer {src!r} before it is called {plan.calls.get(src, 0)} times in the "
-                f"forward pass (its weight is shared)"), None
-    if bn.running_mean is None or bn.running_var is None:
-        return ("it has no running statistics (track_running_stats=False), so it normalises "
-                "with batch statistics and cannot be folded"), None
-    c = modules[src].weight.shape[0]
-    if bn.num_features != c:
-        return f"{bn.num_features} features after layer {src!r} with {c} outputs", None
-    return None, src
-
-
-def _ancestors(name: str) -> List[str]:
-    """``'a.b.c'`` -> ``['a.b', 'a', '']``, the innermost first."""
-    parts = name.split(".")
-    return [".".join(parts[:i]) for i in range(len(parts) - 1, -1, -1)]
-
-
-def _next_membrane_step(plan: _FoldPlan, modules, name: str) -> Optional[float]:
+def _next_membrane_step(plan: FoldPlan, modules, name: str) -> Optional[float]:
     """The membrane step of the neuron that ``name``'s output charges, if a chain leads to one."""
-    node = name
-    while True:
-        nxt = plan.succ.get(node, [])
-        if len(nxt) != 1:
-            return None
-        node = nxt[0]
-        if node in plan.ports or node in plan.passthrough:
-            continue
-        m = modules.get(node)
-        if m is None:
-            return None
-        if _is_neuron(m):
-            return _membrane_step(m)
-        if not (_is_batchnorm(m) or _passes_through(m)):
-            return None
+    neuron_module = charged_neuron(plan, modules, name)
+    return None if neuron_module is None else _membrane_step(neuron_module)
 
 
 def _grid_bias_quantizer(name: str, layer, membrane_step: Optional[float], bias_bits):
@@ -329,7 +103,7 @@ def _grid_bias_quantizer(name: str, layer, membrane_step: Optional[float], bias_
     layer.bias_quant = UniformQuantizer(bits, step=s_b).to(layer.weight.device)
 
 
-def _fold_pair(name: str, layer, bn, plan: _FoldPlan, modules, bias_bits, reinit_weight_step):
+def _fold_pair(name: str, layer, bn, plan: FoldPlan, modules, bias_bits, reinit_weight_step):
     """Fold ``bn`` into ``layer`` after training (the weights were quantized before ``bn``)."""
     with torch.no_grad():
         dtype = layer.weight.dtype
@@ -356,7 +130,7 @@ def _fold_pair(name: str, layer, bn, plan: _FoldPlan, modules, bias_bits, reinit
         _grid_bias_quantizer(name, layer, _next_membrane_step(plan, modules, name), bias_bits)
 
 
-def _fold_trained_pair(name: str, layer, plan: _FoldPlan, modules, bias_bits):
+def _fold_trained_pair(name: str, layer, plan: FoldPlan, modules, bias_bits):
     """Fold a BatchNorm that was folded into ``layer`` during training: the layer's weight and
     bias become the folded ones the trained layer computed, and its quantizers keep their state,
     so the quantized weight and bias stay exactly what they were."""
@@ -463,7 +237,7 @@ def _weight_codes(modules) -> Dict[str, Tuple[Optional[torch.Tensor], Optional[t
     """``{layer: (codes, the bias that charges the next layer)}`` before folding."""
     found = {}
     for name, layer in modules.items():
-        if _is_synapse(layer) and hasattr(layer, "weight_quant"):
+        if is_synapse(layer) and hasattr(layer, "weight_quant"):
             with torch.no_grad():
                 bias = layer.quantized_bias()
             found[name] = (_codes(layer), None if bias is None else bias.detach().double())
@@ -501,7 +275,7 @@ def _record(model: nn.Module, data: torch.Tensor, names: List[str]) -> Dict[str,
     return {n: torch.cat(v) if v else torch.zeros(0, dtype=torch.float64) for n, v in outs.items()}
 
 
-def _report(original: nn.Module, folded: nn.Module, plan: _FoldPlan, before, modules,
+def _report(original: nn.Module, folded: nn.Module, plan: FoldPlan, before, modules,
             data: Optional[torch.Tensor]) -> FoldReport:
     """Compare every quantized layer of ``original`` and ``folded`` (see :class:`FoldReport`)."""
     bn_of = {syn: bn for syn, bn in plan.pairs}
@@ -539,7 +313,7 @@ def _report(original: nn.Module, folded: nn.Module, plan: _FoldPlan, before, mod
 
 def batchnorm_refusal(model: nn.Module, name: str) -> str:
     """Why BatchNorm ``name`` of ``model`` is still there: not folded yet, or why it cannot be."""
-    reason = _plan(model).refused.get(name)
+    reason = plan_folding(model).refused.get(name)
     if reason is None:
         return f"BatchNorm must be folded into the preceding synaptic layer first: {_FOLD_HINT}"
     return f"fold_batchnorm cannot fold this BatchNorm: {reason}"
@@ -637,7 +411,7 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
     if on_unfoldable not in ("raise", "warn"):
         raise ValueError(f"on_unfoldable must be 'raise' or 'warn', got {on_unfoldable!r}")
     original, model = model, copy_model(model)
-    plan = _plan(model)
+    plan = plan_folding(model)
     modules = dict(model.named_modules())
     modes = {name: m.training for name, m in modules.items()}
     model.eval()  # eval statistics; observers do not observe while folding
@@ -658,7 +432,7 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
         setattr(model.get_submodule(parent_name), child, nn.Identity())
     if snap_biases:
         for name, layer in modules.items():
-            if _is_synapse(layer) and hasattr(layer, "weight_quant") and layer.bias is not None \
+            if is_synapse(layer) and hasattr(layer, "weight_quant") and layer.bias is not None \
                     and layer.bias_quant is None:
                 _grid_bias_quantizer(name, layer, _next_membrane_step(plan, modules, name),
                                      bias_bits)

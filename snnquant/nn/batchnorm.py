@@ -54,14 +54,15 @@ class _FoldedBatchNormMixin:
     """What a BatchNorm attached to the synaptic layer before it does (see the module docstring).
     """
 
-    def _fold_attach(self, synapse: nn.Module, bias_bits: Optional[int]) -> None:
+    def _fold_attach(self, synapse: nn.Module, bias_bits: Optional[int],
+                     neuron: Optional[nn.Module]) -> None:
         self.__dict__["_synapse"] = synapse  # a plain reference, not a submodule
         self.register_buffer("fold_frozen", torch.zeros((), dtype=torch.bool,
                                                         device=self.running_mean.device))
         self.__dict__["_frozen_cache"] = False
         quant = None
         if bias_bits is not None:
-            quant = WeightGridBiasQuantizer(bias_bits).bind(synapse)
+            quant = WeightGridBiasQuantizer(bias_bits).bind(synapse, neuron)
         self.folded_bias_quant = quant
 
     @property
@@ -84,6 +85,21 @@ class _FoldedBatchNormMixin:
         """Whether the folded layer runs (evaluation, or frozen statistics)."""
         return not self.training or self.frozen
 
+    @torch.no_grad()
+    def start_statistics(self, y: torch.Tensor, channel_dim: int) -> None:
+        """Before the first training batch ever (``num_batches_tracked == 0``), set the running
+        statistics to those of ``y``, the layer's unquantized output on that batch, so that the
+        weight quantizer's first step is chosen for the folded weight it will see, not for
+        :math:`W\gamma/\sqrt{1 + \epsilon}` of the initial statistics. Reads the counter once."""
+        if self.__dict__.get("_started", False):
+            return
+        self.__dict__["_started"] = True
+        if self.num_batches_tracked is None or int(self.num_batches_tracked) > 0:
+            return
+        dims = [d for d in range(y.dim()) if d != channel_dim % y.dim()]
+        self.running_mean.copy_(y.mean(dims).to(self.running_mean.dtype))
+        self.running_var.copy_(y.var(dims).to(self.running_var.dtype))
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.folded_form:  # the synaptic layer already computed the folded layer
             return x
@@ -105,7 +121,7 @@ class _FoldedBatchNormMixin:
         """Become the plain BatchNorm again (its parameters and statistics unchanged)."""
         del self._buffers["fold_frozen"]
         del self._modules["folded_bias_quant"]
-        for key in ("_synapse", "_frozen_cache"):
+        for key in ("_synapse", "_frozen_cache", "_started"):
             self.__dict__.pop(key, None)
         self.__class__ = _PLAIN[type(self)]
 
@@ -149,7 +165,8 @@ def foldable_batchnorm(bn: nn.Module) -> Optional[str]:
     return None
 
 
-def attach(synapse: nn.Module, bn: nn.Module, bias_bits: Optional[int]) -> None:
+def attach(synapse: nn.Module, bn: nn.Module, bias_bits: Optional[int],
+           neuron: Optional[nn.Module] = None) -> None:
     """Make ``bn`` the BatchNorm folded into ``synapse`` (see ``attach_batchnorm``)."""
     reason = foldable_batchnorm(bn)
     if reason is not None:
@@ -161,7 +178,7 @@ def attach(synapse: nn.Module, bn: nn.Module, bias_bits: Optional[int]) -> None:
         raise ValueError(f"the BatchNorm has {bn.num_features} features, the layer "
                          f"{channels} outputs")
     bn.__class__ = _FOLDED[type(bn)]
-    bn._fold_attach(synapse, bias_bits)
+    bn._fold_attach(synapse, bias_bits, neuron)
     synapse.__dict__["_folded_bn"] = bn
 
 

@@ -158,7 +158,8 @@ class _QuantLayerMixin:
         """The BatchNorm folded into this layer during training, or ``None``."""
         return self.__dict__.get("_folded_bn")
 
-    def attach_batchnorm(self, bn: nn.Module, bias_bits: Optional[int] = DEFAULT_BIAS_BITS):
+    def attach_batchnorm(self, bn: nn.Module, bias_bits: Optional[int] = DEFAULT_BIAS_BITS,
+                         neuron: Optional[nn.Module] = None):
         r"""Train this layer as the folded layer of itself and ``bn``, the BatchNorm right after it.
 
         .. math::
@@ -178,11 +179,13 @@ class _QuantLayerMixin:
             bias_bits: bit width of the folded bias on the weight grid
                 (:class:`~snnquant.nn.WeightGridBiasQuantizer`), or ``None`` for a float folded
                 bias (which the integer export later puts on a grid).
+            neuron: the quantized neuron the layer charges: the folded bias then lies on the
+                finer of the weight grid and its membrane grid, as ``fold_batchnorm`` puts it.
         """
         from .batchnorm import attach
         if self.batchnorm is not None:
             raise ValueError("a BatchNorm is already folded into this layer")
-        attach(self, bn, bias_bits)
+        attach(self, bn, bias_bits, neuron)
 
     def detach_batchnorm(self) -> None:
         """Undo :meth:`attach_batchnorm`: the BatchNorm becomes its plain class again (parameters
@@ -228,6 +231,9 @@ class _QuantLayerMixin:
         bn = self.batchnorm
         if bn is None or bn.folded_form:
             return run(x, *self._quantized_parameters())
+        if not bn.__dict__.get("_started", False):
+            with torch.no_grad():
+                bn.start_statistics(run(x, self.weight, self.bias), -1 - self._spatial_dims)
         y = run(x, self.quantized_weight(), None) / self._channels(self.batchnorm_scale())
         return y if self.bias is None else y + self._channels(self.bias)
 

@@ -2,6 +2,8 @@ r"""Bias quantization on the grid of the layer weight step."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import torch.nn as nn
 
@@ -23,7 +25,8 @@ class WeightGridBiasQuantizer(ConfigCheckMixin, QuantizerBase):
     with :math:`s_w = 2^{\lfloor \log_2 s \rfloor}`, :math:`s` the layer's current weight step
     (the smallest one with per-channel steps; no gradient flows to it): the weight step itself
     when it is a power of two, else the power of two just below it, so that the bias is always an
-    integer on a binary grid (exact integer export). It has no parameter of its own, so no
+    integer on a binary grid (exact integer export). Bound with a neuron as well, :math:`s_w` is
+    the smaller of that and the neuron's power-of-two membrane step. It has no parameter of its own, so no
     optimizer can push its step to zero.
     The layer binds itself with :meth:`bind`.
 
@@ -38,10 +41,15 @@ class WeightGridBiasQuantizer(ConfigCheckMixin, QuantizerBase):
         self._register_bits(bits)
         self.__dict__["_layer"] = None  # a plain reference, not a submodule
 
-    def bind(self, layer: nn.Module) -> "WeightGridBiasQuantizer":
+    def bind(self, layer: nn.Module, neuron: Optional[nn.Module] = None
+             ) -> "WeightGridBiasQuantizer":
         """Use the weight quantizer of ``layer`` (a quantized layer: its ``weight_quant`` and the
-        weight that quantizer sees, ``effective_weight()``)."""
+        weight that quantizer sees, ``effective_weight()``); with ``neuron``, the quantized
+        neuron whose membrane the layer charges, the step is the finer of the weight step and
+        that neuron's power-of-two membrane step (the grid ``fold_batchnorm`` gives a folded
+        bias)."""
         self.__dict__["_layer"] = layer
+        self.__dict__["_neuron"] = neuron
         return self
 
     def weight_step(self) -> torch.Tensor:
@@ -56,9 +64,16 @@ class WeightGridBiasQuantizer(ConfigCheckMixin, QuantizerBase):
         if grid is None or grid.step is None:
             raise ValueError(f"bias on the weight grid needs a weight quantizer with a uniform "
                              f"grid, got {type(wq).__name__}")
-        step = grid.step
-        step = step.detach().min()
-        return torch.exp2(torch.floor(torch.log2(step)))
+        step = torch.exp2(torch.floor(torch.log2(grid.step.detach().min())))
+        membrane = self.__dict__.get("_neuron")
+        vq = None if membrane is None else getattr(membrane, "v_quant", None)
+        if vq is not None and vq.is_initialized:
+            v_grid = vq.grid()
+            if v_grid is not None and v_grid.per_tensor and v_grid.step is not None:
+                v_step = v_grid.step.detach().to(step)
+                if bool(torch.exp2(torch.round(torch.log2(v_step))) == v_step):
+                    step = torch.minimum(step, v_step)
+        return step
 
     def quantize(self, x):
         step = self.weight_step().to(device=x.device, dtype=x.dtype)
