@@ -8,6 +8,7 @@ from ._version import __version__
 from . import functional
 from . import nn
 from .convert import QuantConfig, QuantReport, quantize_model
+from .nn.batchnorm import freeze_batchnorm
 from .summary import Summary, summary
 from .utils import copy_model, is_multi_step
 from ._io import load_checkpoint, save_checkpoint
@@ -15,7 +16,7 @@ from .calibrate import CalibrationReport, FiringRate, FiringRateWarning, calibra
 from .sensitivity import SensitivityResult, assign_bits, sensitivity
 
 __all__ = ["__version__", "functional", "nn", "QuantConfig", "QuantReport", "quantize_model",
-           "summary", "Summary", "copy_model", "is_multi_step", "save_checkpoint",
+           "freeze_batchnorm", "summary", "Summary", "copy_model", "is_multi_step", "save_checkpoint",
            "load_checkpoint", "calibrate", "CalibrationReport", "firing_rates", "FiringRate",
            "FiringRateWarning", "sensitivity",
            "SensitivityResult", "assign_bits", "export", "datasets", "kernels"]

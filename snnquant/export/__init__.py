@@ -17,7 +17,7 @@ from .description import (FORMAT_VERSION, NETWORK_INPUT, ExportError, FlattenOp,
 from .integer_ops import pack_int, round_half_even_shift, unpack_int
 from .exporter import to_integer
 from .simulator import IntegerSNN
-from .agreement import IntegerAgreement, compare_integer, integer_agreement
+from .agreement import IntegerAgreement, SilentNetworkWarning, compare_integer, integer_agreement
 from .fold import FoldedLayer, FoldReport, FoldWarning, fold_batchnorm
 from .files import load_integer, save_integer
 from .nir_graph import to_nir
@@ -30,9 +30,11 @@ __all__ = [
     "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",
     "FlattenOp", "JoinOp", "NETWORK_INPUT", "round_half_even_shift", "pack_int", "unpack_int",
     "to_integer", "IntegerSNN",
-    "IntegerAgreement", "compare_integer", "integer_agreement", "fold_batchnorm", "save_integer",
+    "IntegerAgreement", "SilentNetworkWarning", "compare_integer", "integer_agreement",
+    "fold_batchnorm", "save_integer",
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
     "c_memory", "CMemory", "saturation_report", "SaturationReport", "LayerSaturation",
-    "SaturationWarning", "widen_membrane_range", "FoldWarning", "FoldReport", "FoldedLayer", "check_input_shape",
+    "SaturationWarning", "widen_membrane_range", "FoldWarning", "FoldReport", "FoldedLayer",
+    "check_input_shape",
     "nir_out_of_bounds",
 ]

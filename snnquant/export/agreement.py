@@ -6,6 +6,7 @@ r"""Check that the integer network and the fake-quantized float model spike iden
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -18,7 +19,13 @@ from .description import IntegerNetwork
 from .exporter import is_multi_step, to_integer
 from .simulator import IntegerSNN
 
-__all__ = ["IntegerAgreement", "compare_integer", "integer_agreement", "run_float_reference"]
+__all__ = ["IntegerAgreement", "SilentNetworkWarning", "compare_integer", "integer_agreement",
+           "run_float_reference"]
+
+
+class SilentNetworkWarning(UserWarning):
+    """:func:`compare_integer` compared a network in which a neuron layer (or the spiking output)
+    never spiked on the data: agreement there checks only that both stay silent."""
 
 
 @dataclass
@@ -37,6 +44,8 @@ class IntegerAgreement:
             or ``None``.
         approximate_layers: the description's layers with a fixed-point leak
             (``exact=False``); when not empty, agreement is measured, not guaranteed.
+        silent_layers: the neuron layers that never spiked on the data (in the float model);
+            agreement on them checks nothing.
     """
 
     layers: Dict[str, float] = field(default_factory=dict)
@@ -45,6 +54,7 @@ class IntegerAgreement:
     predictions: float = 1.0
     first_mismatch: Optional[str] = None
     approximate_layers: List[str] = field(default_factory=list)
+    silent_layers: List[str] = field(default_factory=list)
 
     @property
     def exact(self) -> bool:
@@ -58,6 +68,8 @@ class IntegerAgreement:
             lines.append(f"  approximate export (fixed-point leak in "
                          f"{', '.join(self.approximate_layers)}): agreement is not guaranteed")
         lines += [f"  {name}: {100 * v:.4f}% identical spikes" for name, v in self.layers.items()]
+        if self.silent_layers:
+            lines.append(f"  never spiked (checks nothing): {', '.join(self.silent_layers)}")
         if self.first_mismatch:
             lines.append(f"  first mismatch: {self.first_mismatch}")
         return "\n".join(lines)
@@ -136,7 +148,8 @@ def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[Intege
         leak_bits: passed to :func:`~snnquant.export.to_integer` when ``desc`` is not given.
 
     Returns:
-        An :class:`IntegerAgreement`.
+        An :class:`IntegerAgreement`. Where a neuron layer never spiked on ``x_seq``, a
+        :class:`SilentNetworkWarning` names it (100% agreement on a silent layer checks nothing).
     """
     x_int = _integer_input(x_seq)
     if desc is None:
@@ -160,6 +173,8 @@ def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[Intege
                                f"spikes {tuple(b.shape)}")
         same = a == b
         report.layers[name] = float(same.float().mean()) if same.numel() else 1.0
+        if not bool(a.any()):
+            report.silent_layers.append(name)
         if report.first_mismatch is None and not bool(same.all()):
             t, n, j = (int(v) for v in (~same).nonzero()[0])
             report.first_mismatch = (f"layer {name!r}, step {t}, sample {n}, neuron {j}: float "
@@ -179,6 +194,13 @@ def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[Intege
     if report.first_mismatch is None and not bool(same.all()):
         t, n, j = (int(v) for v in (~same).nonzero()[0])
         report.first_mismatch = f"output, step {t}, sample {n}, index {j}"
+    if report.silent_layers:
+        output = " (the output layer among them)" if names and names[-1] in \
+            report.silent_layers and desc.output_kind != "current" else ""
+        warnings.warn(f"neuron layers that never spiked on these {N} samples{output}: "
+                      f"{', '.join(report.silent_layers)}; agreement on them checks only that "
+                      f"both models stay silent: compare on data that makes them spike",
+                      SilentNetworkWarning, stacklevel=2)
     return report
 
 

@@ -8,6 +8,9 @@ from .quantizers import (Grid, QuantizerBase, Round, Clamp, StepQuantize, KBitQu
 from .layers import QuantLinear, QuantConv1d, QuantConv2d
 from .neurons import QuantIFNode, QuantLIFNode, QuantParametricLIFNode, uniform_membrane_step
 from .custom import CustomIFNode, CustomLIFNode, CustomNode, custom_neuron
+from .batchnorm import (FoldedBatchNorm1d, FoldedBatchNorm2d, FoldedStepBatchNorm1d,
+                        FoldedStepBatchNorm2d, foldable_batchnorm, folded_batchnorms,
+                        freeze_batchnorm)
 
 __all__ = [
     "Grid", "QuantizerBase", "Round", "Clamp", "StepQuantize", "KBitQuantize", "AffineKBitQuantize",
@@ -17,4 +20,6 @@ __all__ = [
     "QuantLinear", "QuantConv1d", "QuantConv2d",
     "QuantIFNode", "QuantLIFNode", "QuantParametricLIFNode", "uniform_membrane_step",
     "CustomNode", "CustomIFNode", "CustomLIFNode", "custom_neuron",
+    "FoldedBatchNorm1d", "FoldedBatchNorm2d", "FoldedStepBatchNorm1d", "FoldedStepBatchNorm2d",
+    "foldable_batchnorm", "folded_batchnorms", "freeze_batchnorm",
 ]
