@@ -87,9 +87,10 @@ class Bench:
         a.seed = seed
         return a
 
-    def train(self, config, seed: int, epochs=None, model=None, lr=None):
-        """Train (from scratch unless ``model``) with ``config`` (None: full precision); return
-        ``(model, test_accuracy)``."""
+    def train(self, config, seed: int, epochs=None, model=None, lr=None, freeze_bn_epochs=0):
+        """Train (from scratch unless ``model``) with ``config`` (None: full precision), the last
+        ``freeze_bn_epochs`` epochs with the BatchNorm statistics frozen
+        (``snnquant.freeze_batchnorm``); return ``(model, test_accuracy)``."""
         import snnquant
         args = self.args_for(seed)
         epochs = self.epochs if epochs is None else epochs
@@ -112,6 +113,8 @@ class Bench:
         sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
         args.epochs = epochs
         for epoch in range(epochs):
+            if epoch >= epochs - freeze_bn_epochs:
+                snnquant.freeze_batchnorm(model)
             loader, _ = self.ex.make_loaders(self.train_set, self.test_set, args, 0, 1, epoch)
             # rank=1: no progress bar
             self.ex.run_epoch(model, loader, opt, None, args, self.device, True, 1, epoch,
@@ -140,6 +143,30 @@ class Bench:
             if len(out) == n:
                 break
         return out
+
+
+def deployed_accuracy(bench, model, seed: int, finetune_epochs: int) -> float:
+    """Fold BN, fine-tune, export to integers and return ``IntegerSNN``'s test accuracy."""
+    import torch
+    from spikingjelly.activation_based import functional
+    from snnquant.export import IntegerSNN, fold_batchnorm, to_integer
+    folded = fold_batchnorm(model.eval())
+    functional.reset_net(folded)
+    if finetune_epochs:
+        folded, _ = bench.train(None, seed * 1000 + 1, epochs=finetune_epochs, model=folded,
+                                lr=bench.args.lr / 10)
+    folded.eval()
+    functional.reset_net(folded)
+    sim = IntegerSNN(to_integer(folded))
+    args = bench.args_for(seed)
+    _, loader = bench.ex.make_loaders(bench.train_set, bench.test_set, args, 0, 1, 0)
+    correct = count = 0
+    for frames, y in loader:
+        x = frames.transpose(0, 1).to(torch.int64)
+        out = sim(x)
+        correct += int((out.float().mean(0).argmax(-1) == y).sum())
+        count += int(y.numel())
+    return correct / count
 
 
 def machine():

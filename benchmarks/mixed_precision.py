@@ -65,30 +65,6 @@ def mixed_name(method: str, budget: int) -> str:
     return f"mixed {method} @ budget {budget}"
 
 
-def deployed_accuracy(bench, model, seed: int, finetune_epochs: int) -> float:
-    """Fold BN, fine-tune, export to integers and return ``IntegerSNN``'s test accuracy."""
-    import torch
-    from spikingjelly.activation_based import functional
-    from snnquant.export import IntegerSNN, fold_batchnorm, to_integer
-    folded = fold_batchnorm(model.eval())
-    functional.reset_net(folded)
-    if finetune_epochs:
-        folded, _ = bench.train(None, seed * 1000 + 1, epochs=finetune_epochs, model=folded,
-                                lr=bench.args.lr / 10)
-    folded.eval()
-    functional.reset_net(folded)
-    sim = IntegerSNN(to_integer(folded))
-    args = bench.args_for(seed)
-    _, loader = bench.ex.make_loaders(bench.train_set, bench.test_set, args, 0, 1, 0)
-    correct = count = 0
-    for frames, y in loader:
-        x = frames.transpose(0, 1).to(torch.int64)
-        out = sim(x)
-        correct += int((out.float().mean(0).argmax(-1) == y).sum())
-        count += int(y.numel())
-    return correct / count
-
-
 def fraction(text: str) -> float:
     """An argparse type: a float in [0, 1]."""
     value = float(text)
@@ -181,7 +157,7 @@ def main():
             limit = max(b["bytes"] for b in budgets if name in b["uniform"] + b["mixed"])
             assert size <= limit + 1e-6, (name, size, limit)
             rows[name].append(acc)
-            deployed[name].append(deployed_accuracy(bench, model, seed, args.finetune_epochs))
+            deployed[name].append(common.deployed_accuracy(bench, model, seed, args.finetune_epochs))
             print(f"seed {seed} {name}: {100 * acc:.2f}% fake-quantized, "
                   f"{100 * deployed[name][-1]:.2f}% deployed ({size:.0f} bytes)", flush=True)
         report(args, rows, deployed, budgets, assignments,

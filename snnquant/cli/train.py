@@ -43,6 +43,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import torch
@@ -104,9 +105,19 @@ def parse_args(argv=None, prog=None):
                          "stratified and chosen by --seed (the built-in digits: a fixed subset)")
     ap.add_argument("--no-integer-check", action="store_true",
                     help="skip BN folding, integer export and the agreement check at the end")
-    ap.add_argument("--finetune-epochs", type=int, default=None,
+    ap.add_argument("--finetune-epochs", type=int, default=0,
                     help="epochs of fine-tuning after folding BN, before integer export (default "
-                         "10); with --ptq, after calibration (default 0: no training)")
+                         "0: BN is folded into the quantized weights during training, so the "
+                         "folded network is the trained one, spike for spike); with --ptq, after "
+                         "calibration")
+    ap.add_argument("--no-fold-bn-training", action="store_true",
+                    help="quantize the weights before BN during training (QuantConfig("
+                         "fold_batchnorm=False)); folding then changes the network at low bits "
+                         "and --finetune-epochs recovers some of it")
+    ap.add_argument("--freeze-bn-epochs", type=int, default=None,
+                    help="train the last N epochs with the BN statistics frozen, exactly the "
+                         "deployed network (snnquant.freeze_batchnorm; default: a quarter of "
+                         "--epochs, rounded down)")
     ap.add_argument("--ptq", metavar="CHECKPOINT", default=None,
                     help="post-training quantization: load the full-precision model.pt (or "
                          "checkpoint.pt) of a --weight-bits 0 --v-bits 0 run, fold BN, quantize "
@@ -142,8 +153,11 @@ def parse_args(argv=None, prog=None):
         args.lr = default_lr(args.weight_bits, args.weight_quantizer)
     if args.lr <= 0:
         ap.error(f"--lr must be > 0, got {args.lr}")
-    if args.finetune_epochs is None:
-        args.finetune_epochs = 0 if args.ptq else 10
+    if args.freeze_bn_epochs is None:
+        args.freeze_bn_epochs = args.epochs // 4
+    if not 0 <= args.freeze_bn_epochs <= args.epochs:
+        ap.error(f"--freeze-bn-epochs must be in [0, --epochs = {args.epochs}], got "
+                 f"{args.freeze_bn_epochs}")
     if args.finetune_epochs < 0 or args.calib_batches < 1:
         ap.error(f"--finetune-epochs must be >= 0 and --calib-batches >= 1, got "
                  f"{args.finetune_epochs} and {args.calib_batches}")
@@ -246,7 +260,8 @@ def quantize(net, args):
                                weight_quantizer=args.weight_quantizer,
                                per_channel=not args.per_tensor,
                                v_bits=args.v_bits or None,
-                               membrane_quantizer=args.membrane_quantizer, backend=args.backend)
+                               membrane_quantizer=args.membrane_quantizer, backend=args.backend,
+                               fold_batchnorm=not args.no_fold_bn_training)
     return snnquant.quantize_model(net, cfg)
 
 
@@ -455,10 +470,18 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
     from spikingjelly.activation_based import functional
 
     import snnquant
-    from snnquant.export import (c_memory, fold_batchnorm, integer_agreement, save_integer, to_c,
-                                 to_integer)
+    from snnquant.export import (FoldWarning, c_memory, fold_batchnorm, integer_agreement,
+                                 save_integer, to_c, to_integer)
 
-    folded = fold_batchnorm(model.eval()).to(device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FoldWarning)
+        folded, fold_report = fold_batchnorm(model.eval(), return_report=True)
+    for w in caught:  # the fold's own words, once, on the console
+        print(f"warning: {w.message}")
+    changed = fold_report.changed()
+    fold_text = (f"folding changed {len(changed)} layers" if changed else
+                 "folding changed no weight")
+    folded = folded.to(device)
     functional.reset_net(folded)
     history = []
     if args.finetune_epochs:
@@ -488,7 +511,7 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
     mem = c_memory(desc, tuple(x_seq.shape[2:]))
     agreement = integer_agreement(folded, x_seq, desc)
     return {"folded_test_acc": folded_acc, "agreement": float(agreement),
-            "samples": int(x_seq.shape[1]), "finetune": history,
+            "samples": int(x_seq.shape[1]), "finetune": history, "fold": fold_text,
             "c_rom_bytes": mem.rom_bytes, "c_ram_bytes": mem.ram_bytes}
 
 
@@ -677,6 +700,9 @@ def _run(args, folder):
 
     t_start = time.time()
     for epoch in range(start_epoch, args.epochs):
+        if epoch >= args.epochs - args.freeze_bn_epochs and snnquant.freeze_batchnorm(model) \
+                and rank == 0 and epoch == args.epochs - args.freeze_bn_epochs:
+            print(f"epoch {epoch + 1}: BN statistics frozen (the deployed network trains)")
         train_loader, test_loader = make_loaders(train_set, test_set, args, rank, world, epoch)
         t0 = time.time()
         train_loss, train_acc = run_epoch(net, train_loader, opt, scaler, args, device, True, rank, epoch)
@@ -745,7 +771,8 @@ def _run(args, folder):
             result["integer"] = agreement
             if "agreement" in agreement:
                 print(f"BN folded into the quantized weights, fine-tuned {args.finetune_epochs} "
-                      f"epochs: test accuracy {100 * agreement['folded_test_acc']:.2f}%")
+                      f"epochs: test accuracy {100 * agreement['folded_test_acc']:.2f}% (trained: "
+                      f"{100 * result['test_acc']:.2f}%; {agreement['fold']})")
                 print(f"integer model agreement: {100 * agreement['agreement']:.2f}% "
                       f"({agreement['samples']} test samples, every output spike)")
                 print(f"C model: {out / 'model_int.c'} (.h), ROM {agreement['c_rom_bytes']} bytes, "

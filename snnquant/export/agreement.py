@@ -121,7 +121,8 @@ def run_float_reference(model: nn.Module, x_seq: torch.Tensor, names, dtype: tor
 
 def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[IntegerNetwork] = None,
                     *, reference_dtype: Optional[torch.dtype] = None,
-                    device="cpu", leak_bits: Optional[int] = None) -> IntegerAgreement:
+                    device="cpu", leak_bits: Optional[int] = None,
+                    _stacklevel: int = 2) -> IntegerAgreement:
     r"""Run the fake-quantized model and its integer export on ``x_seq`` and compare them.
 
     .. math::
@@ -200,7 +201,7 @@ def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[Intege
         warnings.warn(f"neuron layers that never spiked on these {N} samples{output}: "
                       f"{', '.join(report.silent_layers)}; agreement on them checks only that "
                       f"both models stay silent: compare on data that makes them spike",
-                      SilentNetworkWarning, stacklevel=2)
+                      SilentNetworkWarning, stacklevel=_stacklevel)
     return report
 
 
@@ -228,4 +229,4 @@ def integer_agreement(model: nn.Module, x_seq: torch.Tensor,
     Returns:
         A float in :math:`[0, 1]`.
     """
-    return compare_integer(model, x_seq, desc, **kwargs).samples
+    return compare_integer(model, x_seq, desc, _stacklevel=3, **kwargs).samples
