@@ -380,8 +380,9 @@ def calibrate(model: nn.Module, batches: Iterable, *, method: str = "minmax",
                 todo.append((name, module, kind, q))
         for name, module, kind, q in todo:
             if kind == "weight":
-                entry = _calibrate_tensor(name, kind, q, module.weight.detach(), power_of_two,
-                                          settings, starts=starts)
+                # the weight the quantizer sees: folded with its BatchNorm where one is
+                entry = _calibrate_tensor(name, kind, q, module.effective_weight().detach(),
+                                          power_of_two, settings, starts=starts)
                 (report.calibrated if isinstance(entry, CalibratedQuantizer)
                  else report.skipped).append(entry)
         membrane_todo = [t for t in todo if t[2] == "membrane"]

@@ -527,7 +527,7 @@ def _weight_errors(fp, batch_list, names, cands, config, calibration):
             for name in names:
                 module = qmodel.get_submodule(name)
                 errors[(name, bits)] = float(
-                    (module.quantized_weight() - module.weight).pow(2).sum())
+                    (module.quantized_weight() - module.effective_weight()).pow(2).sum())
     return errors
 
 

@@ -229,3 +229,30 @@ def test_compare_integer_warns_on_a_silent_network():
     with warnings.catch_warnings():
         warnings.simplefilter("error", SilentNetworkWarning)
         assert not compare_integer(folded, x).silent_layers
+
+
+def test_ptq_calibrates_the_folded_weights_and_folding_then_changes_nothing():
+    """PTQ of a trained float network: calibrate sees W * gamma / sigma, so what is calibrated is
+    what fold_batchnorm deploys (no weight code changes, no FoldWarning)."""
+    torch.manual_seed(0)
+    net = _kaiming(csnn())
+    x = (torch.rand(4, 8, 2, 16, 16) > 0.7).float()
+    net.train()
+    sjf.reset_net(net)
+    net(x)                                   # BatchNorm statistics of a "trained" network
+    with torch.no_grad():
+        net[1].weight.fill_(8.0)             # W' = 8 W / sigma: calibrating W would be 8x off
+    q, report = quantize_model(net.eval(), QuantConfig(weight_bits=4, v_bits=8))
+    assert report.folded
+    snnquant.calibrate(q, [x], method="minmax")
+    scale = q[1].weight / torch.sqrt(q[1].running_var + q[1].eps)
+    folded_peak = (q[0].weight * scale.reshape(-1, 1, 1, 1)).abs().max()
+    step = float(q[0].weight_quant.grid().step.max())
+    # the calibrated range covers the folded weight (7 levels of 4-bit signed), not W
+    assert 0.5 * float(folded_peak) <= step * 7 <= 2 * float(folded_peak)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FoldWarning)
+        folded = fold_batchnorm(q, data=x)
+    y1, _ = neuron_outputs(q, x)
+    y2, _ = neuron_outputs(folded, x)
+    assert torch.equal(y1, y2)
