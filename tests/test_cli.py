@@ -269,3 +269,25 @@ def test_the_issue_commands_on_one_folder(env, tmp_path):
     assert "not empty" in one_error_line(third)
     for name, entry in manifest["files"].items():
         assert sha256(out / name) == entry["sha256"], name
+
+
+def test_train_deploys_the_trained_network_without_fine_tuning(env, tmp_path):
+    """Issue 31: BatchNorm is folded during training (the last quarter of the epochs frozen), the
+    default --finetune-epochs is 0, and the deployed network is the trained one."""
+    out = tmp_path / "deploy"
+    res = snnquant(env, "train", *TINY, "--epochs", "4", "--out", out)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "epoch 4: BN statistics frozen" in res.stdout
+    assert "fine-tuned 0 epochs" in res.stdout and "folding changed no weight" in res.stdout
+    assert "FoldWarning" not in res.stderr and "warning: fold_batchnorm" not in res.stdout
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["flags"]["finetune_epochs"] == 0 and metrics["flags"]["freeze_bn_epochs"] == 1
+    result = metrics["result"]
+    assert result["integer"]["folded_test_acc"] == result["test_acc"]
+    assert result["integer"]["agreement"] == 1.0
+    # the previous behaviour on request: folding changes the network and says so
+    old = tmp_path / "old"
+    res = snnquant(env, "train", *TINY, "--epochs", "1", "--weight-bits", "2", "--v-bits", "4",
+                   "--no-fold-bn-training", "--out", old)
+    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+    assert "warning: fold_batchnorm changed the network: layer '0'" in res.stdout
