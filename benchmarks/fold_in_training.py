@@ -98,18 +98,47 @@ def report(args, per_seed: dict, names) -> str:
     return "\n".join(lines) + "\n"
 
 
+def combine(paths):
+    """``(epochs, finetune_epochs, data label, {seed: rows})`` of earlier runs (the same
+    training, data and configurations; no seed twice)."""
+    import json
+    per_seed, first = {}, None
+    for path in paths:
+        with open(path) as f:
+            part = json.load(f)
+        key = (part["epochs"], part["finetune_epochs"], part["data_sha256"])
+        if first is None:
+            first = key + (part["data"],)
+        elif key != first[:3]:
+            raise SystemExit(f"{path}: another training or data ({key} vs {first[:3]})")
+        for seed, rows in part["per_seed"].items():
+            if int(seed) in per_seed:
+                raise SystemExit(f"{path}: seed {seed} is in two files")
+            per_seed[int(seed)] = rows
+    return first, per_seed
+
+
 def main():
     ap = common.common_args(__doc__, default_epochs=30)
+    ap.add_argument("--combine", nargs="+", metavar="JSON", default=None,
+                    help="report the seeds of these earlier results together (no training)")
     ap.add_argument("--configs", nargs="+", default=list(CONFIGS), choices=list(CONFIGS))
     ap.add_argument("--finetune-epochs", type=int, default=10,
                     help="fine-tuning epochs of the 'after' deployment (the command line's "
                          "default before issue 31)")
     ap.add_argument("--name", default="fold_in_training",
                     help="results file name under --out (without extension)")
-    args, bench = common.parse_and_bench(ap)
-    args.data_label = common.data_label(args, args.root)
-    per_seed = {seed: run_seed(bench, seed, args.configs, args.finetune_epochs)
-                for seed in args.seeds}
+    if "--combine" in sys.argv:
+        args = ap.parse_args()
+        (args.epochs, args.finetune_epochs, args.data_sha256, args.data_label), per_seed = \
+            combine(args.combine)
+        args.seeds, args.quick = sorted(per_seed), False
+        args.configs = [n for n in CONFIGS if all(n in rows for rows in per_seed.values())]
+    else:
+        args, bench = common.parse_and_bench(ap)
+        args.data_label = common.data_label(args, args.root)
+        per_seed = {seed: run_seed(bench, seed, args.configs, args.finetune_epochs)
+                    for seed in args.seeds}
     table = report(args, per_seed, args.configs)
     print(table)
     if not args.quick:
