@@ -41,3 +41,26 @@ def neuron_outputs(model, x):
         for h in hooks:
             h.remove()
     return y, outputs
+
+
+def csnn(channels=8, head_batchnorm=False):
+    """SpikingJelly's N-MNIST style CSNN (conv-BN-LIF-maxpool blocks, a linear LIF read-out,
+    multi-step); with ``head_batchnorm`` the read-out is ``Linear(bias=False) -> BatchNorm1d``."""
+    import torch.nn as nn
+    from spikingjelly.activation_based import functional as sjf
+    from spikingjelly.activation_based import layer, neuron, surrogate
+
+    c = channels
+    head = [layer.Linear(c * 4 * 4, 10, bias=False), layer.BatchNorm1d(10)] if head_batchnorm \
+        else [layer.Linear(c * 4 * 4, 10)]
+    net = nn.Sequential(
+        layer.Conv2d(2, c, 3, padding=1, bias=False), layer.BatchNorm2d(c),
+        neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan(), detach_reset=True),
+        layer.MaxPool2d(2),
+        layer.Conv2d(c, c, 3, padding=1, bias=False), layer.BatchNorm2d(c),
+        neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan(), detach_reset=True),
+        layer.MaxPool2d(2), layer.Flatten(),
+        *head, neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan()),
+    )
+    sjf.set_step_mode(net, "m")
+    return net

@@ -11,21 +11,12 @@ from spikingjelly.activation_based import layer, neuron, surrogate
 import snnquant
 from snnquant import QuantConfig, quantize_model
 from snnquant import nn as qnn
+from conftest import csnn as conftest_csnn
 
 
 def csnn(channels=8):
     """SpikingJelly's N-MNIST/Fashion-MNIST style CSNN (conv-BN-LIF blocks, multi-step)."""
-    net = nn.Sequential(
-        layer.Conv2d(2, channels, 3, padding=1, bias=False), layer.BatchNorm2d(channels),
-        neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan(), detach_reset=True),
-        layer.MaxPool2d(2),
-        layer.Conv2d(channels, channels, 3, padding=1, bias=False), layer.BatchNorm2d(channels),
-        neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan(), detach_reset=True),
-        layer.MaxPool2d(2), layer.Flatten(),
-        layer.Linear(channels * 4 * 4, 10), neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan()),
-    )
-    sjf.set_step_mode(net, "m")
-    return net
+    return conftest_csnn(channels)
 
 
 def test_replaces_and_keeps_everything():

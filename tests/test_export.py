@@ -7,8 +7,9 @@ import torch.nn as nn
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from spikingjelly.activation_based import functional as sjf
-from spikingjelly.activation_based import layer, neuron, surrogate
+from spikingjelly.activation_based import layer, neuron
 from _dtype_recorder import RecordDtypes
+from conftest import csnn
 
 import snnquant.export.simulator as simulator_module
 from snnquant import QuantConfig, quantize_model
@@ -217,17 +218,7 @@ def test_int32_where_the_bounds_allow_gives_the_int64_results(monkeypatch):
 def test_trained_nmnist_style_network():
     """conv-BN-LIF-maxpool blocks + linear + LIF (the N-MNIST example's shape), trained briefly."""
     torch.manual_seed(0)
-    c = 8
-    net = nn.Sequential(
-        layer.Conv2d(2, c, 3, padding=1, bias=False), layer.BatchNorm2d(c),
-        neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan(), detach_reset=True),
-        layer.MaxPool2d(2),
-        layer.Conv2d(c, c, 3, padding=1, bias=False), layer.BatchNorm2d(c),
-        neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan(), detach_reset=True),
-        layer.MaxPool2d(2), layer.Flatten(),
-        layer.Linear(c * 4 * 4, 10), neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan()),
-    )
-    sjf.set_step_mode(net, "m")
+    net = csnn(8)
     q, _ = quantize_model(net, QuantConfig(weight_bits=4, weight_quantizer="lsq_pow2", v_bits=8))
     x = inputs((2, 16, 16), 6, 8, 5, 4)
     y = torch.randint(0, 10, (8,))

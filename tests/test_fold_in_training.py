@@ -6,10 +6,11 @@ import pytest
 import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
-from spikingjelly.activation_based import layer, neuron, surrogate
+from spikingjelly.activation_based import layer, neuron
 from spikingjelly.activation_based.model import sew_resnet, spiking_resnet
 
 import snnquant
+from conftest import csnn as conftest_csnn
 from conftest import neuron_outputs
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import (FoldWarning, SilentNetworkWarning, compare_integer, fold_batchnorm,
@@ -17,19 +18,8 @@ from snnquant.export import (FoldWarning, SilentNetworkWarning, compare_integer,
 
 
 def csnn(c=8):
-    """The example's CSNN shape: conv-BN-LIF-maxpool blocks, linear read-out."""
-    net = nn.Sequential(
-        layer.Conv2d(2, c, 3, padding=1, bias=False), layer.BatchNorm2d(c),
-        neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan(), detach_reset=True),
-        layer.MaxPool2d(2),
-        layer.Conv2d(c, c, 3, padding=1, bias=False), layer.BatchNorm2d(c),
-        neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan(), detach_reset=True),
-        layer.MaxPool2d(2), layer.Flatten(),
-        layer.Linear(c * 4 * 4, 10, bias=False), layer.BatchNorm1d(10),
-        neuron.LIFNode(tau=2.0, surrogate_function=surrogate.ATan()),
-    )
-    sjf.set_step_mode(net, "m")
-    return net
+    """The example's CSNN shape, with a BatchNorm after the read-out's linear layer too."""
+    return conftest_csnn(c, head_batchnorm=True)
 
 
 def _kaiming(net):
