@@ -31,7 +31,8 @@ import _nmnist_common as common  # noqa: E402
 CONFIGS = {"W1/V8": (1, 8), "W2/V4": (2, 4), "W3/V4": (3, 4), "W4/V8": (4, 8), "FP": (0, 0)}
 
 
-def run_seed(bench, seed: int, names, finetune_epochs: int) -> dict:
+def run_seed(bench, seed: int, names, finetune_epochs: int, freeze_bn_epochs: int,
+             modes=("folded", "after")) -> dict:
     """``{config: {column: accuracy}}`` of one seed."""
     import snnquant
     rows = {}
@@ -43,10 +44,10 @@ def run_seed(bench, seed: int, names, finetune_epochs: int) -> dict:
             print(f"seed {seed} {name}: trained {acc:.4f}", flush=True)
             continue
         row = {}
-        for mode in ("folded", "after"):
+        for mode in modes:
             cfg = snnquant.QuantConfig(weight_bits=w, v_bits=v, fold_batchnorm=mode == "folded")
             model, acc = bench.train(cfg, seed, freeze_bn_epochs=(
-                bench.epochs // 4 if mode == "folded" else 0))
+                freeze_bn_epochs if mode == "folded" else 0))
             row[f"{mode} trained"] = acc
             row[f"{mode} deployed"] = common.deployed_accuracy(
                 bench, model, seed, 0 if mode == "folded" else finetune_epochs)
@@ -63,7 +64,7 @@ def median(values):
 def report(args, per_seed: dict, names) -> str:
     seeds = sorted(per_seed)
     lines = [f"Data: {args.data_label}; {args.epochs} epochs from scratch, seeds {seeds}; "
-             f"'folded' = BatchNorm folded during training (last {args.epochs // 4} epochs "
+             f"'folded' = BatchNorm folded during training (last {args.freeze_bn_epochs} epochs "
              f"frozen), deployed with 0 fine-tuning epochs; 'after' = quantized before BatchNorm "
              f"(before issue 31), deployed after folding and {args.finetune_epochs} fine-tuning "
              f"epochs; deployed = to_integer + IntegerSNN on the test set. Median (min..max) over "
@@ -77,8 +78,11 @@ def report(args, per_seed: dict, names) -> str:
             vals = [per_seed[s][name]["fp trained"] for s in seeds]
             lines.append(f"| full precision | {common.fmt(vals)} | - | - | - |")
             continue
-        vals = {c: [per_seed[s][name][c] for s in seeds] for c in cols}
-        lines.append(f"| {name} | " + " | ".join(common.fmt(vals[c]) for c in cols) + " |")
+        vals = {c: [per_seed[s][name][c] for s in seeds if c in per_seed[s][name]] for c in cols}
+        lines.append(f"| {name} | " + " | ".join(common.fmt(vals[c]) if vals[c] else "-"
+                                                 for c in cols) + " |")
+        if not all(vals.values()):
+            continue
         gap = 100 * (median(vals["folded trained"]) - median(vals["folded deployed"]))
         verdicts.append(f"{name}: deployed = trained within 0.5 point: "
                         f"{'met' if abs(gap) <= 0.5 else 'missed'} ({gap:+.2f} points)")
@@ -106,11 +110,12 @@ def combine(paths):
     for path in paths:
         with open(path) as f:
             part = json.load(f)
-        key = (part["epochs"], part["finetune_epochs"], part["data_sha256"])
+        key = (part["epochs"], part["finetune_epochs"], part["data_sha256"],
+               part.get("freeze_bn_epochs", part["epochs"] // 4))
         if first is None:
             first = key + (part["data"],)
-        elif key != first[:3]:
-            raise SystemExit(f"{path}: another training or data ({key} vs {first[:3]})")
+        elif key != first[:4]:
+            raise SystemExit(f"{path}: another training or data ({key} vs {first[:4]})")
         for seed, rows in part["per_seed"].items():
             if int(seed) in per_seed:
                 raise SystemExit(f"{path}: seed {seed} is in two files")
@@ -126,25 +131,32 @@ def main():
     ap.add_argument("--finetune-epochs", type=int, default=10,
                     help="fine-tuning epochs of the 'after' deployment (the command line's "
                          "default before issue 31)")
+    ap.add_argument("--freeze-bn-epochs", type=int, default=None,
+                    help="'folded': epochs at the end with frozen BatchNorm statistics (default: a "
+                         "quarter of --epochs, as snnquant train)")
+    ap.add_argument("--modes", nargs="+", default=["folded", "after"], choices=["folded", "after"])
     ap.add_argument("--name", default="fold_in_training",
                     help="results file name under --out (without extension)")
     if "--combine" in sys.argv:
         args = ap.parse_args()
-        (args.epochs, args.finetune_epochs, args.data_sha256, args.data_label), per_seed = \
-            combine(args.combine)
+        (args.epochs, args.finetune_epochs, args.data_sha256, args.freeze_bn_epochs,
+         args.data_label), per_seed = combine(args.combine)
         args.seeds, args.quick = sorted(per_seed), False
         args.configs = [n for n in CONFIGS if all(n in rows for rows in per_seed.values())]
     else:
         args, bench = common.parse_and_bench(ap)
         args.data_label = common.data_label(args, args.root)
-        per_seed = {seed: run_seed(bench, seed, args.configs, args.finetune_epochs)
-                    for seed in args.seeds}
+        if args.freeze_bn_epochs is None:
+            args.freeze_bn_epochs = args.epochs // 4
+        per_seed = {seed: run_seed(bench, seed, args.configs, args.finetune_epochs,
+                                   args.freeze_bn_epochs, args.modes) for seed in args.seeds}
     table = report(args, per_seed, args.configs)
     print(table)
     if not args.quick:
         common.write_results(args.name, dict(
             machine=common.machine(), epochs=args.epochs, seeds=args.seeds,
-            finetune_epochs=args.finetune_epochs, data=args.data_label,
+            finetune_epochs=args.finetune_epochs, freeze_bn_epochs=args.freeze_bn_epochs,
+            modes=args.modes, data=args.data_label,
             data_sha256=args.data_sha256, per_seed=per_seed,
             command="python benchmarks/fold_in_training.py " + " ".join(sys.argv[1:])),
             table, args.out)
