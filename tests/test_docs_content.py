@@ -101,4 +101,5 @@ def test_every_default_a_page_names_is_the_code_default():
             code = defaults[flag[2:].replace("-", "_")]
             assert value == str(code), (path.name, flag, value, code)
     assert found >= 5
-    assert defaults["finetune_epochs"] == 10  # the nmnist guide says so in prose too
+    assert defaults["finetune_epochs"] == 0  # the nmnist and deploy guides say so in prose too
+    assert defaults["freeze_bn_epochs"] == defaults["epochs"] // 4
