@@ -84,7 +84,8 @@ class QuantConfig:
             ``True``; :mod:`snnquant.nn.batchnorm`): the weight quantizer sees
             :math:`W\gamma/\sqrt{\sigma^2+\epsilon}`, evaluation runs exactly the folded
             layer, and folding after training changes no weight and no spike. The folded bias is
-            quantized with ``bias_bits`` on the weight grid. ``False`` quantizes :math:`W`
+            quantized with ``bias_bits`` on the finer of the weight grid and the membrane grid of
+            the neuron it charges (where fold_batchnorm puts it). ``False`` quantizes :math:`W`
             before the BatchNorm, as before (folding then changes the network at low bits).
         skip: glob patterns on qualified module names (``'fc.*'``, ``'0'``) left unquantized.
         overrides: ``{pattern: {field: value}}``: per-module changes of the fields above; the first

@@ -26,8 +26,8 @@ class WeightGridBiasQuantizer(ConfigCheckMixin, QuantizerBase):
     (the smallest one with per-channel steps; no gradient flows to it): the weight step itself
     when it is a power of two, else the power of two just below it, so that the bias is always an
     integer on a binary grid (exact integer export). Bound with a neuron as well, :math:`s_w` is
-    the smaller of that and the neuron's power-of-two membrane step. It has no parameter of its own, so no
-    optimizer can push its step to zero.
+    the smaller of that and the neuron's power-of-two membrane step. It has no parameter of its
+    own, so no optimizer can push its step to zero.
     The layer binds itself with :meth:`bind`.
 
     Args:
