@@ -50,8 +50,14 @@ def _codes(layer_):
         return torch.round(layer_.quantized_weight() / step)
 
 
+def _example_network():
+    from snnquant.datasets import default_network
+    return default_network("nmnist", channels=8)
+
+
 ZOO = {
     "csnn": (lambda: csnn(), (2, 16, 16)),
+    "example": (_example_network, (2, 34, 34)),
     "spiking_resnet18": (lambda: spiking_resnet.spiking_resnet18(spiking_neuron=neuron.IFNode,
                                                                  num_classes=10), (3, 32, 32)),
     "sew_resnet18": (lambda: sew_resnet.sew_resnet18(spiking_neuron=neuron.IFNode, cnf="ADD",
