@@ -4,12 +4,14 @@ r"""Fold BatchNorm into the preceding synaptic layer, anywhere in a module tree.
 
 Where a BatchNorm sits is found in two ways, used together:
 
-* the forward pass as :mod:`torch.fx` sees it (``symbolic_trace`` with SpikingJelly's and
-  snnquant's layers, neurons and sequence containers as leaves), which finds ``conv -> bn`` edges
-  in residual blocks and other hand-written ``forward`` methods;
+* the forward pass as :func:`~snnquant.export.capture.capture` records it (from a run on an
+  example input, or by torch.fx symbolic tracing without one; SpikingJelly's and snnquant's
+  layers, neurons and sequence containers kept whole), which finds ``conv -> bn`` edges in
+  residual blocks, transformer blocks in ``nn.ModuleList`` and other hand-written ``forward``
+  methods;
 * the execution order of sequence containers (``nn.Sequential``, SpikingJelly's
   ``SeqToANNContainer`` / ``MultiStepContainer`` / ``StepModeContainer``), inside which the
-  tracer does not look, and for modules the tracer cannot trace.
+  capture does not look, and, without an example input, for modules torch.fx cannot trace.
 
 A BatchNorm is foldable when its input is the output of a ``Linear`` / ``Conv1d`` / ``Conv2d``
 layer that feeds nothing else, both are called once, and it has running statistics.
@@ -19,7 +21,6 @@ from __future__ import annotations
 
 import math
 import operator
-import sys
 import warnings
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
@@ -29,6 +30,7 @@ import torch.nn as nn
 
 from ..utils import copy_model, model_walk
 
+from .capture import CaptureError, SpikingTracer, capture, is_sequence, node_origin
 from .description import ExportError
 from .integer_ops import pow2_exponent
 
@@ -107,44 +109,9 @@ def _is_batchnorm(m) -> bool:
     return isinstance(m, nn.modules.batchnorm._BatchNorm)
 
 
-def is_sequence(m) -> bool:
-    """A container whose children run one after the other (what :func:`model_walk` flattens)."""
-    from spikingjelly.activation_based import layer
-    if isinstance(m, (layer.SeqToANNContainer, layer.MultiStepContainer, layer.StepModeContainer)):
-        return True
-    return isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward
-
-
 # functions through which a bias still charges the next neuron's membrane
 _PASSTHROUGH_FUNCTIONS = {operator.add, operator.iadd, torch.add, torch.flatten, "add", "add_",
                           "flatten", "view", "reshape"}
-
-
-def connect_functions() -> tuple:
-    """SpikingJelly's residual connect functions, kept as one traced call (``sew_function``)."""
-    # a model built from sew_resnet's blocks has imported it; importing it here costs seconds
-    sew = sys.modules.get("spikingjelly.activation_based.model.sew_resnet")
-    function = getattr(sew, "sew_function", None)
-    return (function,) if function is not None else ()
-
-
-class SpikingTracer(torch.fx.Tracer):
-    """torch.fx tracer that keeps layers, neurons and SpikingJelly containers whole.
-
-    Shared by :func:`fold_batchnorm` and :func:`~snnquant.export.to_integer`. SpikingJelly's
-    ``sew_resnet.sew_function`` (the connect function ``cnf``) stays one call node.
-    """
-
-    def __init__(self):
-        super().__init__(autowrap_functions=connect_functions())
-
-    def is_leaf_module(self, m, module_qualified_name):
-        from spikingjelly.activation_based import base
-        if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
-            return False
-        if is_sequence(m) or isinstance(m, (base.StepModule, base.MemoryModule)):
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
 
 
 def _join(prefix: str, name: str) -> str:
@@ -162,17 +129,20 @@ class _FoldPlan:
     calls: Dict[str, int] = field(default_factory=dict)          # module name -> times called
     ports: set = field(default_factory=set)                      # a traced module's input/output
     passthrough: set = field(default_factory=set)                # add / flatten function nodes
-    untraced: Dict[str, str] = field(default_factory=dict)       # module name -> trace error
+    untraced: Dict[str, str] = field(default_factory=dict)       # module name -> capture error
+    operations: Dict[str, str] = field(default_factory=dict)     # function unit -> description
 
     def link(self, a: str, b: str):
         self.succ.setdefault(a, []).append(b)
         self.pred.setdefault(b, []).append(a)
 
 
-def _plan(model: nn.Module) -> _FoldPlan:
-    """Trace ``model`` (see the module docstring) and decide for every BatchNorm."""
+def _plan(model: nn.Module, example_input=None) -> _FoldPlan:
+    """Capture ``model`` (from a run on ``example_input`` if given, see the module docstring)
+    and decide for every BatchNorm."""
     plan = _FoldPlan()
     modules = dict(model.named_modules())
+    captured = capture(model, example_input)
 
     def unit(name: str, m: nn.Module) -> Tuple[str, str]:
         """Register one more call of ``m``; return the units its input enters, its output leaves."""
@@ -188,9 +158,9 @@ def _plan(model: nn.Module) -> _FoldPlan:
             plan.calls[name] = plan.calls.get(name, 0) + 1
             return name, name
         try:
-            graph = SpikingTracer().trace(m)
-        except Exception as err:  # untraceable forward: its children are looked at one by one
-            plan.untraced[name] = f"{type(err).__name__}: {err}"
+            graph = captured.graph(name, m)
+        except CaptureError as err:  # not captured: its children are looked at one by one
+            plan.untraced[name] = str(err)
             plan.calls[name] = plan.calls.get(name, 0) + 1
             for n, child in m.named_children():
                 if is_sequence(child) or not SpikingTracer().is_leaf_module(child, _join(name, n)):
@@ -209,6 +179,7 @@ def _plan(model: nn.Module) -> _FoldPlan:
                 ends[node] = unit(target, model.get_submodule(target))
             elif node.op in ("call_function", "call_method"):
                 pseudo = f"{name}:<{node.name}>"
+                plan.operations[pseudo] = _operation_text(node, name, m)
                 if node.target in _PASSTHROUGH_FUNCTIONS:
                     plan.passthrough.add(pseudo)
                 ends[node] = (pseudo, pseudo)
@@ -230,11 +201,21 @@ def _plan(model: nn.Module) -> _FoldPlan:
     return plan
 
 
+def _operation_text(node, prefix: str, owner: nn.Module) -> str:
+    """``the operation matmul in layer 'blocks.0.attn' (SpikingSelfAttention, attention.py:430)``"""
+    name, cls, where = node_origin(node, prefix, owner)
+    what = getattr(node.target, "__name__", str(node.target))
+    inside = f"layer {name!r}" if name else "the model"
+    return f"the operation {what} in {inside} ({cls}{', ' + where if where else ''})"
+
+
 def _describe(plan: _FoldPlan, modules, unit: str) -> str:
     if unit in modules:
         return f"layer {unit!r} ({type(modules[unit]).__name__})"
+    if unit in plan.operations:
+        return plan.operations[unit]
     owner, _, op = unit.rpartition(":")
-    return f"the operation {op.strip('<>')} of {owner or 'the model'!r}"
+    return f"the {op.strip('<>')} of {owner or 'the model'!r}"
 
 
 def _decide(plan: _FoldPlan, modules, name: str, bn) -> Tuple[Optional[str], Optional[str]]:
@@ -245,8 +226,8 @@ def _decide(plan: _FoldPlan, modules, name: str, bn) -> Tuple[Optional[str], Opt
         owner = next((a for a in _ancestors(name) if a in plan.untraced), None)
         if owner is not None:
             where = repr(owner) if owner else "the model"
-            return (f"it sits in {where}, whose forward torch.fx cannot trace "
-                    f"({plan.untraced[owner]})", None)
+            return f"it sits in {where}, whose forward was not captured: {plan.untraced[owner]}", \
+                None
         owner = next((a for a in _ancestors(name) if plan.calls.get(a)), None)
         if owner is not None:
             return (f"it sits inside layer {owner!r} ({type(modules[owner]).__name__}), which "
@@ -328,9 +309,9 @@ def _grid_bias_quantizer(name: str, layer, membrane_step: Optional[float], bias_
     layer.bias_quant = UniformQuantizer(bits, step=s_b).to(layer.weight.device)
 
 
-def batchnorm_refusal(model: nn.Module, name: str) -> str:
+def batchnorm_refusal(model: nn.Module, name: str, example_input=None) -> str:
     """Why BatchNorm ``name`` of ``model`` is still there: not folded yet, or why it cannot be."""
-    reason = _plan(model).refused.get(name)
+    reason = _plan(model, example_input).refused.get(name)
     if reason is None:
         return f"BatchNorm must be folded into the preceding synaptic layer first: {_FOLD_HINT}"
     return f"fold_batchnorm cannot fold this BatchNorm: {reason}"
@@ -342,7 +323,7 @@ def _refusal_text(refused: Dict[str, str], modules) -> str:
 
 def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
                    reinit_weight_step: bool = True, snap_biases: bool = True,
-                   on_unfoldable: str = "raise") -> nn.Module:
+                   on_unfoldable: str = "raise", example_input=None) -> nn.Module:
     r"""Fold every BatchNorm (eval statistics) into the synaptic layer right before it.
 
     .. math::
@@ -354,8 +335,10 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
     module names stay the same). BatchNorms are found anywhere in the module tree: in
     sequence containers nested freely and in hand-written ``forward`` methods (residual blocks,
     SpikingJelly's ``spiking_resnet`` / ``sew_resnet`` / ``spiking_vgg`` / ``parametric_lif_net``
-    models), through :mod:`torch.fx` with SpikingJelly and snnquant layers, neurons and
-    containers kept whole (see the module docstring). A BatchNorm folds when its input is the
+    models; transformer blocks in an ``nn.ModuleList`` given ``example_input``), through the
+    graph :func:`~snnquant.export.capture.capture` records, with SpikingJelly and snnquant
+    layers, neurons and containers kept whole (see the module docstring). A BatchNorm folds when
+    its input is the
     output of a ``Linear`` / ``Conv1d`` / ``Conv2d`` layer that feeds nothing else, both are called
     once in the forward pass, and it has running statistics. On a float model the folded model's
     output in eval mode equals the unfolded one's (up to float rounding).
@@ -390,6 +373,12 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
         on_unfoldable: what to do about BatchNorms that cannot be folded: ``"raise"`` (default,
             nothing is folded) or ``"warn"`` (one :class:`FoldWarning` naming each with its
             reason; the others are folded). Either way every one is named with its reason.
+        example_input: one input batch (``[T, N, ...]`` for a multi-step network) to capture
+            the graph from a run (:func:`~snnquant.export.capture.capture`): then Python in a
+            ``forward`` that depends only on shapes (``if x.ndim != 5: raise``) and loops over
+            ``nn.ModuleList`` blocks are followed. Default ``None``: torch.fx symbolic tracing,
+            which stops at such Python (the BatchNorms in that module are then refused, naming
+            the module and the line).
 
     Returns:
         The folded copy of ``model``.
@@ -398,6 +387,8 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
         ExportError: with ``on_unfoldable="raise"``, a BatchNorm cannot be folded: the message
             names each such layer and the reason (it does not directly follow a Linear/Conv
             layer, that layer's output also feeds another, it has no running statistics, ...).
+        CaptureError: the model raised when run on ``example_input`` (the message names the
+            innermost submodule, its class, and the file and line).
     """
     from spikingjelly.activation_based import functional as sjf
     from ..nn.quantizers import check_bits
@@ -409,7 +400,7 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
     if on_unfoldable not in ("raise", "warn"):
         raise ValueError(f"on_unfoldable must be 'raise' or 'warn', got {on_unfoldable!r}")
     model = copy_model(model)
-    plan = _plan(model)
+    plan = _plan(model, example_input)
     modules = dict(model.named_modules())
     if plan.refused:
         text = ("BatchNorm layers fold_batchnorm cannot fold: "
