@@ -144,6 +144,15 @@ def _plan(model: nn.Module, example_input=None) -> _FoldPlan:
     modules = dict(model.named_modules())
     captured = capture(model, example_input)
 
+    def look_inside(name: str, m: nn.Module):
+        """The children of a module that was not captured, one by one (through lists of
+        blocks, which have no forward of their own)."""
+        for n, child in m.named_children():
+            if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+                look_inside(_join(name, n), child)
+            elif is_sequence(child) or not SpikingTracer().is_leaf_module(child, _join(name, n)):
+                unit(_join(name, n), child)
+
     def unit(name: str, m: nn.Module) -> Tuple[str, str]:
         """Register one more call of ``m``; return the units its input enters, its output leaves."""
         if is_sequence(m):
@@ -162,9 +171,7 @@ def _plan(model: nn.Module, example_input=None) -> _FoldPlan:
         except CaptureError as err:  # not captured: its children are looked at one by one
             plan.untraced[name] = str(err)
             plan.calls[name] = plan.calls.get(name, 0) + 1
-            for n, child in m.named_children():
-                if is_sequence(child) or not SpikingTracer().is_leaf_module(child, _join(name, n)):
-                    unit(_join(name, n), child)
+            look_inside(name, m)
             return name, name
         port_in, port_out = f"{name}:<input>", f"{name}:<output>"
         plan.ports.update((port_in, port_out))
