@@ -167,6 +167,13 @@ def where_it_stopped(err: BaseException, names: Dict[int, str]) -> Tuple[str, st
             _short(*where) if where else "")
 
 
+def _failure(err: BaseException, names: Dict[int, str], root: nn.Module) -> Tuple[str, str]:
+    """``("layer 'a.b' (Block) at file.py:12", "TypeError: the first line of err")``."""
+    inner, cls, where = where_it_stopped(err, names)
+    text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    return _describe_stop(inner, cls or type(root).__name__, where), f"{type(err).__name__}: {text}"
+
+
 def _describe_stop(name: str, cls: str, where: str) -> str:
     what = f"layer {name!r} ({cls})" if name else (f"the model ({cls})" if cls else "the model")
     return what + (f" at {where}" if where else "")
@@ -198,14 +205,11 @@ class Capture:
         except Exception as err:  # shape checks, data-dependent control flow and the like
             names = {id(m): (f"{name}.{n}" if name and n else name or n)
                      for n, m in module.named_modules()}
-            inner, cls, where = where_it_stopped(err, names)
-            text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+            where, error = _failure(err, names, module)
             raise CaptureError(
-                f"torch.fx cannot trace the forward() of "
-                f"{_describe_stop(inner, cls or type(module).__name__, where)} "
-                f"({type(err).__name__}: {text}); pass {EXAMPLE_INPUT_HINT} so that the graph is "
-                f"captured from a run, where Python that depends on shapes runs as it is"
-            ) from None
+                f"torch.fx cannot trace the forward() of {where} ({error}); pass "
+                f"{EXAMPLE_INPUT_HINT} so that the graph is captured from a run, where Python "
+                f"that depends on shapes runs as it is") from None
 
 
 def capture(model: nn.Module, example_input=None) -> Capture:
@@ -286,15 +290,13 @@ class _Recorder(TorchFunctionMode):
         except CaptureError:
             raise
         except Exception as err:
-            inner, cls, where = where_it_stopped(err, self.names)
+            where, error = _failure(err, self.names, model)
             shapes = ", ".join(str(tuple(t.shape)) for t in inputs)
-            text = str(err).strip().splitlines()[0] if str(err).strip() else ""
             raise CaptureError(
-                f"the forward pass on the example input (shape {shapes}) failed in "
-                f"{_describe_stop(inner, cls or type(model).__name__, where)}: "
-                f"{type(err).__name__}: {text}; pass an example input the model accepts "
-                f"(the shape [T, N, ...] of a multi-step network, [N, ...] of a single-step one) "
-                f"and check that the model runs on it") from None
+                f"the forward pass on the example input (shape {shapes}) failed in {where}: "
+                f"{error}; pass an example input the model accepts (the shape [T, N, ...] of a "
+                f"multi-step network, [N, ...] of a single-step one) and check that the model "
+                f"runs on it") from None
         finally:
             for h in handles:
                 h.remove()
