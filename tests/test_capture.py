@@ -165,3 +165,24 @@ def test_run_and_symbolic_capture_agree_where_both_work():
     graph = capture(net, x).graph("", net)
     assert sum(n.op == "call_function" and n.target.__name__ == "sew_function"
                for n in graph.nodes) == 8  # the connect function stays one call
+
+
+class _FlattensTime(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Sequential(layer.Linear(4, 4), neuron.IFNode())
+
+    def forward(self, x):
+        return torch.flatten(self.fc(x), 0)  # folds time into the features
+
+
+def test_refusals_inside_a_forward_name_the_module_not_an_fx_node():
+    net = nn.Sequential(layer.Linear(4, 4), neuron.IFNode(), _FlattensTime())
+    sjf.set_step_mode(net, "m")
+    q, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
+    q.train()(torch.ones(3, 2, 4))
+    for example in (None, torch.ones(3, 2, 4)):  # both captures
+        with pytest.raises(ExportError, match=r"^layer '2' \(_FlattensTime\), the operation "
+                                              r"flatten at " + HERE + r": it flattens the time "
+                                              r"or batch dimension"):
+            to_integer(q, input_max=1, example_input=example)

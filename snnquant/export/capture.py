@@ -307,7 +307,8 @@ class _Recorder(TorchFunctionMode):
         return self.graphs
 
     def _wrap_connect_functions(self):
-        """Replace SpikingJelly's connect functions by recording wrappers (one node per call)."""
+        """Replace SpikingJelly's connect functions by recording wrappers (one node per call)
+        for the run, as torch.fx's ``autowrap_functions`` patches them for its trace."""
         patched = []
         for function in connect_functions():
             module = sys.modules[function.__module__]

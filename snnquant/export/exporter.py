@@ -477,17 +477,19 @@ def _export_adaptive_pool(name, module, domain, in_shape):
                   ceil_mode=False, frac_bits_added=int(a), output_size=size_out), area
 
 
-def _export_flatten(name, module, lead):
+def _export_flatten(name, module, lead, refuse=None):
+    """A FlattenOp; a refusal goes to ``refuse(reason)`` (default: names layer ``name``)."""
+    refuse = refuse or (lambda reason: _fail(name, module, reason))
     start, end = int(module.start_dim), int(module.end_dim)
     if start >= 0:
         start -= lead
         if start < 0:
-            _fail(name, module, f"it flattens the time or batch dimension (start_dim="
-                                f"{module.start_dim} on an input with {lead} leading dimensions)")
+            refuse(f"it flattens the time or batch dimension (start_dim={module.start_dim} on "
+                   f"an input with {lead} leading dimensions)")
     if end >= 0:
         end -= lead
         if end < 0:
-            _fail(name, module, f"end_dim={module.end_dim} lies in the time/batch dimensions")
+            refuse(f"end_dim={module.end_dim} lies in the time/batch dimensions")
     return FlattenOp(name=name, start_dim=start, end_dim=end)
 
 
@@ -767,7 +769,8 @@ class _GraphBuilder:
             args = [a for a in node.args[1:]]
             start = node.kwargs.get("start_dim", args[0] if args else 0)
             end = node.kwargs.get("end_dim", args[1] if len(args) > 1 else -1)
-            op = _export_flatten(label, _FlattenCall(start, end), lead)
+            op = _export_flatten(label, _FlattenCall(start, end), lead,
+                                 lambda reason: self._fail_at(name, module, node, reason))
             return self._emit(op, self.values[src], (src,))
         if target in _ADD_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
             return self.join(label, (name, module, node), "add",
