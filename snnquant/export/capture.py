@@ -238,13 +238,14 @@ def capture(model: nn.Module, example_input=None) -> Capture:
 class _Frame:
     """The graph of one module call being recorded: its nodes and which node holds each tensor."""
 
-    def __init__(self, name: str, module: nn.Module, inputs):
+    def __init__(self, name: str, inputs):
         self.name, self.graph, self.env = name, torch.fx.Graph(), {}
         for i, t in enumerate(inputs):
             if isinstance(t, torch.Tensor):
                 self.env[id(t)] = self.graph.placeholder(f"input_{i}")
 
     def relative(self, name: str) -> str:
+        """``name`` (dotted, from the model) relative to the module of this frame."""
         if not self.name:
             return name
         return name[len(self.name) + 1:] if name.startswith(self.name + ".") else name
@@ -265,7 +266,8 @@ class _Recorder(TorchFunctionMode):
             self.tensors.setdefault(id(t), n)
         self.graphs: Dict[str, torch.fx.Graph] = {}
         self.listening: List[_Frame] = []
-        self.calls: List[tuple] = []     # per open module call: (frames paused, frame, stack)
+        self.calls: List[tuple] = []     # per open module call: (listening before it, frames
+        #                                  with a call_module node for it, its own frame, name)
         self.silent = 0                  # > 0 inside a module kept whole
         self.stack: "OrderedDict[str, tuple]" = OrderedDict()
         self.keep = []                   # every tensor seen stays alive: ids are not reused
@@ -273,7 +275,7 @@ class _Recorder(TorchFunctionMode):
     # ---- the run ---------------------------------------------------------------------------
     def run(self, inputs) -> Dict[str, torch.fx.Graph]:
         from spikingjelly.activation_based import functional as sjf
-        root = _Frame("", self.model, inputs)
+        root = _Frame("", inputs)
         self.keep.extend(inputs)
         self.listening = [root]
         handles = []
@@ -356,7 +358,7 @@ class _Recorder(TorchFunctionMode):
             self.silent += 1
             self.listening = []
         else:  # its own graph, and inlined in the graphs that do not keep it whole
-            frame = _Frame(name, module, args)
+            frame = _Frame(name, args)
             self.keep.extend(args)
             self.listening = ([] if opaque else list(saved)) + [frame]
         self.calls.append((saved, paused, frame, name))
