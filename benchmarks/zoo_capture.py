@@ -1,5 +1,7 @@
 """What fold_batchnorm and to_integer make of SpikingJelly 2.0's model zoo (issue 32, section 1).
 
+``spike_dhs`` is left out: it holds building blocks of a searched network, not a network.
+
 Small instances (16x16 or 32x32 inputs, T = 4, embedding 32, depth 1), quantized at W4/V8 and
 run once in training mode (the quantizers initialise). For each network, with the graph captured
 by torch.fx symbolic tracing (no example input, as before issue 32) and from a run on an example
@@ -35,9 +37,10 @@ T, N = 4, 2
 
 def networks():
     """``{name: (builder, example input)}`` of the small zoo instances."""
+    from spikingjelly.activation_based import neuron
     from spikingjelly.activation_based.model import (masnn, maxformer, ms_resnet, qkformer,
                                                      snas_net, spike_driven_transformer,
-                                                     spikformer)
+                                                     spikformer, spiking_vggws_ottt)
     x16, x32 = torch.rand(T, N, 3, 16, 16), torch.rand(T, N, 3, 32, 32)
     snas_args = types.SimpleNamespace(timestep=T, second_avgpooling=2, dataset="cifar10",
                                       celltype="forward", threshold=1.0, tau=2.0)
@@ -63,6 +66,10 @@ def networks():
             pools=(1, 2), fc_hidden=32, reduction_t=2, reduction_c=4), x16),
         # single-step: its forward loops over the T steps itself
         "snas_net.SNASNet": (lambda: snas_net.SNASNet(snas_args, con_mat), x32[0]),
+        # weight-standardised convolutions (WSConv2d) and OTTT's LIF; single-step; its light
+        # classifier expects 512 channels at the end
+        "spiking_vggws_ottt.OTTTSpikingVGG": (lambda: spiking_vggws_ottt.OTTTSpikingVGG(
+            [32, "M", 512, "M"], num_classes=10, spiking_neuron=neuron.OTTTLIFNode), x16[0]),
     }
 
 
