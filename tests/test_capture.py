@@ -186,3 +186,27 @@ def test_refusals_inside_a_forward_name_the_module_not_an_fx_node():
                                               r"flatten at " + HERE + r": it flattens the time "
                                               r"or batch dimension"):
             to_integer(q, input_max=1, example_input=example)
+
+
+class _StemThenBody(nn.Module):
+    """A stem with no neuron first: the hint must not offer it as a part to export."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Sequential(layer.Linear(4, 4))
+        self.body = nn.Sequential(layer.Linear(4, 4), neuron.IFNode())
+
+    def forward(self, x):
+        if x.shape[-1] != 4:
+            raise ValueError("expected 4 features")
+        return self.body(self.stem(x))
+
+
+def test_the_hint_only_offers_a_part_with_layers_and_neurons():
+    net = _StemThenBody()
+    sjf.set_step_mode(net, "m")
+    q, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
+    q.train()(torch.ones(3, 2, 4))
+    with pytest.raises(CaptureError, match=r"the model \(_StemThenBody\) at " + HERE +
+                                           r" .*pass example_input=x.*e\.g\. model\.body$"):
+        to_integer(q, input_max=1)
