@@ -210,3 +210,22 @@ def test_the_hint_only_offers_a_part_with_layers_and_neurons():
     with pytest.raises(CaptureError, match=r"the model \(_StemThenBody\) at " + HERE +
                                            r" .*pass example_input=x.*e\.g\. model\.body$"):
         to_integer(q, input_max=1)
+
+
+class _ViewAddsInPlace(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Sequential(layer.Linear(4, 4), neuron.IFNode())
+
+    def forward(self, x):
+        y = self.fc(x)
+        y.flatten(1).add_(1.0)  # changes y through a view
+        return y
+
+
+def test_an_in_place_change_through_a_view_is_refused_not_lost():
+    net = _ViewAddsInPlace()
+    sjf.set_step_mode(net, "m")
+    with pytest.raises(CaptureError, match=r"the model \(_ViewAddsInPlace\) at " + HERE +
+                                           r" changes a view of a tensor in place \(add_\)"):
+        capture(net, torch.ones(3, 2, 4))

@@ -401,6 +401,13 @@ class _Recorder(TorchFunctionMode):
         op, target, args, mutates = _as_node_target(func, args)
         if target is None:
             return out
+        if mutates and args and isinstance(args[0], torch.Tensor) and args[0]._base is not None \
+                and self._computed(args[0]):
+            raise CaptureError(
+                f"{_describe_stop(*self._innermost(), _where(sys._getframe(1)))} changes a view "
+                f"of a tensor in place ({getattr(func, '__name__', func)}), which also changes "
+                f"the tensor it views: the graph would not show that change. Write it out of "
+                f"place (y = x + z instead of x[...] += z or x.view(...).add_(z))")
         if not mutates and not any(isinstance(t, torch.Tensor) for t in _flatten(out)):
             return out  # shapes, dims, dtypes: constants of this capture
         self._record(op, target, args, kwargs, out, mutates)
