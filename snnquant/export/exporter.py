@@ -173,7 +173,9 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
     """Build a SynapseOp; returns (op, out_frac, current_log2_bound, allowed_input_max)."""
     layer_kind = registry.layer_kind(layer)
     if layer_kind is None or not isinstance(layer, layer_kind.quant_cls):
-        _fail(name, layer, "unquantized synaptic layer; quantize it with quantize_model")
+        _fail(name, layer, "unquantized synaptic layer; quantize it with quantize_model (whose "
+                           "report's skipped list says why it left a layer float, e.g. a "
+                           "subclass with its own forward such as WSConv2d)")
     if layer_kind.spatial_dims and layer.padding_mode != "zeros":
         _fail(name, layer, f"padding_mode={layer.padding_mode!r} is not supported (only 'zeros')")
     q, steps, parts, bits, (q_lo, q_hi) = _weight_integers(name, layer, dtype)
