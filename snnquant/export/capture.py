@@ -45,7 +45,7 @@ __all__ = ["capture", "Capture", "CaptureError", "SpikingTracer", "is_sequence",
 
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _THIS_FILE = os.path.abspath(__file__)
-EXAMPLE_INPUT_HINT = "example_input=x (one input batch the model accepts)"
+_EXAMPLE_INPUT_HINT = "example_input=x (one input batch the model accepts)"
 
 
 class CaptureError(ExportError):
@@ -208,7 +208,7 @@ class Capture:
             where, error = _failure(err, names, module)
             raise CaptureError(
                 f"torch.fx cannot trace the forward() of {where} ({error}); pass "
-                f"{EXAMPLE_INPUT_HINT} so that the graph is captured from a run, where Python "
+                f"{_EXAMPLE_INPUT_HINT} so that the graph is captured from a run, where Python "
                 f"that depends on shapes runs as it is") from None
 
 
