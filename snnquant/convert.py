@@ -261,9 +261,33 @@ def _layer_target(module) -> Optional[registry.LayerKind]:
         return _parametrized_layer_target(module)
     for kind in registry.LAYER_KINDS:
         if type(module) is kind.float_cls or (isinstance(module, kind.float_cls) and type(
-                module).__module__.startswith("spikingjelly.activation_based.layer")):
+                module).__module__.startswith(_SJ_LAYER) and not _own_computation(
+                module, kind.float_cls)):
             return kind
     return None
+
+
+_SJ_LAYER = "spikingjelly.activation_based.layer"
+# methods through which a subclass changes what the layer computes
+_COMPUTING_METHODS = ("forward", "_forward", "_conv_forward", "get_weight")
+# a pruned layer's own tensors (torch.nn.utils.prune) are the weight and bias in another form
+_LAYER_PARAMETERS = ("weight", "bias", "weight_orig", "bias_orig")
+
+
+def _own_computation(module, float_cls) -> List[str]:
+    """What a subclass of ``float_cls`` adds to the computation: the methods it defines itself
+    (``WSConv2d.forward``) and its extra parameters (``gain``); empty for SpikingJelly's step-mode
+    wrapper of ``float_cls`` (``layer.Conv2d``), whose forward only folds time into the batch."""
+    own = []
+    for cls in type(module).__mro__:
+        if cls is float_cls:
+            break
+        if cls.__module__.startswith(_SJ_LAYER) and float_cls in cls.__bases__:
+            continue  # the step-mode wrapper
+        own += [f"{cls.__name__}.{m}()" for m in _COMPUTING_METHODS if m in vars(cls)]
+    own += [f"parameter {n!r}" for n, _ in module.named_parameters(recurse=False)
+            if n not in _LAYER_PARAMETERS]
+    return own
 
 
 def _neuron_target(module) -> Optional[registry.NeuronKind]:
@@ -303,6 +327,13 @@ def _why_not_quantized(module) -> Optional[str]:
         return (f"no quantized version of {kind}: its weights stay float (quantize_model replaces "
                 f"Linear, Conv1d and Conv2d)")
     for base_cls in (k.float_cls for k in registry.LAYER_KINDS):
+        own = _own_computation(module, base_cls) if isinstance(module, base_cls) else []
+        if own and type(module).__module__.startswith(_SJ_LAYER):
+            return (f"{kind} is a subclass of nn.{base_cls.__name__} with its own forward "
+                    f"({', '.join(own)}): a plain Quant{base_cls.__name__} would drop what that "
+                    f"forward computes (SpikingJelly's WSConv2d/WSLinear standardise the weight "
+                    f"and scale it by a learned gain), so its weights stay float; use "
+                    f"layer.{base_cls.__name__} for a quantized layer")
         if isinstance(module, base_cls):
             return (f"{kind} is a subclass of nn.{base_cls.__name__} that snnquant does not "
                     f"recognise (its forward may differ), so its weights stay float; use "

@@ -443,8 +443,10 @@ def test_refuses_unknown_module_and_bad_structure():
                 return self.conv_fc(x)
             return x
 
-    with pytest.raises(ExportError, match=r"torch.fx cannot trace.*pass its sequential part.*"
-                                          r"model\.conv_fc"):
+    with pytest.raises(ExportError, match=r"torch.fx cannot trace the forward\(\) of the model "
+                                          r"\(Untraceable\) at tests/test_export.py:\d+ .*"
+                                          r"pass example_input.*or export a part of it that has "
+                                          r"synaptic layers and neurons, e\.g\. model\.conv_fc"):
         to_integer(Untraceable(_mlp()))
 
     class Plain(nn.Sequential):  # a Sequential subclass that keeps Sequential.forward

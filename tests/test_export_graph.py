@@ -138,10 +138,12 @@ def test_join_of_two_grids_is_aligned_by_shifts_and_exact():
 
 def test_inexact_join_is_refused_by_name():
     # 2^-22 and 2^4: the sum on the grid 2^-22 needs more than float32's 24 significand bits
-    with pytest.raises(ExportError, match=r"layer 'add' \(_TwoBranches\): the sum of 'a' and 'b' "
+    with pytest.raises(ExportError, match=r"the model \(_TwoBranches\), the operation add at "
+                                          r"tests/test_export_graph.py:\d+: the sum of 'a' and 'b' "
                                           r"on the common grid 2\^-22.*more than 2\^24.*not exact"):
         to_integer(_TwoBranches(2.0 ** -22, 2.0 ** 4).eval(), input_max=1)
-    with pytest.raises(ExportError, match=r"layer 'mul' \(_TwoBranches\): a AND join needs two "
+    with pytest.raises(ExportError, match=r"the model \(_TwoBranches\), the operation mul at "
+                                          r"tests/test_export_graph.py:\d+: a AND join needs two "
                                           r"spike tensors.*'b' is not binary"):
         to_integer(_TwoBranches(2.0 ** -2, 2.0 ** -2, join="and").eval(), input_max=1)
 
@@ -282,7 +284,8 @@ class _InputSkip(nn.Module):
 
 def test_join_with_the_network_input_needs_input_max():
     model = _InputSkip().eval()
-    with pytest.raises(ExportError, match=r"layer 'add' \(_InputSkip\): it adds the network input"
+    with pytest.raises(ExportError, match=r"the model \(_InputSkip\), the operation add at "
+                                          r"tests/test_export_graph.py:\d+: it adds the network input"
                                           r".*input_max"):
         to_integer(model)
     desc = to_integer(model, input_max=3)

@@ -10,6 +10,7 @@ from spikingjelly.activation_based.model import (parametric_lif_net, sew_resnet,
 from conftest import neuron_outputs
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import ExportError, FoldWarning, fold_batchnorm, to_integer
+from snnquant.capture import CaptureError
 
 
 def _batchnorms(model):
@@ -157,7 +158,8 @@ def test_nested_containers_and_custom_blocks_fold():
 
 @pytest.mark.parametrize("kw, reason", [
     (dict(shared_conv_output=True),
-     r"the output of layer '1\.conv' \(Conv2d\) also feeds the operation add of '1'"),
+     r"the output of layer '1\.conv' \(Conv2d\) also feeds the operation add in layer '1' "
+     r"\(_Block, tests/test_fold_any_tree.py:\d+\)"),
     (dict(bn_after_pool=True),
      r"its input comes from layer '1\.pool' \(MaxPool2d\).*directly follows"),
 ])
@@ -196,8 +198,16 @@ def test_shared_batchnorm_and_untraceable_forward_are_named():
     with pytest.raises(ExportError, match=r"layer 'bn' \(BatchNorm1d\): it is called 2 times"):
         fold_batchnorm(Twice())
     with pytest.raises(ExportError, match=r"layer 'bn' \(BatchNorm1d\): it sits in the model, "
-                                          r"whose forward torch.fx cannot trace"):
+                                          r"whose forward was not captured: torch.fx cannot "
+                                          r"trace the forward\(\) of the model \(Branchy\) at "
+                                          r"tests/test_fold_any_tree.py:\d+ .*pass example_input"):
         fold_batchnorm(Branchy())
+    # a run cannot follow a branch on a computed value either, and says so rather than
+    # capturing the example input's path
+    with pytest.raises(CaptureError, match=r"the model \(Branchy\) at tests/test_fold_any_tree"
+                                           r".py:\d+ reads the value of a tensor the network "
+                                           r"computes \(__bool__\)"):
+        fold_batchnorm(Branchy(), example_input=torch.rand(2, 3))
 
 
 def test_to_integer_names_why_a_batchnorm_is_left():

@@ -33,6 +33,7 @@ from typing import Dict, List, Optional, Tuple, Union
 
 import torch
 
+from ..capture.graph import ExportError  # noqa: F401 (defined with the capture, which raises it too)
 from .integer_ops import fits_packed, pack_int
 
 __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "SynapseOp", "NeuronOp",
@@ -69,9 +70,6 @@ def check_input_shape(input_shape, name: str = "input_shape") -> Tuple[int, ...]
                          f"without time and batch), got {input_shape!r}")
     return tuple(int(v) for v in items)
 
-
-class ExportError(ValueError):
-    """A layer cannot be represented exactly as an integer operation; the message names it and why."""
 
 
 @dataclass

@@ -49,7 +49,7 @@ import torch.nn as nn
 
 from ..nn import registry
 from ..utils import copy_model, is_multi_step, model_walk
-from ..capture import SpikingTracer, connect_functions, is_sequence
+from ..capture import CaptureError, capture, connect_functions, is_sequence, node_origin
 from .integer_ops import pow2_exponent
 from .program import adaptive_windows
 
@@ -173,7 +173,9 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
     """Build a SynapseOp; returns (op, out_frac, current_log2_bound, allowed_input_max)."""
     layer_kind = registry.layer_kind(layer)
     if layer_kind is None or not isinstance(layer, layer_kind.quant_cls):
-        _fail(name, layer, "unquantized synaptic layer; quantize it with quantize_model")
+        _fail(name, layer, "unquantized synaptic layer; quantize it with quantize_model (whose "
+                           "report's skipped list says why it left a layer float, e.g. a "
+                           "subclass with its own forward such as WSConv2d)")
     if layer_kind.spatial_dims and layer.padding_mode != "zeros":
         _fail(name, layer, f"padding_mode={layer.padding_mode!r} is not supported (only 'zeros')")
     q, steps, parts, bits, (q_lo, q_hi) = _weight_integers(name, layer, dtype)
@@ -477,17 +479,19 @@ def _export_adaptive_pool(name, module, domain, in_shape):
                   ceil_mode=False, frac_bits_added=int(a), output_size=size_out), area
 
 
-def _export_flatten(name, module, lead):
+def _export_flatten(name, module, lead, refuse=None):
+    """A FlattenOp; a refusal goes to ``refuse(reason)`` (default: names layer ``name``)."""
+    refuse = refuse or (lambda reason: _fail(name, module, reason))
     start, end = int(module.start_dim), int(module.end_dim)
     if start >= 0:
         start -= lead
         if start < 0:
-            _fail(name, module, f"it flattens the time or batch dimension (start_dim="
-                                f"{module.start_dim} on an input with {lead} leading dimensions)")
+            refuse(f"it flattens the time or batch dimension (start_dim={module.start_dim} on "
+                   f"an input with {lead} leading dimensions)")
     if end >= 0:
         end -= lead
         if end < 0:
-            _fail(name, module, f"end_dim={module.end_dim} lies in the time/batch dimensions")
+            refuse(f"end_dim={module.end_dim} lies in the time/batch dimensions")
     return FlattenOp(name=name, start_dim=start, end_dim=end)
 
 
@@ -539,16 +543,38 @@ def _lead(module, multi: bool, default: int) -> int:
     return default
 
 
+def _arg_text(arg) -> str:
+    """An operation's argument as an error shows it: a tensor by the node that computes it."""
+    if isinstance(arg, torch.fx.Node):
+        return "a tensor"
+    if isinstance(arg, (tuple, list)):
+        return "(" + ", ".join(_arg_text(a) for a in arg) + ")"
+    return repr(arg)
+
+
+def _spiking_part_hint(name, module) -> str:
+    """``; or export one of its parts that has neurons: model.body`` (never a part without one)."""
+    _, _, sj_neuron = _sj()
+    parts = [n for n, c in module.named_children()
+             if any(isinstance(m, sj_neuron.BaseNode) for m in c.modules())
+             and any(registry.layer_kind(m) is not None for m in c.modules())]
+    if not parts:
+        return ""
+    where = f"model.{name}." if name else "model."
+    return f"; or export a part of it that has synaptic layers and neurons, e.g. {where}{parts[0]}"
+
+
 class _GraphBuilder:
     """Build the operations of an :class:`IntegerNetwork` from a module tree.
 
     Sequence containers are walked in order (:func:`model_walk`); any other module with children
-    is traced with :class:`~snnquant.export.fold.SpikingTracer` (torch.fx), whose graph gives
-    branches and joins. Every value the graph computes is an index into ``values``.
+    is read from the :class:`~snnquant.capture.Capture` (a run on an example input, or
+    torch.fx), whose graph gives branches and joins. Every value the graph computes is an index
+    into ``values``.
     """
 
-    def __init__(self, work, dtype, p, input_max, leak_bits, input_shape):
-        self.work, self.dtype, self.p = work, dtype, p
+    def __init__(self, work, dtype, p, input_max, leak_bits, input_shape, captured):
+        self.work, self.dtype, self.p, self.captured = work, dtype, p, captured
         self.input_max, self.leak_bits, self.input_shape = input_max, leak_bits, input_shape
         self.multi = is_multi_step(work)
         self.ops, self.notes = [], []
@@ -591,17 +617,12 @@ class _GraphBuilder:
                                      f"export needs one module per layer (its state and weights "
                                      f"belong to one place in the graph)")
             return self.leaf(label, module, lead, src)
-        tracer = SpikingTracer()
         if next(module.children(), None) is None:
             self._unsupported(name or type(module).__name__, module, "")
         try:
-            graph = tracer.trace(module)
-        except Exception as err:  # data-dependent control flow and the like
-            seqs = [n for n, c in module.named_children() if isinstance(c, nn.Sequential)]
-            hint = (f"; pass its sequential part instead (e.g. model.{seqs[0]})" if seqs else "")
-            self._unsupported(name or type(module).__name__, module,
-                              f"; torch.fx cannot trace its forward() ({type(err).__name__}: "
-                              f"{err}){hint}")
+            graph = self.captured.graph(name, module)
+        except CaptureError as err:
+            raise CaptureError(f"{err}{_spiking_part_hint(name, module)}") from None
         return self.traced(name, module, graph, lead, src)
 
     def _is_known(self, module) -> bool:
@@ -659,7 +680,7 @@ class _GraphBuilder:
             return self._emit(_export_flatten(name, module, lead), v, (src,))
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             from .fold import batchnorm_refusal
-            _fail(name, module, batchnorm_refusal(self.work, name))
+            _fail(name, module, batchnorm_refusal(self.work, name, self.captured.example_input))
         self.notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")
         return src
 
@@ -716,21 +737,29 @@ class _GraphBuilder:
             elif node.op in ("call_function", "call_method"):
                 at[node] = self.function(name, module, node, at, lead)
             elif node.op == "get_attr":
-                _fail(name or type(module).__name__, module,
-                      f"its forward() reads the tensor {node.target!r} directly; only modules, "
-                      f"+, flatten and sew_function are exported")
+                self._fail_at(name, module, node, f"its forward() reads the tensor "
+                                                  f"{node.target!r} directly; only modules, +, "
+                                                  f"flatten and sew_function are exported")
         raise ExportError(f"the traced graph of {name!r} has no output")  # pragma: no cover
 
     @staticmethod
     def _node_label(name, node) -> str:
+        """The name of the operation ``node`` makes (a JoinOp's, a FlattenOp's)."""
         return f"{name}.{node.name}" if name else node.name
+
+    def _fail_at(self, name, module, node, reason):
+        """Refuse ``node`` of the graph of ``module``, naming the innermost submodule it comes
+        from (dotted name and class), the operation and its file and line."""
+        inner, cls, where = node_origin(node, name, module)
+        what = getattr(node.target, "__name__", str(node.target))
+        raise ExportError(f"{'layer ' + repr(inner) if inner else 'the model'} ({cls}), the "
+                          f"operation {what}{' at ' + where if where else ''}: {reason}")
 
     def _arg(self, name, module, node, at, i) -> int:
         arg = node.args[i] if i < len(node.args) else None
         if not isinstance(arg, torch.fx.Node) or arg not in at:
-            _fail(self._node_label(name, node), module,
-                  f"argument {i} of {node.target!r} is not a tensor the export computes "
-                  f"({arg!r})")
+            self._fail_at(name, module, node, f"its argument {i} is not a tensor the export "
+                                              f"computes ({_arg_text(arg)})")
         return at[arg]
 
     def function(self, name, module, node, at, lead) -> int:
@@ -742,35 +771,42 @@ class _GraphBuilder:
             args = [a for a in node.args[1:]]
             start = node.kwargs.get("start_dim", args[0] if args else 0)
             end = node.kwargs.get("end_dim", args[1] if len(args) > 1 else -1)
-            op = _export_flatten(label, _FlattenCall(start, end), lead)
+            op = _export_flatten(label, _FlattenCall(start, end), lead,
+                                 lambda reason: self._fail_at(name, module, node, reason))
             return self._emit(op, self.values[src], (src,))
         if target in _ADD_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
-            return self.join(label, module, "add", [self._arg(name, module, node, at, i)
-                                                    for i in (0, 1)])
+            return self.join(label, (name, module, node), "add",
+                             [self._arg(name, module, node, at, i) for i in (0, 1)])
         if target in _MUL_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
-            return self.join(label, module, "and", [self._arg(name, module, node, at, i)
-                                                    for i in (0, 1)])
+            return self.join(label, (name, module, node), "and",
+                             [self._arg(name, module, node, at, i) for i in (0, 1)])
         if what == "sew_function" and target in connect_functions():
             cnf = node.args[2] if len(node.args) > 2 else node.kwargs.get("cnf")
             if cnf not in _CONNECT_KINDS:
-                _fail(label, module, f"sew_function with cnf={cnf!r} is not supported (only "
-                                     f"{sorted(_CONNECT_KINDS)})")
-            return self.join(label, module, _CONNECT_KINDS[cnf],
+                self._fail_at(name, module, node, f"sew_function with cnf={cnf!r} is not "
+                                                  f"supported (only {sorted(_CONNECT_KINDS)})")
+            return self.join(label, (name, module, node), _CONNECT_KINDS[cnf],
                              [self._arg(name, module, node, at, i) for i in (0, 1)])
-        _fail(label, module, f"the operation {what}{tuple(node.args)!r} in its forward() is not "
-                             f"supported by the integer export (supported: modules, +, * of "
-                             f"spikes, flatten, SpikingJelly's sew_function)")
+        args = ", ".join(_arg_text(a) for a in node.args)
+        self._fail_at(name, module, node, f"{what}({args}) is not supported by the integer "
+                                          f"export (supported: modules, +, * of spikes, "
+                                          f"flatten, SpikingJelly's sew_function)")
 
-    def join(self, label, module, kind, srcs) -> int:
+    def join(self, label, at_node, kind, srcs) -> int:
+        """A JoinOp named ``label`` of ``srcs``; ``at_node`` = ``(graph owner name, owner,
+        node)`` says where a refusal points."""
+        def refuse(reason):
+            self._fail_at(*at_node, reason)
+
         vals = [self.values[i] for i in srcs]
         where = [("the network input" if i == NETWORK_INPUT else repr(self.ops[i].name))
                  for i in srcs]
         if kind != "add":
             bad = [w for w, v in zip(where, vals) if not v.binary]
             if bad:
-                _fail(label, module, f"a {kind.upper()} join needs two spike tensors (0 or 1), "
-                                     f"but the output of {', '.join(bad)} is not binary spikes; "
-                                     f"use cnf='ADD' or join the outputs of neuron layers")
+                refuse(f"a {kind.upper()} join needs two spike tensors (0 or 1), but the output "
+                       f"of {', '.join(bad)} is not binary spikes; use cnf='ADD' or join the "
+                       f"outputs of neuron layers")
             return self._emit(JoinOp(name=label, kind=kind, shifts=(0, 0), out_frac_bits=0,
                                      inputs=tuple(srcs)), _SPIKES, tuple(srcs))
         frac = max(v.frac for v in vals)
@@ -781,22 +817,20 @@ class _GraphBuilder:
                 mags.append(2.0 ** v.cur_log2)
             elif v.x_bound[0] == "input":
                 if self.input_max is None:
-                    _fail(label, module, f"it adds {w}, whose largest value depends on the "
-                                         f"input: pass to_integer(..., input_max=...)")
+                    refuse(f"it adds {w}, whose largest value depends on the input: pass "
+                           f"to_integer(..., input_max=...)")
                 mags.append(float(v.x_bound[1] * self.input_max))
             else:
                 mags.append(float(v.x_bound[1]))
         total = sum(m * 2.0 ** s for m, s in zip(mags, shifts))
         if total > 2.0 ** self.p:
-            _fail(label, module, f"the sum of {' and '.join(where)} on the common grid 2^-{frac} "
-                                 f"(the operands have {[v.frac for v in vals]} fractional bits) "
-                                 f"can reach {total:.4g}, more than 2^{self.p}: the "
-                                 f"{self.dtype} addition of the fake-quantized model is not exact. "
-                                 f"Use fewer weight/membrane bits on the branches, or power-of-two "
-                                 f"steps that differ less between them")
+            refuse(f"the sum of {' and '.join(where)} on the common grid 2^-{frac} (the "
+                   f"operands have {[v.frac for v in vals]} fractional bits) can reach "
+                   f"{total:.4g}, more than 2^{self.p}: the {self.dtype} addition of the "
+                   f"fake-quantized model is not exact. Use fewer weight/membrane bits on the "
+                   f"branches, or power-of-two steps that differ less between them")
         if math.log2(max(total, 1.0)) + 2 > _INT64_LIMIT_BITS:
-            _fail(label, module, f"the integer sum needs {math.log2(total):.0f} bits, more than "
-                                 f"int64 holds")
+            refuse(f"the integer sum needs {math.log2(total):.0f} bits, more than int64 holds")
         domain = "current" if any(v.domain == "current" for v in vals) else "event"
         value = _Value(domain, frac, ("abs", int(math.ceil(total))), math.log2(max(total, 1.0)))
         return self._emit(JoinOp(name=label, kind="add", shifts=shifts, out_frac_bits=frac,
@@ -812,7 +846,8 @@ LEAK_BITS_RANGE = (1, 32)
 
 def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = None,
                input_max: Optional[int] = None, leak_bits: Optional[int] = None,
-               input_shape: Optional[Tuple[int, ...]] = None) -> IntegerNetwork:
+               input_shape: Optional[Tuple[int, ...]] = None,
+               example_input=None) -> IntegerNetwork:
     r"""Export a quantized spiking network as an exact integer network.
 
     The network is a sequence (``nn.Sequential``, SpikingJelly ``SeqToANNContainer`` /
@@ -892,12 +927,18 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
             leak multiplier of such layers (approximate export).
         input_shape: one sample's input shape (without time and batch), needed only when the
             network has an adaptive average pool (its divisor depends on the input size).
+        example_input: one input batch (``[T, N, ...]`` for a multi-step network): the graph is
+            then captured from a run of the model on it (:func:`~snnquant.capture.capture`),
+            which follows Python that depends only on shapes (``if x.ndim != 5: raise``) and
+            blocks in an ``nn.ModuleList``. Default ``None``: torch.fx symbolic tracing.
 
     Returns:
         An :class:`~snnquant.export.IntegerNetwork`.
 
     Raises:
-        ExportError: a layer cannot be represented exactly (the message names it and why).
+        ExportError: a layer cannot be represented exactly (the message names it and why);
+            a :class:`~snnquant.capture.CaptureError` when the graph cannot be captured
+            (it names the innermost submodule, its class, the file and line, and what to change).
         ValueError: a bad argument (``reference_dtype``, ``input_max``, ``leak_bits``,
             ``input_shape``).
     """
@@ -920,7 +961,10 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         input_shape = check_input_shape(input_shape)
     p = _MANTISSA_BITS[reference_dtype]
     work = copy_model(model).to(reference_dtype).cpu()
-    graph = _GraphBuilder(work, reference_dtype, p, input_max, leak_bits, input_shape)
+    if isinstance(example_input, torch.Tensor):
+        example_input = example_input.to(reference_dtype).cpu()
+    captured = capture(work, example_input)
+    graph = _GraphBuilder(work, reference_dtype, p, input_max, leak_bits, input_shape, captured)
     out = graph.build()
     ops, notes = graph.ops, graph.notes
     if not graph.seen_synapse:

@@ -311,9 +311,9 @@ def _report(original: nn.Module, folded: nn.Module, plan: FoldPlan, before, modu
     return report
 
 
-def batchnorm_refusal(model: nn.Module, name: str) -> str:
+def batchnorm_refusal(model: nn.Module, name: str, example_input=None) -> str:
     """Why BatchNorm ``name`` of ``model`` is still there: not folded yet, or why it cannot be."""
-    reason = plan_folding(model).refused.get(name)
+    reason = plan_folding(model, example_input).refused.get(name)
     if reason is None:
         return f"BatchNorm must be folded into the preceding synaptic layer first: {_FOLD_HINT}"
     return f"fold_batchnorm cannot fold this BatchNorm: {reason}"
@@ -325,8 +325,8 @@ def _refusal_text(refused: Dict[str, str], modules) -> str:
 
 def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
                    reinit_weight_step: bool = True, snap_biases: bool = True,
-                   on_unfoldable: str = "raise", data: Optional[torch.Tensor] = None,
-                   return_report: bool = False):
+                   on_unfoldable: str = "raise", example_input=None,
+                   data: Optional[torch.Tensor] = None, return_report: bool = False):
     r"""Fold every BatchNorm (eval statistics) into the synaptic layer right before it.
 
     .. math::
@@ -338,8 +338,10 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
     module names stay the same). BatchNorms are found anywhere in the module tree: in
     sequence containers nested freely and in hand-written ``forward`` methods (residual blocks,
     SpikingJelly's ``spiking_resnet`` / ``sew_resnet`` / ``spiking_vgg`` / ``parametric_lif_net``
-    models), through :mod:`torch.fx` with SpikingJelly and snnquant layers, neurons and
-    containers kept whole (see the module docstring). A BatchNorm folds when its input is the
+    models; transformer blocks in an ``nn.ModuleList`` given ``example_input``), through the
+    graph :func:`~snnquant.capture.capture` records, with SpikingJelly and snnquant layers,
+    neurons and containers kept whole (:mod:`snnquant.capture.plan`). A BatchNorm folds when its
+    input is the
     output of a ``Linear`` / ``Conv1d`` / ``Conv2d`` layer that feeds nothing else, both are called
     once in the forward pass, and it has running statistics. On a float model the folded model's
     output in eval mode equals the unfolded one's (up to float rounding).
@@ -384,6 +386,12 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
         on_unfoldable: what to do about BatchNorms that cannot be folded: ``"raise"`` (default,
             nothing is folded) or ``"warn"`` (one :class:`FoldWarning` naming each with its
             reason; the others are folded). Either way every one is named with its reason.
+        example_input: one input batch (``[T, N, ...]`` for a multi-step network) to capture
+            the graph from a run (:func:`~snnquant.capture.capture`): then Python in a
+            ``forward`` that depends only on shapes (``if x.ndim != 5: raise``) and loops over
+            ``nn.ModuleList`` blocks are followed. Default ``None``: torch.fx symbolic tracing,
+            which stops at such Python (the BatchNorms in that module are then refused, naming
+            the module and the line).
         data: an input batch (as the model takes it, e.g. ``[T, N, ...]``) on which the output
             change of every layer is measured, or ``None`` (weights and biases compared only).
         return_report: return ``(folded_model, report)`` instead of the folded model.
@@ -395,6 +403,8 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
         ExportError: with ``on_unfoldable="raise"``, a BatchNorm cannot be folded: the message
             names each such layer and the reason (it does not directly follow a Linear/Conv
             layer, that layer's output also feeds another, it has no running statistics, ...).
+        CaptureError: the model raised when run on ``example_input`` (the message names the
+            innermost submodule, its class, and the file and line).
     """
     from spikingjelly.activation_based import functional as sjf
     from ..nn.quantizers import check_bits
@@ -411,7 +421,7 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
     if on_unfoldable not in ("raise", "warn"):
         raise ValueError(f"on_unfoldable must be 'raise' or 'warn', got {on_unfoldable!r}")
     original, model = model, copy_model(model)
-    plan = plan_folding(model)
+    plan = plan_folding(model, example_input)
     modules = dict(model.named_modules())
     modes = {name: m.training for name, m in modules.items()}
     model.eval()  # eval statistics; observers do not observe while folding

@@ -87,7 +87,7 @@ class _FoldedBatchNormMixin:
 
     @torch.no_grad()
     def start_statistics(self, y: torch.Tensor, channel_dim: int) -> None:
-        """Before the first training batch ever (``num_batches_tracked == 0``), set the running
+        r"""Before the first training batch ever (``num_batches_tracked == 0``), set the running
         statistics to those of ``y``, the layer's unquantized output on that batch, so that the
         weight quantizer's first step is chosen for the folded weight it will see, not for
         :math:`W\gamma/\sqrt{1 + \epsilon}` of the initial statistics. Reads the counter once."""

@@ -1,15 +1,17 @@
-r"""Capture of a network's structure from its forward pass, shared by
-:func:`~snnquant.quantize_model` (which BatchNorms train folded) and :mod:`snnquant.export`
-(which fold, and what the integer description is).
+r"""Which BatchNorms fold into the synaptic layer before them, from the captured graph.
 
-Where a BatchNorm sits is found in two ways, used together:
+:func:`plan_folding` is shared by :func:`~snnquant.quantize_model` (which pairs train folded,
+:mod:`snnquant.nn.batchnorm`) and :func:`~snnquant.export.fold_batchnorm` (which pairs fold), so
+the two agree by construction. Where a BatchNorm sits is found in two ways, used together:
 
-* the forward pass as :mod:`torch.fx` sees it (``symbolic_trace`` with SpikingJelly's and
-  snnquant's layers, neurons, BatchNorms and sequence containers as leaves), which finds
-  ``conv -> bn`` edges in residual blocks and other hand-written ``forward`` methods;
+* the forward pass as :func:`~snnquant.capture.capture` records it (from a run on an example
+  input, or by torch.fx symbolic tracing without one; SpikingJelly's and snnquant's layers,
+  neurons, BatchNorms and sequence containers kept whole), which finds ``conv -> bn`` edges in
+  residual blocks, transformer blocks in ``nn.ModuleList`` and other hand-written ``forward``
+  methods;
 * the execution order of sequence containers (``nn.Sequential``, SpikingJelly's
   ``SeqToANNContainer`` / ``MultiStepContainer`` / ``StepModeContainer``), inside which the
-  tracer does not look, and for modules the tracer cannot trace.
+  capture does not look, and, without an example input, for modules torch.fx cannot trace.
 
 A BatchNorm is foldable when its input is the output of a ``Linear`` / ``Conv1d`` / ``Conv2d``
 layer that feeds nothing else, both are called once, and it has running statistics.
@@ -18,18 +20,21 @@ layer that feeds nothing else, both are called once, and it has running statisti
 from __future__ import annotations
 
 import operator
-import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn as nn
 
-from .utils import model_walk
+from ..utils import model_walk
+from .graph import CaptureError, SpikingTracer, capture, is_sequence, node_origin
 
-__all__ = ["SpikingTracer", "FoldPlan", "plan_folding", "charged_neuron", "is_sequence",
-           "is_synapse", "is_batchnorm", "is_neuron", "passes_through", "connect_functions"]
+__all__ = ["FoldPlan", "plan_folding", "charged_neuron", "is_synapse", "is_batchnorm",
+           "is_neuron", "passes_through"]
 
+# functions through which a bias still charges the next neuron's membrane
+_PASSTHROUGH_FUNCTIONS = {operator.add, operator.iadd, torch.add, torch.flatten, "add", "add_",
+                          "flatten", "view", "reshape"}
 
 def is_synapse(m) -> bool:
     """A synaptic layer BatchNorm folds into: ``Linear``, ``Conv1d`` or ``Conv2d``."""
@@ -39,47 +44,6 @@ def is_synapse(m) -> bool:
 def is_batchnorm(m) -> bool:
     """Any BatchNorm (a subclass of ``torch.nn.modules.batchnorm._BatchNorm``)."""
     return isinstance(m, nn.modules.batchnorm._BatchNorm)
-
-
-def is_sequence(m) -> bool:
-    """A container whose children run one after the other (what :func:`model_walk` flattens)."""
-    from spikingjelly.activation_based import layer
-    if isinstance(m, (layer.SeqToANNContainer, layer.MultiStepContainer, layer.StepModeContainer)):
-        return True
-    return isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward
-
-
-# functions through which a bias still charges the next neuron's membrane
-_PASSTHROUGH_FUNCTIONS = {operator.add, operator.iadd, torch.add, torch.flatten, "add", "add_",
-                          "flatten", "view", "reshape"}
-
-
-def connect_functions() -> tuple:
-    """SpikingJelly's residual connect functions, kept as one traced call (``sew_function``)."""
-    # a model built from sew_resnet's blocks has imported it; importing it here costs seconds
-    sew = sys.modules.get("spikingjelly.activation_based.model.sew_resnet")
-    function = getattr(sew, "sew_function", None)
-    return (function,) if function is not None else ()
-
-
-class SpikingTracer(torch.fx.Tracer):
-    """torch.fx tracer that keeps layers, neurons and SpikingJelly containers whole.
-
-    Shared by :func:`fold_batchnorm` and :func:`~snnquant.export.to_integer`. SpikingJelly's
-    ``sew_resnet.sew_function`` (the connect function ``cnf``) stays one call node.
-    """
-
-    def __init__(self):
-        super().__init__(autowrap_functions=connect_functions())
-
-    def is_leaf_module(self, m, module_qualified_name):
-        from spikingjelly.activation_based import base
-        if isinstance(m, nn.Sequential) and type(m).forward is nn.Sequential.forward:
-            return False
-        if is_sequence(m) or isinstance(m, (base.StepModule, base.MemoryModule)) or \
-                is_batchnorm(m):
-            return True
-        return super().is_leaf_module(m, module_qualified_name)
 
 
 def _join(prefix: str, name: str) -> str:
@@ -98,18 +62,30 @@ class FoldPlan:
     calls: Dict[str, int] = field(default_factory=dict)          # module name -> times called
     ports: set = field(default_factory=set)                      # a traced module's input/output
     passthrough: set = field(default_factory=set)                # add / flatten function nodes
-    untraced: Dict[str, str] = field(default_factory=dict)       # module name -> trace error
+    untraced: Dict[str, str] = field(default_factory=dict)       # module name -> capture error
+    operations: Dict[str, str] = field(default_factory=dict)     # function unit -> description
 
     def link(self, a: str, b: str):
         self.succ.setdefault(a, []).append(b)
         self.pred.setdefault(b, []).append(a)
 
 
-def plan_folding(model: nn.Module) -> FoldPlan:
-    """Trace ``model`` (see the module docstring) and decide for every BatchNorm: the pairs
-    ``(synapse name, BatchNorm name)`` that fold, and why each other BatchNorm does not."""
+def plan_folding(model: nn.Module, example_input=None) -> FoldPlan:
+    """Capture ``model`` (from a run on ``example_input`` if given, see the module docstring)
+    and decide for every BatchNorm: the pairs ``(synapse name, BatchNorm name)`` that fold, and
+    why each other BatchNorm does not."""
     plan = FoldPlan()
     modules = dict(model.named_modules())
+    captured = capture(model, example_input)
+
+    def look_inside(name: str, m: nn.Module):
+        """The children of a module that was not captured, one by one (through lists of
+        blocks, which have no forward of their own)."""
+        for n, child in m.named_children():
+            if isinstance(child, (nn.ModuleList, nn.ModuleDict)):
+                look_inside(_join(name, n), child)
+            elif is_sequence(child) or not SpikingTracer().is_leaf_module(child, _join(name, n)):
+                unit(_join(name, n), child)
 
     def unit(name: str, m: nn.Module) -> Tuple[str, str]:
         """Register one more call of ``m``; return the units its input enters, its output leaves."""
@@ -125,13 +101,11 @@ def plan_folding(model: nn.Module) -> FoldPlan:
             plan.calls[name] = plan.calls.get(name, 0) + 1
             return name, name
         try:
-            graph = SpikingTracer().trace(m)
-        except Exception as err:  # untraceable forward: its children are looked at one by one
-            plan.untraced[name] = f"{type(err).__name__}: {err}"
+            graph = captured.graph(name, m)
+        except CaptureError as err:  # not captured: its children are looked at one by one
+            plan.untraced[name] = str(err)
             plan.calls[name] = plan.calls.get(name, 0) + 1
-            for n, child in m.named_children():
-                if is_sequence(child) or not SpikingTracer().is_leaf_module(child, _join(name, n)):
-                    unit(_join(name, n), child)
+            look_inside(name, m)
             return name, name
         port_in, port_out = f"{name}:<input>", f"{name}:<output>"
         plan.ports.update((port_in, port_out))
@@ -146,6 +120,7 @@ def plan_folding(model: nn.Module) -> FoldPlan:
                 ends[node] = unit(target, model.get_submodule(target))
             elif node.op in ("call_function", "call_method"):
                 pseudo = f"{name}:<{node.name}>"
+                plan.operations[pseudo] = _operation_text(node, name, m)
                 if node.target in _PASSTHROUGH_FUNCTIONS:
                     plan.passthrough.add(pseudo)
                 ends[node] = (pseudo, pseudo)
@@ -167,11 +142,21 @@ def plan_folding(model: nn.Module) -> FoldPlan:
     return plan
 
 
+def _operation_text(node, prefix: str, owner: nn.Module) -> str:
+    """``the operation matmul in layer 'blocks.0.attn' (SpikingSelfAttention, attention.py:430)``"""
+    name, cls, where = node_origin(node, prefix, owner)
+    what = getattr(node.target, "__name__", str(node.target))
+    inside = f"layer {name!r}" if name else "the model"
+    return f"the operation {what} in {inside} ({cls}{', ' + where if where else ''})"
+
+
 def _describe(plan: FoldPlan, modules, unit: str) -> str:
     if unit in modules:
         return f"layer {unit!r} ({type(modules[unit]).__name__})"
+    if unit in plan.operations:
+        return plan.operations[unit]
     owner, _, op = unit.rpartition(":")
-    return f"the operation {op.strip('<>')} of {owner or 'the model'!r}"
+    return f"the {op.strip('<>')} of {owner or 'the model'!r}"
 
 
 def _decide(plan: FoldPlan, modules, name: str, bn) -> Tuple[Optional[str], Optional[str]]:
@@ -182,8 +167,8 @@ def _decide(plan: FoldPlan, modules, name: str, bn) -> Tuple[Optional[str], Opti
         owner = next((a for a in _ancestors(name) if a in plan.untraced), None)
         if owner is not None:
             where = repr(owner) if owner else "the model"
-            return (f"it sits in {where}, whose forward torch.fx cannot trace "
-                    f"({plan.untraced[owner]})", None)
+            return f"it sits in {where}, whose forward was not captured: {plan.untraced[owner]}", \
+                None
         owner = next((a for a in _ancestors(name) if plan.calls.get(a)), None)
         if owner is not None:
             return (f"it sits inside layer {owner!r} ({type(modules[owner]).__name__}), which "
