@@ -345,10 +345,12 @@ def _why_not_quantized(module) -> Optional[str]:
             f"float")
 
 
-def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: QuantReport):
+def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: QuantReport,
+                                 example_input=None):
     """Attach every BatchNorm that :func:`~snnquant.export.fold_batchnorm` can fold to the
     quantized layer before it (``config.fold_batchnorm``); say why for the others."""
-    plan = plan_folding(model)  # the capture fold_batchnorm uses: what trains folded, folds
+    # the capture fold_batchnorm uses: what trains folded, folds
+    plan = plan_folding(model, example_input)
     modules = dict(model.named_modules())
     why = dict(plan.refused)
     for synapse_name, bn_name in plan.pairs:
@@ -603,7 +605,8 @@ def _warn_unmatched(config: QuantConfig, all_names, target_names, model):
                           UserWarning, stacklevel=3)
 
 
-def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inplace: bool = False):
+def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inplace: bool = False,
+                   example_input=None):
     r"""Replace the supported layers and neurons of ``model`` by quantized ones.
 
     ``nn.Linear/Conv1d/Conv2d`` (and SpikingJelly's ``layer.*`` versions) become
@@ -636,6 +639,13 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
             power-of-two step (``'lsq_pow2'``), 16-bit biases; neurons stay float unless
             ``v_bits`` is set).
         inplace: modify ``model`` itself instead of a deep copy.
+        example_input: one input batch of the model (``[T, N, ...]`` in multi-step mode): the
+            graph that says which ``conv -> BatchNorm`` pairs train folded
+            (``QuantConfig.fold_batchnorm``) is then captured from a run
+            (:func:`~snnquant.capture.capture`), which follows shape checks in ``forward`` and
+            blocks in ``nn.ModuleList`` (spiking transformers); without it, torch.fx symbolic
+            tracing, whose refusals are in ``report.skipped``. Pass the same input to
+            :func:`~snnquant.export.fold_batchnorm`.
 
     Returns:
         ``(quantized_model, report)``, a :class:`QuantReport`. Nothing is silently ignored: every
@@ -707,7 +717,7 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
             if note is not None:
                 report.notes.append(note)
     if any(isinstance(m, _BATCH_NORMS) for m in model.modules()):
-        _fold_batchnorms_in_training(model, config, report)
+        _fold_batchnorms_in_training(model, config, report, example_input)
     report.replaced.sort(key=lambda r: order[r.name])
     report.skipped.sort(key=lambda r: order.get(r.name, -1))
     _warn_unmatched(config, all_names, target_names, model)

@@ -30,12 +30,14 @@ def _kaiming(net):
 
 
 def _train(q, x, steps=4, lr=5e-3):
-    y = torch.randint(0, 10, (x.shape[1],), generator=torch.Generator().manual_seed(1))
     opt = torch.optim.Adam(q.parameters(), lr=lr)
     q.train()
     for _ in range(steps):
         sjf.reset_net(q)
-        loss = nn.functional.cross_entropy(q(x).mean(0) * 10, y)
+        out = q(x).mean(0)
+        y = torch.randint(0, out.shape[-1], (x.shape[1],),
+                          generator=torch.Generator().manual_seed(1))
+        loss = nn.functional.cross_entropy(out * 10, y)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -249,6 +251,25 @@ def test_ptq_calibrates_the_folded_weights_and_folding_then_changes_nothing():
     with warnings.catch_warnings():
         warnings.simplefilter("error", FoldWarning)
         folded = fold_batchnorm(q, data=x)
+    y1, _ = neuron_outputs(q, x)
+    y2, _ = neuron_outputs(folded, x)
+    assert torch.equal(y1, y2)
+
+
+def test_quantize_model_folds_blocks_torch_fx_cannot_trace_given_an_example_input():
+    """A shape check in a block's forward and blocks in an nn.ModuleList (spiking transformers):
+    with example_input, quantize_model trains them folded, and fold_batchnorm changes nothing."""
+    from test_capture import _input, _net
+    x = _input()
+    _, report = quantize_model(_net(), QuantConfig(weight_bits=4, v_bits=8))
+    assert [bn for _, bn in report.folded] == ["stem.1"]      # torch.fx stops at the blocks
+    assert "not captured" in {s.name: s.reason for s in report.skipped}["blocks.0.bn"]
+    q, report = quantize_model(_net(), QuantConfig(weight_bits=4, v_bits=8), example_input=x)
+    assert [bn for _, bn in report.folded] == ["stem.1", "blocks.0.bn", "blocks.1.bn"]
+    _train(q, x, steps=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FoldWarning)
+        folded = fold_batchnorm(q, example_input=x, data=x)
     y1, _ = neuron_outputs(q, x)
     y2, _ = neuron_outputs(folded, x)
     assert torch.equal(y1, y2)
