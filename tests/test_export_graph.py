@@ -293,3 +293,35 @@ def test_join_with_the_network_input_needs_input_max():
         y = model(x)
     assert y.sum() > 0
     assert torch.equal(IntegerSNN(desc)(x.long()).float(), y)
+
+
+class _JoinedWithItself(nn.Module):
+    """c = fc(x); sn(c + c): one value read twice by one join (issue 35 §2)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.fc = qnn.QuantLinear(8, 6, bias=False, step_mode="m",
+                                  weight_quant=qnn.UniformQuantizer(8, step=2.0 ** -3))
+        self.sn = qnn.QuantIFNode(v_quant=qnn.UniformQuantizer(8, step=2.0 ** -4), step_mode="m")
+        with torch.no_grad():
+            self.fc.weight.uniform_(-0.3, 0.6)
+
+    def forward(self, x):
+        c = self.fc(x)
+        return self.sn(c + c)
+
+
+@pytest.mark.parametrize("arithmetic", ["integer", "auto"])
+def test_join_reading_one_value_twice_runs_in_the_simulator(arithmetic):
+    from snnquant.export import integer_agreement
+    model = _JoinedWithItself().eval()
+    desc = to_integer(model, input_max=1)
+    assert desc.layer("add").inputs == (0, 0)
+    x = (torch.rand(16, 5, 8, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    sjf.reset_net(model)
+    with torch.no_grad():
+        y = model(x)
+    assert y.sum() > 0
+    assert torch.equal(IntegerSNN(desc, synapse_arithmetic=arithmetic)(x.long()).float(), y)
+    assert integer_agreement(model, x, desc) == 1.0

@@ -393,7 +393,7 @@ class IntegerSNN:
             else:
                 y = self._stateless(op, prm, values[src[0]])
             values[i] = y
-            for j in src:
+            for j in set(src):  # a join may read one value twice: free it once
                 if self._last_use.get(j) == i:
                     del values[j]
         y = values[len(self.desc.ops) - 1]
