@@ -442,7 +442,7 @@ def test_arguments_are_checked(tmp_path):
     for bad in ("1net", "my-net", "int", "", None):
         with pytest.raises(ValueError, match="name must"):
             to_c(desc, tmp_path, bad)
-    with pytest.raises(ValueError, match=r"input_shape=\(13,\) does not fit layer '0'"):
+    with pytest.raises(ValueError, match=r"input_shape=\(13,\) does not fit operation 0 \('0'\)"):
         to_c(desc, tmp_path, input_shape=(13,))
     with pytest.raises(ValueError, match="input_shape must be"):
         to_c(desc, tmp_path, input_shape=(0,))
@@ -458,7 +458,7 @@ def test_arguments_are_checked(tmp_path):
 def test_overflowing_bounds_are_refused(tmp_path):
     desc = _mlp_desc()
     desc.layer("0").shift[:] = 61
-    with pytest.raises(ExportError, match=r"layer '0'.*overflow int64"):
+    with pytest.raises(ExportError, match=r"operation 0 \('0'\) has shift=.*overflow"):
         to_c(desc, tmp_path)
     desc = _mlp_desc()
     desc.input_max = 1 << 31
@@ -466,7 +466,8 @@ def test_overflowing_bounds_are_refused(tmp_path):
         to_c(desc, tmp_path)
     desc = _mlp_desc()
     desc.layer("1").grid_shift = 60
-    with pytest.raises(ExportError, match=r"layer '1'.*overflow int64"):
+    with pytest.raises(ExportError, match=r"operation 1 \('1'\) has grid_shift=60: it must be "
+                                          r"grid_frac_bits \+ log2\(membrane_scale\)"):
         to_c(desc, tmp_path)
 
 

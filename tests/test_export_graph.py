@@ -255,12 +255,13 @@ def test_to_c_refuses_only_joins_it_cannot_bound(tmp_path):
     index = desc.ops.index(desc.layer("add"))
     wide = dataclasses.replace(desc.ops[index], shifts=(60, 56), out_frac_bits=62)
     desc.ops[index] = wide
-    with pytest.raises(ExportError, match=r"layer 'add': the add join is bounded only by \d+ "
-                                          r"\(shifts \[60, 56\]\).*would overflow int64"):
+    with pytest.raises(ExportError, match=r"operation 2 \('add'\) has shifts=\(60, 56\): the "
+                                          r"add join is bounded only by \d+.*would overflow"):
         to_c(desc, tmp_path, input_shape=(8,))
     desc.ops[index] = dataclasses.replace(wide, kind="and", shifts=(0, 0), out_frac_bits=0)
-    with pytest.raises(ExportError, match=r"layer 'add': the and join reads values in "
-                                          r"\[-\d+, \d+\], not spikes"):
+    with pytest.raises(ExportError, match=r"operation 2 \('add'\) has kind='and': it joins "
+                                          r"spikes \(0/1\), but operand 0 holds values in "
+                                          r"\[-\d+, \d+\]"):
         c_memory(desc, input_shape=(8,))
     assert not list(tmp_path.iterdir())  # nothing written
 

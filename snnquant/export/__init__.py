@@ -1,7 +1,8 @@
 r"""Integer export: run a quantization-aware-trained spiking network in integers, exactly.
 
 * :func:`fold_batchnorm`: fold BatchNorm into the preceding quantized layer;
-* :func:`to_integer`: the integer network description (:class:`IntegerNetwork`);
+* :func:`to_integer`: the integer network description (:class:`IntegerNetwork`), checked by
+  :func:`check_network` at construction and by every consumer (:class:`DescriptionError`);
 * :class:`IntegerSNN`: exact integer simulator of a description;
 * :func:`compare_integer` / :func:`integer_agreement`: spike-by-spike comparison with the float model;
 * :func:`save_integer` / :func:`load_integer`: one safetensors file, no pickle;
@@ -25,6 +26,7 @@ from .saturation import (LayerSaturation, SaturationReport, SaturationWarning,
                          nir_out_of_bounds, saturation_report, widen_membrane_range)
 from .nir_import import NIRImportError, from_nir, simulate_nir
 from .c_runtime import CMemory, c_memory, to_c
+from .validation import DescriptionError, check_network
 
 __all__ = [
     "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",
@@ -34,5 +36,5 @@ __all__ = [
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
     "c_memory", "CMemory", "saturation_report", "SaturationReport", "LayerSaturation",
     "SaturationWarning", "widen_membrane_range", "FoldWarning", "check_input_shape",
-    "nir_out_of_bounds",
+    "nir_out_of_bounds", "DescriptionError", "check_network",
 ]

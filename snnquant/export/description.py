@@ -427,11 +427,19 @@ class IntegerNetwork:
     notes: List[str] = field(default_factory=list)
 
     def __post_init__(self):
-        for i, op in enumerate(self.ops):
-            if any(isinstance(j, bool) or not isinstance(j, int) or not NETWORK_INPUT <= j < i
-                   for j in op.inputs):
-                raise ValueError(f"operation {i} ({op.name!r}) has inputs={op.inputs!r}: each must "
-                                 f"be an earlier operation's index or {NETWORK_INPUT} (the input)")
+        self.validate()
+
+    def validate(self, input_shape=None) -> None:
+        """Check that the description agrees with itself, and with ``input_shape`` (one
+        sample's shape) the shapes along every edge: run at construction and by every consumer
+        (see :func:`~snnquant.export.validation.check_network`).
+
+        Raises:
+            DescriptionError: naming the operation's index and name, the field and the value.
+        """
+        from .validation import check_network
+
+        check_network(self, input_shape)
 
     def op_inputs(self, index: int) -> Tuple[int, ...]:
         """The indices of the values operation ``index`` reads (:data:`NETWORK_INPUT` = input)."""

@@ -134,6 +134,7 @@ class IntegerSNN:
         if synapse_arithmetic not in SYNAPSE_ARITHMETIC:
             raise ValueError(f"synapse_arithmetic must be one of {SYNAPSE_ARITHMETIC}, got "
                              f"{synapse_arithmetic!r}")
+        desc.validate()
         self.desc = desc
         self.synapse_arithmetic = synapse_arithmetic
         self.device = torch.device(device)
@@ -141,6 +142,7 @@ class IntegerSNN:
             raise ValueError(f"device must be 'cpu', got {device!r}: PyTorch implements integer "
                              f"convolutions and matrix products on the CPU only")
         self._plans: Dict[Tuple[int, bool], list] = {}
+        self._checked_shapes = set()
         self._params = self._plan(int(desc.input_max))
         # the last operation that reads each value: a call frees the value after that one
         self._last_use = {}
@@ -370,6 +372,9 @@ class IntegerSNN:
                                  f"above input_max={self.desc.input_max} for which the export "
                                  f"is exact")
         T, N = x.shape[0], x.shape[1]
+        if tuple(x.shape[2:]) not in self._checked_shapes:
+            _op_shapes(self, tuple(x.shape[2:]))    # the shapes along every edge, once per shape
+            self._checked_shapes.add(tuple(x.shape[2:]))
         # the types follow the bound of this input, rounded up to 2^b - 1 (few cached plans)
         plan = self._plan((1 << peak.bit_length()) - 1 if x.numel() else 1, float32)
         values = {NETWORK_INPUT: x.reshape((T * N,) + tuple(x.shape[2:]))}
@@ -415,9 +420,17 @@ def op_shapes(desc: IntegerNetwork, input_shape) -> list:
     one all-zero time step of shape ``input_shape`` through :class:`IntegerSNN`'s own layers.
 
     Raises:
-        ValueError: naming ``input_shape`` and the layer it does not fit.
+        DescriptionError: naming ``input_shape``, the operation's index and name and the shape
+            it does not take (a join's operands of different shapes included).
     """
-    sim = IntegerSNN(desc)
+    return _op_shapes(IntegerSNN(desc), input_shape)
+
+
+def _op_shapes(sim: IntegerSNN, input_shape) -> list:
+    """:func:`op_shapes` with the layers of ``sim``."""
+    from .validation import DescriptionError
+
+    desc = sim.desc
     values = {NETWORK_INPUT: torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)}
     out = []
     for i, (op, prm) in enumerate(zip(desc.ops, sim._params)):
@@ -434,8 +447,8 @@ def op_shapes(desc: IntegerNetwork, input_shape) -> list:
             else:
                 y = sim._stateless(op, prm, xs[0])
         except (RuntimeError, IndexError, ValueError) as err:
-            raise ValueError(f"input_shape={tuple(input_shape)} does not fit layer {op.name!r} "
-                             f"(its input would be {before}): {err}") from None
+            raise DescriptionError(f"input_shape={tuple(input_shape)} does not fit operation {i} "
+                                   f"({op.name!r}): its input would be {before}: {err}") from None
         values[i] = y
         out.append((before, tuple(y.shape[1:])))
     return out
