@@ -455,6 +455,21 @@ def test_arguments_are_checked(tmp_path):
     assert not list(tmp_path.glob("snn.*"))
 
 
+@pytest.mark.parametrize("name", ["stdint", "string", "math", "String", "STDIO", "unistd",
+                                  "pthread", "time"])
+def test_a_name_that_would_hide_a_system_header_is_refused(tmp_path, name):
+    """Issue 35 §4: ``to_c(..., name='stdint')`` wrote ``stdint.h``, which hides the system
+    header under ``-I<dir>`` (``unknown type name 'uint8_t'``), also for case-insensitive file
+    systems."""
+    from snnquant.export.c_runtime import C_HEADER_NAMES, check_c_name
+    with pytest.raises(ValueError, match=rf"name must not be a standard C or POSIX header name, "
+                                         rf"got '{name}'"):
+        to_c(_mlp_desc(), tmp_path, name)
+    assert not list(tmp_path.iterdir())
+    assert name.lower() in C_HEADER_NAMES
+    assert check_c_name("stdint_snn") == "stdint_snn" and check_c_name("snn") == "snn"
+
+
 def test_overflowing_bounds_are_refused(tmp_path):
     desc = _mlp_desc()
     desc.layer("0").shift[:] = 61

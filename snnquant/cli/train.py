@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import sys
@@ -140,8 +141,14 @@ def parse_args(argv=None, prog=None):
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.lr is None:
         args.lr = default_lr(args.weight_bits, args.weight_quantizer)
-    if args.lr <= 0:
-        ap.error(f"--lr must be > 0, got {args.lr}")
+    if not math.isfinite(args.lr) or args.lr <= 0:
+        ap.error(f"--lr must be a finite number > 0, got {args.lr}")
+    if args.channels < 1 or args.workers < 0:
+        flag, value = ("--channels", args.channels) if args.channels < 1 else \
+            ("--workers", args.workers)
+        ap.error(f"{flag} must be >= {1 if flag == '--channels' else 0}, got {value}")
+    _check_tau(ap, args)
+    _check_device(ap, args.device)
     if args.finetune_epochs is None:
         args.finetune_epochs = 0 if args.ptq else 10
     if args.finetune_epochs < 0 or args.calib_batches < 1:
@@ -154,7 +161,67 @@ def parse_args(argv=None, prog=None):
                  "run --ptq again into an empty --out")
     if args.ptq and not Path(args.ptq).is_file():
         ap.error(f"--ptq: no checkpoint file at {args.ptq}")
+    if args.ptq:
+        try:
+            ptq_network(args)
+        except ValueError as exc:
+            ap.error(str(exc))
     return args
+
+
+def _check_tau(ap, args) -> None:
+    """``--tau``: > 1 (SpikingJelly's LIF), and a power of two when the run ends in the integer
+    export (which writes the leak as a right shift), refused before any training."""
+    tau = args.tau
+    if not math.isfinite(tau) or tau <= 1:
+        ap.error(f"--tau must be a finite number > 1 (the LIF time constant), got {tau}")
+    exports = (not args.no_integer_check and args.weight_bits != 0 and args.v_bits != 0
+               and args.membrane_quantizer == "uniform"   # what deploy_check and run_ptq export
+               and args.weight_quantizer in ("lsq_pow2", "quantized_bits"))
+    if exports and math.frexp(tau)[0] != 0.5:
+        ap.error(f"--tau must be a power of two (2, 4, 8, ...) for the run's integer export, "
+                 f"got {tau}: pick one, or pass --no-integer-check to train without the export")
+
+
+def _check_device(ap, device: str) -> None:
+    """``--device``: a device PyTorch knows that exists here (``cpu``, ``cuda``, ``cuda:N``)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        ap.error(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index or 0) >= count:
+            ap.error(f"--device {device}: this machine has {count} CUDA device(s)"
+                     + (f" (cuda:0 to cuda:{count - 1})" if count else "; use --device cpu"))
+    elif dev.type != "cpu":
+        ap.error(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+
+
+def ptq_network(args):
+    """``--ptq``: the full-precision network of the flags with the checkpoint's weights loaded.
+
+    Raises:
+        ValueError: one line naming ``--ptq``, the file and why (unreadable, damaged, quantized,
+            or a network of other flags such as ``--channels``).
+    """
+    import snnquant
+
+    try:  # checksum verified, no pickle
+        state = snnquant.load_checkpoint(args.ptq, map_location="cpu")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--ptq {args.ptq}: {exc}") from None
+    state = state.get("model", state) if isinstance(state.get("model"), dict) else state
+    net = build_network(args)
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as exc:
+        why = str(exc).strip().splitlines()
+        detail = " ".join(line.strip() for line in why[1:3])
+        raise ValueError(f"--ptq {args.ptq} is not the full-precision model (a --weight-bits 0 "
+                         f"--v-bits 0 run) of this network (--dataset {args.dataset}, --channels "
+                         f"{args.channels}): {detail}") from None
+    return net
 
 
 # --------------------------------------------------------------------------------------------------
@@ -505,13 +572,10 @@ def run_ptq(args, train_set, test_set, device, out: Path):
     import snnquant
     from snnquant.export import fold_batchnorm, integer_agreement, save_integer, to_integer
 
-    try:  # checksum verified, no pickle
-        state = snnquant.load_checkpoint(args.ptq, map_location="cpu")
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"--ptq: {exc}") from None
-    state = state.get("model", state) if isinstance(state.get("model"), dict) else state
-    net = build_network(args)
-    net.load_state_dict(state)
+    try:
+        net = ptq_network(args)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     net = fold_batchnorm(net.eval()).to(device)
     train_loader, test_loader = make_loaders(train_set, test_set, args, 0, 1, 0)
     _, fp_acc = run_epoch(net, test_loader, None, None, args, device, False, 0, 0,

@@ -48,7 +48,7 @@ from .program import (SynapseRescale, adaptive_windows, c_literal, c_rhe_helper,
                       join_range, neuron_program, pool_range, synapse_bounds)
 from .simulator import op_shapes
 
-__all__ = ["to_c", "c_memory", "CMemory"]
+__all__ = ["to_c", "c_memory", "CMemory", "check_c_name", "C_HEADER_NAMES"]
 
 #: Largest magnitude any intermediate may reach (bits): int64 with a margin, no overflow.
 _LIMIT_BITS = 62
@@ -118,13 +118,43 @@ class CMemory:
 # ------------------------------------------------------------------------------------------------
 # validation and shapes
 
-def _check_name(name) -> str:
+#: The standard headers of C (C89 to C23) and POSIX (issue 8) that a bare ``#include <x.h>``
+#: names. :func:`to_c` refuses them as ``name`` (compared case-insensitively, for
+#: case-insensitive file systems): ``<name>.h`` in a folder given with ``-I`` would hide the
+#: system header from every file compiled with that flag.
+C_HEADER_NAMES = frozenset((
+    # C
+    "assert", "complex", "ctype", "errno", "fenv", "float", "inttypes", "iso646", "limits",
+    "locale", "math", "setjmp", "signal", "stdalign", "stdarg", "stdatomic", "stdbit", "stdbool",
+    "stdckdint", "stddef", "stdint", "stdio", "stdlib", "stdnoreturn", "string", "tgmath",
+    "threads", "time", "uchar", "wchar", "wctype",
+    # POSIX
+    "aio", "cpio", "devctl", "dirent", "dlfcn", "endian", "fcntl", "fmtmsg", "fnmatch", "ftw",
+    "glob", "grp", "iconv", "langinfo", "libgen", "libintl", "monetary", "mqueue", "ndbm",
+    "netdb", "nl_types", "poll", "pthread", "pwd", "regex", "sched", "search", "semaphore",
+    "spawn", "strings", "stropts", "syslog", "tar", "termios", "trace", "ulimit", "unistd",
+    "utime", "utmpx", "wordexp",
+))
+
+
+def check_c_name(name) -> str:
+    """``name`` as the C model's name: a C identifier of at most 31 characters that is not a C
+    keyword, does not start with ``__`` and is not a standard C or POSIX header name
+    (:data:`C_HEADER_NAMES`, case-insensitively: ``<name>.h`` would hide that header).
+
+    Raises:
+        ValueError: naming ``name``, its value and the rule it breaks.
+    """
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"name must be a C identifier (letters, digits, '_', not starting with a "
                          f"digit), got {name!r}")
     if name in _C_KEYWORDS or name.startswith("__") or len(name) > 31:
         raise ValueError(f"name must not be a C keyword, start with '__' or exceed 31 characters, "
                          f"got {name!r}")
+    if name.lower() in C_HEADER_NAMES:
+        raise ValueError(f"name must not be a standard C or POSIX header name, got {name!r}: "
+                         f"{name}.h would hide <{name.lower()}.h> from every file compiled with "
+                         f"-I on its folder; choose another, e.g. {name}_snn")
     return name
 
 
@@ -922,7 +952,7 @@ def _prepare(desc, name, input_shape, synapses="events") -> _Gen:
     if not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork (from to_integer or load_integer), got "
                         f"{type(desc).__name__}")
-    name = _check_name(name)
+    name = check_c_name(name)
     if not isinstance(synapses, str) or synapses not in SYNAPSE_FORMS:
         raise ValueError(f"synapses must be one of {SYNAPSE_FORMS}, got {synapses!r}")
     if input_shape is None:
@@ -1048,7 +1078,7 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
             :func:`~snnquant.export.load_integer`).
         out_dir: folder for the two files (created if missing).
         name: C identifier prefixing every public symbol and naming the files (checked before
-            anything is written).
+            anything is written by :func:`check_c_name`; not a standard header's name).
         input_shape: per-sample input shape without time and batch. Needed when the network does
             not start with a linear layer (the description holds no image size); by default
             ``(in_features,)`` of the first linear layer.
@@ -1060,7 +1090,9 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
 
     Raises:
         TypeError: ``desc`` is not an :class:`~snnquant.export.IntegerNetwork`.
-        ValueError: a bad ``name``, ``input_shape`` or ``synapses``.
+        ValueError: a bad ``name`` (see :func:`check_c_name`: not a C identifier, a keyword, or
+            a standard C or POSIX header name such as ``stdint``), ``input_shape`` or
+            ``synapses``.
         OSError: a file could not be written (the message names it; the earlier pair is kept).
         ExportError: a bound of an intermediate value reaches :math:`2^{62}` (the C code would
             overflow; a join's too), an ``'and'``/``'iand'`` join of values that are not spikes,
