@@ -470,6 +470,32 @@ def test_a_name_that_would_hide_a_system_header_is_refused(tmp_path, name):
     assert check_c_name("stdint_snn") == "stdint_snn" and check_c_name("snn") == "snn"
 
 
+def test_a_large_c_model_says_its_size_before_it_is_written(tmp_path, monkeypatch):
+    """Issue 35 §6: a 60.8 MB source was written without a word; above C_SIZE_NOTICE_BYTES
+    to_c says how much it writes, and where, before writing."""
+    import warnings
+
+    from snnquant.export import c_runtime
+    desc = _mlp_desc()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", c_runtime.LargeCSourceWarning)
+        to_c(desc, tmp_path / "small")          # below the threshold: silent
+    assert c_runtime.C_SIZE_NOTICE_BYTES == 16 << 20
+    monkeypatch.setattr(c_runtime, "C_SIZE_NOTICE_BYTES", 1000)
+    out = tmp_path / "large"
+    with pytest.warns(c_runtime.LargeCSourceWarning, match=r"to_c is writing \d+\.\d MiB of C "
+                                                         r"\(snn\.h and snn\.c, \d+ bytes of "
+                                                         r"constant data\) into .*large") as info:
+        to_c(desc, out)
+    assert (out / "snn.c").stat().st_size + (out / "snn.h").stat().st_size > 1000
+    assert str(out) in str(info[0].message)
+    with warnings.catch_warnings():   # said before anything is written
+        warnings.simplefilter("error", c_runtime.LargeCSourceWarning)
+        with pytest.raises(c_runtime.LargeCSourceWarning):
+            to_c(desc, tmp_path / "never")
+    assert not (tmp_path / "never").exists()
+
+
 def test_overflowing_bounds_are_refused(tmp_path):
     desc = _mlp_desc()
     desc.layer("0").shift[:] = 61
