@@ -346,3 +346,16 @@ def test_export_checks_name_and_shape_before_creating_out(env, run_folder, tmp_p
         line = one_error_line(snnquant(env, "export", run_folder, "--out", out, *extra))
         assert words in line, (extra, line)
         assert not out.exists(), extra
+
+
+def test_progress_in_a_redirected_log_is_one_line_per_epoch(env, tmp_path):
+    """Issue 35 §6: progress bars wrote a carriage-return line per batch into a redirected log;
+    without a terminal each epoch (and each fine-tuning or evaluation pass) is one line."""
+    res = snnquant(env, "train", *TINY, "--epochs", "2", "--finetune-epochs", "1", "--out",
+                   tmp_path / "o")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "\r" not in res.stdout and "\r" not in res.stderr
+    lines = res.stdout.splitlines()
+    assert sum(line.startswith("epoch ") for line in lines) == 2, res.stdout
+    assert sum(line.startswith("fine-tune folded: loss ") for line in lines) == 1, res.stdout
+    assert "it/s" not in res.stdout + res.stderr

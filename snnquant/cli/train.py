@@ -402,7 +402,11 @@ def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, 
     use_amp = args.amp
     amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     desc = label or f"epoch {epoch + 1}/{args.epochs} {'train' if train else 'test '}"
-    for frames, label in tqdm(loader, desc=desc, disable=rank != 0, leave=False, file=sys.stdout):
+    # a bar redraws itself with a carriage return per batch: in a terminal only; a redirected
+    # log gets one line per epoch (the caller's, or this pass's own below)
+    bar = rank == 0 and sys.stdout.isatty()
+    phase = label
+    for frames, label in tqdm(loader, desc=desc, disable=not bar, leave=False, file=sys.stdout):
         x = frames.to(device, non_blocking=True).float().transpose(0, 1)  # [T, N, 2, 34, 34]
         y = label.to(device, non_blocking=True)
         with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp_dtype,
@@ -424,6 +428,8 @@ def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, 
         count += y.numel()
     if reduce:
         total_loss, correct, count = all_sum([total_loss, correct, count], device)
+    if phase and rank == 0 and not bar:
+        print(f"{phase}: loss {total_loss / count:.4f} acc {correct / count:.4f}", flush=True)
     return total_loss / count, correct / count
 
 
