@@ -8,6 +8,8 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 * :func:`save_integer` / :func:`load_integer`: one safetensors file, no pickle;
 * :func:`to_nir` / :func:`from_nir`: the Neuromorphic Intermediate Representation and back
   (``pip install snnquant[export]``); :func:`simulate_nir` runs a graph by NIR's equations.
+* :func:`shift_flatten_dims`, :func:`narrow_registers`: what NIR consumers need (the Flatten
+  fix-up of snnTorch and Norse; membrane registers narrower than a grid, as Lava's);
 * :func:`saturation_report`: per layer, how often membranes sit at ``v_min`` / ``v_max``;
   :func:`widen_membrane_range` gives them headroom;
 * :func:`to_c`: a bit-exact, portable C99 model of the integer network (``<name>.h``/``.c``).
@@ -27,6 +29,7 @@ from .saturation import (LayerSaturation, SaturationReport, SaturationWarning,
 from .nir_import import NIRImportError, from_nir, simulate_nir
 from .c_runtime import CMemory, c_memory, to_c
 from .validation import DescriptionError, check_network
+from .nir_consumers import ConsumerRegisterWarning, narrow_registers, shift_flatten_dims
 
 __all__ = [
     "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",
@@ -36,5 +39,6 @@ __all__ = [
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
     "c_memory", "CMemory", "saturation_report", "SaturationReport", "LayerSaturation",
     "SaturationWarning", "widen_membrane_range", "FoldWarning", "check_input_shape",
-    "nir_out_of_bounds", "DescriptionError", "check_network",
+    "nir_out_of_bounds", "DescriptionError", "check_network", "shift_flatten_dims",
+    "narrow_registers", "ConsumerRegisterWarning",
 ]
