@@ -1,6 +1,6 @@
 """One check of an IntegerNetwork (issue 35 §1): a description edited so that it disagrees with
-itself is refused by every entry (construction, load_integer, IntegerSNN, to_c, to_nir,
-from_nir), naming the operation's index and name, the field and the value."""
+itself is refused by every entry (load_integer, save_integer, IntegerSNN, to_c, to_nir, from_nir),
+naming the operation's index and name, the field and the value."""
 import dataclasses
 import re
 
@@ -11,6 +11,8 @@ import torch.nn as nn
 import snnquant.nn as qnn
 from snnquant.export import (DescriptionError, IntegerNetwork, IntegerSNN, check_network,
                              load_integer, save_integer, to_c, to_integer)
+from snnquant.export import files as export_files
+from snnquant.export.simulator import op_shapes
 
 
 class _Branches(nn.Module):
@@ -62,7 +64,7 @@ def _saved_unchecked(desc, path, monkeypatch):
     """Write ``desc`` with a valid checksum although it is inconsistent (the issue's case:
     edited in Python, then saved)."""
     with monkeypatch.context() as m:
-        m.setattr(IntegerNetwork, "validate", lambda self, input_shape=None: None)
+        m.setattr(export_files, "check_network", lambda desc: None)
         save_integer(desc, path)
     return path
 
@@ -77,7 +79,8 @@ def _refused_everywhere(desc, match, tmp_path, monkeypatch, input_shape, shapes_
     loaded network is refused at its first call)."""
     x = torch.zeros((2, 1) + tuple(input_shape), dtype=torch.int64)
     with pytest.raises(DescriptionError, match=match):
-        check_network(desc, input_shape)
+        check_network(desc)
+        op_shapes(desc, input_shape)
     with pytest.raises(DescriptionError, match=match):
         IntegerSNN(desc)(x)
     with pytest.raises(DescriptionError, match=match):
@@ -188,14 +191,14 @@ def test_malformed_descriptions_give_named_errors_not_raw_ones(tmp_path, monkeyp
                         tmp_path, monkeypatch, (8,))
 
 
-def test_construction_checks_the_whole_description():
+def test_construction_checks_the_inputs_and_the_exported_network_passes():
     desc = to_integer(_InputSkip().eval(), input_max=3)
-    sn = desc.layer("sn")
-    ops = [op for op in desc.ops if op is not sn] + [dataclasses.replace(sn, threshold=300)]
-    with pytest.raises(DescriptionError, match=r"operation 2 \('sn'\) has threshold=300"):
-        IntegerNetwork(ops=ops, input_max=3, output_kind="spikes")
+    with pytest.raises(DescriptionError, match=r"operation 0 \('fc'\) has inputs=\(1,\)"):
+        IntegerNetwork(ops=[dataclasses.replace(desc.ops[0], inputs=(1,))] + desc.ops[1:],
+                       input_max=3, output_kind="spikes")
     assert isinstance(DescriptionError("x"), ValueError)
-    desc.validate((8,))   # the exported network itself passes
+    check_network(desc)   # the exported network itself passes
+    assert op_shapes(desc, (8,))[-1][1] == (8,)
 
 
 def test_from_nir_refuses_what_the_description_check_refuses(tmp_path):

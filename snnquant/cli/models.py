@@ -149,6 +149,7 @@ def _check_export(ns, desc, shape, out: Path) -> None:
     from snnquant._io import check_writable
     from snnquant.export import c_memory
     from snnquant.export.c_runtime import check_c_name
+    from snnquant.export.simulator import op_shapes
 
     try:
         check_c_name(ns.name)
@@ -161,7 +162,7 @@ def _check_export(ns, desc, shape, out: Path) -> None:
         if "c" in ns.to:
             c_memory(desc, shape)
         elif shape is not None:
-            desc.validate(shape)
+            op_shapes(desc, shape)
     except ValueError as exc:
         given = f"--input-shape {ns.input_shape}" if ns.input_shape else \
             f"{ns.model} (give --input-shape)" if shape is None else \

@@ -2,7 +2,7 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 
 * :func:`fold_batchnorm`: fold BatchNorm into the preceding quantized layer;
 * :func:`to_integer`: the integer network description (:class:`IntegerNetwork`), checked by
-  :func:`check_network` at construction and by every consumer (:class:`DescriptionError`);
+  :func:`check_network` in every consumer (:class:`DescriptionError`);
 * :class:`IntegerSNN`: exact integer simulator of a description;
 * :func:`compare_integer` / :func:`integer_agreement`: spike-by-spike comparison with the float model;
 * :func:`save_integer` / :func:`load_integer`: one safetensors file, no pickle;
@@ -15,8 +15,8 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 * :func:`to_c`: a bit-exact, portable C99 model of the integer network (``<name>.h``/``.c``).
 """
 
-from .description import (FORMAT_VERSION, NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork,
-                          JoinOp, NeuronOp, PoolOp, SynapseOp, check_input_shape)
+from .description import (FORMAT_VERSION, NETWORK_INPUT, DescriptionError, ExportError, FlattenOp,
+                          IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_input_shape)
 from .integer_ops import pack_int, round_half_even_shift, unpack_int
 from .exporter import to_integer
 from .simulator import IntegerSNN
@@ -28,7 +28,7 @@ from .saturation import (LayerSaturation, SaturationReport, SaturationWarning,
                          nir_out_of_bounds, saturation_report, widen_membrane_range)
 from .nir_import import NIRImportError, from_nir, simulate_nir
 from .c_runtime import CMemory, c_memory, to_c
-from .validation import DescriptionError, check_network
+from .validation import check_network
 from .nir_consumers import ConsumerRegisterWarning, narrow_registers, shift_flatten_dims
 
 __all__ = [

@@ -18,8 +18,9 @@ from typing import Union
 import torch
 
 from .._io import atomic_write
-from .description import FORMAT_VERSION, READABLE_FORMAT_VERSIONS, IntegerNetwork
-from .validation import DescriptionError
+from .description import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, DescriptionError,
+                          IntegerNetwork)
+from .validation import check_network
 
 __all__ = ["save_integer", "load_integer", "FILE_FORMAT"]
 
@@ -107,7 +108,7 @@ def save_integer(desc: IntegerNetwork, path: PathLike) -> None:
         raise ValueError(f"desc has layers with a fixed-point leak ({desc.approximate_layers}), "
                          f"which format_version {desc.format_version} cannot hold; set "
                          f"desc.format_version = {FORMAT_VERSION}")
-    desc.validate()
+    check_network(desc)
     meta, tensors = desc.to_record()
     metadata = {
         "format": FILE_FORMAT,
@@ -224,6 +225,7 @@ def _from_bytes(data: bytes, path_s: str) -> IntegerNetwork:
     try:
         record = json.loads(meta["description"])
         desc = IntegerNetwork.from_record(record, tensors)
+        check_network(desc)
     except DescriptionError as exc:
         raise DescriptionError(f"{path_s!r}: {exc}") from None
     except (KeyError, TypeError, ValueError, AttributeError, json.JSONDecodeError) as exc:

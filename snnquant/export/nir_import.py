@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
                           SynapseOp)
 from .nir_schema import SCHEMA_VERSION, import_nir, voting_weight
+from .validation import check_network
 
 __all__ = ["from_nir", "simulate_nir", "NIRImportError"]
 
@@ -511,6 +512,7 @@ def from_nir(graph_or_path, *, max_bytes: Optional[int] = None) -> IntegerNetwor
                           mantissa_bits=int(gmeta["mantissa_bits"]),
                           format_version=int(gmeta["format_version"]), notes=notes)
     _check_wiring(graph, entries, desc, units)
+    check_network(desc)
     return desc
 
 

@@ -23,12 +23,13 @@ from typing import Dict, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
-                          SynapseOp)
+from .description import (NETWORK_INPUT, DescriptionError, FlattenOp, IntegerNetwork, JoinOp,
+                          NeuronOp, PoolOp, SynapseOp)
 from . import compiled_neuron, integer_ops
 from .integer_ops import round_half_even_shift
 from .program import (SynapseRescale, adaptive_windows, join_range, neuron_program, pool_range,
                       synapse_bounds)
+from .validation import check_network
 
 __all__ = ["IntegerSNN", "op_shapes", "SYNAPSE_ARITHMETIC", "float32_sums_are_exact"]
 
@@ -134,7 +135,7 @@ class IntegerSNN:
         if synapse_arithmetic not in SYNAPSE_ARITHMETIC:
             raise ValueError(f"synapse_arithmetic must be one of {SYNAPSE_ARITHMETIC}, got "
                              f"{synapse_arithmetic!r}")
-        desc.validate()
+        check_network(desc)
         self.desc = desc
         self.synapse_arithmetic = synapse_arithmetic
         self.device = torch.device(device)
@@ -417,7 +418,9 @@ class IntegerSNN:
 
 def op_shapes(desc: IntegerNetwork, input_shape) -> list:
     """Per-sample ``(input shape, output shape)`` of every operation of ``desc``, found by running
-    one all-zero time step of shape ``input_shape`` through :class:`IntegerSNN`'s own layers.
+    one all-zero time step of shape ``input_shape`` through :class:`IntegerSNN`'s own layers:
+    the check of the shapes along every edge of a description
+    (:func:`~snnquant.export.check_network` checks the rest).
 
     Raises:
         DescriptionError: naming ``input_shape``, the operation's index and name and the shape
@@ -428,8 +431,6 @@ def op_shapes(desc: IntegerNetwork, input_shape) -> list:
 
 def _op_shapes(sim: IntegerSNN, input_shape) -> list:
     """:func:`op_shapes` with the layers of ``sim``."""
-    from .validation import DescriptionError
-
     desc = sim.desc
     values = {NETWORK_INPUT: torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)}
     out = []

@@ -1,10 +1,10 @@
 r"""One check of an :class:`~snnquant.export.IntegerNetwork`: :func:`check_network`.
 
 An :class:`~snnquant.export.IntegerNetwork` is a plain dataclass that users may edit and save;
-every consumer (:class:`~snnquant.export.IntegerSNN`, :func:`~snnquant.export.to_c`,
+every entry (:class:`~snnquant.export.IntegerSNN`, :func:`~snnquant.export.to_c`,
 :func:`~snnquant.export.to_nir`, :func:`~snnquant.export.save_integer`,
-:func:`~snnquant.export.load_integer`, :func:`~snnquant.export.from_nir`) runs this check, which
-:class:`~snnquant.export.IntegerNetwork` also runs when it is constructed. It follows every edge
+:func:`~snnquant.export.load_integer`, :func:`~snnquant.export.from_nir`) runs this check
+(construction checks only that every operation reads earlier ones). It follows every edge
 from the input to the output and checks, per operation:
 
 * the types and ranges of its fields (bit widths, shifts in :math:`[0, 62]`, kinds, tensor
@@ -18,8 +18,9 @@ from the input to the output and checks, per operation:
 * what a join reads: ``'and'``/``'iand'`` join spikes (values in :math:`[0, 1]`);
 * the value bounds proven from the description (the same as the C runtime's): every value and
   every register of a neuron's step stays below :math:`2^{62}`, so int64 arithmetic is exact;
-* with ``input_shape``: the shapes along every edge (a synapse's input channels or features, the
-  operands of a join have one shape).
+* the shapes along every edge (a synapse's input channels or features, the operands of a join
+  have one shape) need one sample's input shape: :func:`~snnquant.export.simulator.op_shapes`
+  checks them, by every entry that has it.
 
 Errors are :class:`DescriptionError` and name the operation's index and name, the field and the
 value: ``operation 3 ('sn1') has threshold=300: it must be in [v_min, v_max + 1] = [-128, 128]``.
@@ -28,12 +29,14 @@ value: ``operation 3 ('sn1') has threshold=300: it must be in [v_min, v_max + 1]
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 
-from .description import (JOIN_KINDS, NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork,
-                          JoinOp, NeuronOp, PoolOp, SynapseOp)
+from .description import (JOIN_KINDS, NETWORK_INPUT, DescriptionError, FlattenOp,
+                          IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_inputs)
+from .program import (SynapseRescale, join_bound, join_range, neuron_program, pool_range,
+                      synapse_bounds)
 
 __all__ = ["DescriptionError", "check_network", "VALUE_LIMIT_BITS"]
 
@@ -41,11 +44,6 @@ __all__ = ["DescriptionError", "check_network", "VALUE_LIMIT_BITS"]
 #: ``2**VALUE_LIMIT_BITS`` in magnitude (head room below int64, as the C runtime keeps).
 VALUE_LIMIT_BITS = 62
 _FRAC_LIMIT = 1022      # 2**-F must be a normal float64
-
-
-class DescriptionError(ExportError):
-    """An :class:`~snnquant.export.IntegerNetwork` disagrees with itself; the message names the
-    operation's index and name, the field and the value."""
 
 
 def _fail(i: int, op, field: str, value, why: str) -> DescriptionError:
@@ -121,9 +119,10 @@ def _check_synapse(i: int, op: SynapseOp, frac: int) -> None:
                                         f"{bits}-bit range [{lo}, {hi}] of weight_bits")
     c_out = int(w.shape[0])
     scale = op.weight_scale
+    # read in Python: a float tensor operation here would show in IntegerSNN's integer-only runs
     values = scale.tolist() if isinstance(scale, torch.Tensor) and scale.dim() <= 1 else None
-    values = [values] if isinstance(values, float) else values   # (a tensor op would show up
-    if not values or len(values) not in (1, c_out) or not all(    # in float-free recordings)
+    values = [values] if isinstance(values, float) else values
+    if not values or len(values) not in (1, c_out) or not all(
             isinstance(v, float) and math.isfinite(v) and v > 0 for v in values):
         raise _fail(i, op, "weight_scale", scale, f"it must hold {c_out} finite numbers > 0")
     _int_tensor(i, op, "multiplier", c_out, 1, 1 << 52, allow_one=True)
@@ -241,17 +240,17 @@ def _check_bounds(i: int, op, field: str, bound: int, what: str) -> None:
                                                       f"arithmetic would overflow")
 
 
-def check_network(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = None) -> None:
-    """Check that ``desc`` agrees with itself (see the module documentation); with
-    ``input_shape`` (one sample's shape, without time and batch) also the shapes along every
-    edge.
+def check_network(desc: IntegerNetwork) -> None:
+    """Check that ``desc`` agrees with itself (see the module documentation). The shapes along
+    the edges, which need one sample's input shape, are checked by
+    :func:`~snnquant.export.simulator.op_shapes` (run by :class:`~snnquant.export.IntegerSNN`
+    once per input shape, :func:`~snnquant.export.to_c` and :func:`~snnquant.export.to_nir`).
 
     Raises:
         DescriptionError: naming the operation's index and name, the field and the value.
     """
-    from .program import (SynapseRescale, join_bound, join_range, neuron_program, pool_range,
-                          synapse_bounds)
-
+    if not isinstance(desc, IntegerNetwork):
+        raise TypeError(f"desc must be an IntegerNetwork, got {type(desc).__name__}")
     if not _is_int(desc.input_max) or not 0 <= desc.input_max < 1 << VALUE_LIMIT_BITS:
         raise _fail(None, desc, "input_max", desc.input_max,
                     f"it must be an int in [0, 2^{VALUE_LIMIT_BITS})")
@@ -266,10 +265,8 @@ def check_network(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = N
         if not isinstance(op, (SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp)):
             raise DescriptionError(f"operation {i} is a {type(op).__name__}, not an operation of "
                                    f"an IntegerNetwork")
-        if not isinstance(op.inputs, tuple) or any(
-                not _is_int(j) or not NETWORK_INPUT <= j < i for j in op.inputs):
-            raise _fail(i, op, "inputs", op.inputs, f"each must be an earlier operation's index "
-                                                    f"or {NETWORK_INPUT} (the input)")
+    check_inputs(desc.ops)
+    for i, op in enumerate(desc.ops):
         src = desc.op_inputs(i)
         if not isinstance(op, JoinOp) and len(src) != 1:
             raise _fail(i, op, "inputs", op.inputs, "only a join reads more than one value")
@@ -302,13 +299,3 @@ def check_network(desc: IntegerNetwork, input_shape: Optional[Sequence[int]] = N
         raise _fail(None, desc, "output_frac_bits", desc.output_frac_bits,
                     f"it must be {fracs[last]}, the fractional bits of the last operation's "
                     f"output")
-    if input_shape is not None:
-        _check_shapes(desc, input_shape)
-
-
-def _check_shapes(desc: IntegerNetwork, input_shape) -> None:
-    """The shapes along every edge for one sample of ``input_shape``, found by running one
-    all-zero step through :class:`~snnquant.export.IntegerSNN`'s own layers."""
-    from .simulator import op_shapes
-
-    op_shapes(desc, input_shape)
