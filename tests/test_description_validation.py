@@ -13,6 +13,7 @@ from snnquant.export import (DescriptionError, IntegerNetwork, IntegerSNN, check
                              load_integer, save_integer, to_c, to_integer)
 from snnquant.export import files as export_files
 from snnquant.export.simulator import op_shapes
+from test_export_graph import _InputSkip   # sn(fc(x) + x): join shifts (0, 3)
 
 
 class _Branches(nn.Module):
@@ -32,21 +33,6 @@ class _Branches(nn.Module):
 
     def forward(self, x):
         return self.sn(self.a(x) + self.b(x))
-
-
-class _InputSkip(nn.Module):
-    """sn(fc(x) + x): the join shifts the input's grid 2^0 onto the current's 2^-3: (0, 3)."""
-
-    def __init__(self):
-        super().__init__()
-        torch.manual_seed(4)
-        self.fc = qnn.QuantLinear(8, 8, step_mode="m",
-                                  weight_quant=qnn.UniformQuantizer(8, step=2.0 ** -3),
-                                  bias_quant=qnn.UniformQuantizer(8, step=2.0 ** -3))
-        self.sn = qnn.QuantIFNode(v_quant=qnn.UniformQuantizer(8, step=2.0 ** -3), step_mode="m")
-
-    def forward(self, x):
-        return self.sn(self.fc(x) + x)
 
 
 def _edited(desc, index, **changes):
