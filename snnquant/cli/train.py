@@ -143,10 +143,9 @@ def parse_args(argv=None, prog=None):
         args.lr = default_lr(args.weight_bits, args.weight_quantizer)
     if not math.isfinite(args.lr) or args.lr <= 0:
         ap.error(f"--lr must be a finite number > 0, got {args.lr}")
-    if args.channels < 1 or args.workers < 0:
-        flag, value = ("--channels", args.channels) if args.channels < 1 else \
-            ("--workers", args.workers)
-        ap.error(f"{flag} must be >= {1 if flag == '--channels' else 0}, got {value}")
+    for flag, value, low in (("--channels", args.channels, 1), ("--workers", args.workers, 0)):
+        if value < low:
+            ap.error(f"{flag} must be >= {low}, got {value}")
     _check_tau(ap, args)
     _check_device(ap, args.device)
     if args.finetune_epochs is None:
