@@ -284,7 +284,7 @@ BAD_TRAIN_FLAGS = [
     (["--channels", "-1"], "--channels must be >= 1, got -1"),
     (["--workers", "-1"], "--workers must be >= 0, got -1"),
     (["--device", "cuda:7"], "--device cuda:7: this machine has"),
-    (["--device", "tpu"], "--device must be cpu, cuda or cuda:N, got 'tpu'"),
+    (["--device", "tpu"], "--device must be cpu, cuda, cuda:N or mps, got 'tpu'"),
 ]
 
 

@@ -183,18 +183,20 @@ def _check_tau(ap, args) -> None:
 
 
 def _check_device(ap, device: str) -> None:
-    """``--device``: a device PyTorch knows that exists here (``cpu``, ``cuda``, ``cuda:N``)."""
+    """``--device``: a device that exists here (``cpu``, ``cuda``, ``cuda:N``, ``mps``)."""
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
-        ap.error(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+        ap.error(f"--device must be cpu, cuda, cuda:N or mps, got {device!r}")
     if dev.type == "cuda":
         count = torch.cuda.device_count() if torch.cuda.is_available() else 0
         if count == 0 or (dev.index or 0) >= count:
             ap.error(f"--device {device}: this machine has {count} CUDA device(s)"
                      + (f" (cuda:0 to cuda:{count - 1})" if count else "; use --device cpu"))
-    elif dev.type != "cpu":
-        ap.error(f"--device must be cpu, cuda or cuda:N, got {device!r}")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        ap.error(f"--device {device}: this machine has no MPS device; use --device cpu")
+    elif dev.type not in ("cpu", "mps"):
+        ap.error(f"--device must be cpu, cuda, cuda:N or mps, got {device!r}")
 
 
 def ptq_network(args):
