@@ -163,6 +163,18 @@ def test_malformed_descriptions_give_named_errors_not_raw_ones(tmp_path, monkeyp
     bad = _edited(desc, 0, weight=fc.weight[:, :5].clone(), weight_packed=None)
     _refused_everywhere(bad, r"input_shape=\(8,\) does not fit operation 0 \('fc'\)",
                         tmp_path, monkeypatch, (8,), shapes_only=True)
+    # after a synapse, the features are known without an input shape: refused at load
+    two = to_integer(torch.nn.Sequential(
+        qnn.QuantLinear(8, 6, step_mode="m", weight_quant=qnn.UniformQuantizer(8, step=2.0 ** -3)),
+        qnn.QuantIFNode(v_quant=qnn.UniformQuantizer(8, step=2.0 ** -4), step_mode="m"),
+        qnn.QuantLinear(6, 4, step_mode="m", weight_quant=qnn.UniformQuantizer(8, step=2.0 ** -3)),
+        qnn.QuantIFNode(v_quant=qnn.UniformQuantizer(8, step=2.0 ** -4), step_mode="m")).eval(),
+        input_max=1)
+    wide = two.ops[2].weight.repeat(1, 2)
+    _refused_everywhere(_edited(two, 2, weight=wide, weight_packed=None),
+                        r"operation 2 \('2'\) has weight=<tensor of shape \(4, 12\)>: of shape "
+                        r"\(4, 12\) reads 12 features, the value it reads has 6",
+                        tmp_path, monkeypatch, (8,))
     # OverflowError before: a shift beyond int64
     shift = fc.shift.clone()
     shift[0] = 70

@@ -18,9 +18,10 @@ from the input to the output and checks, per operation:
 * what a join reads: ``'and'``/``'iand'`` join spikes (values in :math:`[0, 1]`);
 * the value bounds proven from the description (the same as the C runtime's): every value and
   every register of a neuron's step stays below :math:`2^{62}`, so int64 arithmetic is exact;
-* the shapes along every edge (a synapse's input channels or features, the operands of a join
-  have one shape) need one sample's input shape: :func:`~snnquant.export.simulator.op_shapes`
-  checks them, by every entry that has it.
+* the channels (features) along the edges where the description alone says them: a synapse
+  reads what the synapse before it writes, the operands of a join have the same; the whole
+  shapes need one sample's input shape: :func:`~snnquant.export.simulator.op_shapes` checks
+  them, in every entry that has it.
 
 Errors are :class:`DescriptionError` and name the operation's index and name, the field and the
 value: ``operation 3 ('sn1') has threshold=300: it must be in [v_min, v_max + 1] = [-128, 128]``.
@@ -48,9 +49,12 @@ _FRAC_LIMIT = 1022      # 2**-F must be a normal float64
 
 def _fail(i: int, op, field: str, value, why: str) -> DescriptionError:
     if isinstance(value, torch.Tensor):
-        value = value.tolist() if value.numel() <= 6 else f"<tensor of shape {tuple(value.shape)}>"
+        shown = repr(value.tolist()) if value.numel() <= 6 else \
+            f"<tensor of shape {tuple(value.shape)}>"
+    else:
+        shown = repr(value)
     where = "the network" if i is None else f"operation {i} ({op.name!r})"
-    return DescriptionError(f"{where} has {field}={value!r}: {why}")
+    return DescriptionError(f"{where} has {field}={shown}: {why}")
 
 
 def _is_int(v) -> bool:
@@ -240,6 +244,27 @@ def _check_bounds(i: int, op, field: str, bound: int, what: str) -> None:
                                                       f"arithmetic would overflow")
 
 
+def _channels_in(i: int, op: SynapseOp, layout) -> None:
+    """The channels (a convolution) or features (a linear layer) a synapse reads agree with
+    what the value it reads is known to have (``layout``: ``('first', C)`` for ``[C, ...]``,
+    ``('last', F)`` for ``[..., F]``, ``None`` when unknown without an input shape)."""
+    need = int(op.weight.shape[1]) * (op.groups if op.kind != "linear" else 1)
+    side = "last" if op.kind == "linear" else "first"
+    if layout is not None and layout[0] == side and layout[1] != need:
+        what = "features" if op.kind == "linear" else "channels"
+        raise _fail(i, op, "weight", op.weight, f"of shape {tuple(op.weight.shape)} reads {need} "
+                                                f"{what}, the value it reads has {layout[1]}")
+
+
+def _layout_after(op, layout):
+    """What is known of an operation's output channels or features without an input shape."""
+    if isinstance(op, SynapseOp):
+        return ("last" if op.kind == "linear" else "first", int(op.weight.shape[0]))
+    if isinstance(op, NeuronOp) or (isinstance(op, PoolOp) and op.dims == 2):
+        return layout
+    return None
+
+
 def check_network(desc: IntegerNetwork) -> None:
     """Check that ``desc`` agrees with itself (see the module documentation). The shapes along
     the edges, which need one sample's input shape, are checked by
@@ -260,6 +285,7 @@ def check_network(desc: IntegerNetwork) -> None:
         raise _fail(None, desc, "ops", [], "a network has at least one operation")
     fracs: Dict[int, int] = {NETWORK_INPUT: 0}
     ranges = {NETWORK_INPUT: (-desc.input_max, desc.input_max)}
+    layouts = {NETWORK_INPUT: None}
     last = len(desc.ops) - 1
     for i, op in enumerate(desc.ops):
         if not isinstance(op, (SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp)):
@@ -273,6 +299,7 @@ def check_network(desc: IntegerNetwork) -> None:
         frac, rng = fracs[src[0]], ranges[src[0]]
         if isinstance(op, SynapseOp):
             _check_synapse(i, op, frac)
+            _channels_in(i, op, layouts[src[0]])
             bound = synapse_bounds(op, SynapseRescale.of(op), rng)
             _check_bounds(i, op, "shift", bound.widest, "the current")
             frac, rng = op.out_frac_bits, bound.out_range
@@ -291,10 +318,17 @@ def check_network(desc: IntegerNetwork) -> None:
             _int(i, op, "end_dim", -64, 64)
         else:
             _check_join(i, op, fracs, ranges)
+            known = {layouts[j] for j in src} - {None}
+            if len(known) > 1:
+                raise _fail(i, op, "inputs", op.inputs, f"its operands have the channels or "
+                                                        f"features {[layouts[j] for j in src]}")
             operands = [ranges[j] for j in src]
             _check_bounds(i, op, "shifts", join_bound(op, operands), f"the {op.kind} join")
             frac, rng = op.out_frac_bits, join_range(op, operands)
         fracs[i], ranges[i] = frac, rng
+        # a join's operands have one shape: what one of them is known to have, its output has
+        layouts[i] = (next(iter(known), None) if isinstance(op, JoinOp)
+                      else _layout_after(op, layouts[src[0]]))
     if desc.output_kind == "current" and desc.output_frac_bits != fracs[last]:
         raise _fail(None, desc, "output_frac_bits", desc.output_frac_bits,
                     f"it must be {fracs[last]}, the fractional bits of the last operation's "
