@@ -25,7 +25,7 @@ import struct
 from typing import Callable, Union
 
 __all__ = ["atomic_write", "atomic_write_files", "host_name", "pid_alive",
-           "remove_stale_temporaries", "save_checkpoint", "load_checkpoint"]
+           "remove_stale_temporaries", "save_checkpoint", "load_checkpoint", "check_writable"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -44,6 +44,26 @@ def host_name() -> str:
 
 def _temporary_path(path: str) -> str:
     return f"{path}.tmp-{host_name()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def check_writable(folder: PathLike) -> None:
+    """Check that files can be created in ``folder`` (or, when it does not exist yet, in its
+    nearest existing parent, where it would be created) by creating and removing one empty
+    temporary file there: permission bits, read-only mounts and ``root`` are all answered by
+    the file system itself.
+
+    Raises:
+        OSError: the folder (or that parent) cannot be written; ``strerror`` says why.
+    """
+    target = os.path.abspath(os.fspath(folder))
+    while not os.path.exists(target) and os.path.dirname(target) != target:
+        target = os.path.dirname(target)
+    if not os.path.isdir(target):
+        raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), target)
+    probe = _temporary_path(os.path.join(target, ".snnquant-write-check"))
+    fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.close(fd)
+    os.remove(probe)
 
 
 def pid_alive(pid: int) -> bool:

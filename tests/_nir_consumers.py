@@ -10,7 +10,8 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
 from snnquant import QuantConfig, quantize_model
-from snnquant.export import NeuronOp, simulate_nir, to_integer, widen_membrane_range
+from snnquant.export import (NeuronOp, shift_flatten_dims, simulate_nir, to_integer,
+                             widen_membrane_range)
 
 ARCHS = ("dense", "mlp", "conv", "conv_pool")
 CONSUMERS = ("spikingjelly", "snntorch", "norse")
@@ -121,18 +122,6 @@ def saturation_free(graph, x):
 def nir_exact_layers(desc):
     """Whether every neuron layer is an IF whose currents lie on its membrane grid (grid_shift 0)."""
     return all(op.kind == "if" and op.grid_shift == 0 for op in desc.ops if isinstance(op, NeuronOp))
-
-
-def shift_flatten_dims(module):
-    """The documented workaround for importers that pass NIR's per-sample Flatten dims straight to
-    ``torch.nn.Flatten`` (snnTorch 1.0, Norse 1.1): shift them past the batch dimension."""
-    for m in module.modules():
-        if isinstance(m, nn.Flatten):
-            if m.start_dim >= 0:
-                m.start_dim += 1
-            if m.end_dim >= 0:
-                m.end_dim += 1
-    return module
 
 
 def run_spikingjelly(graph, x, dt, shift_flatten=False):

@@ -100,10 +100,14 @@ def test_run_json_lists_every_file_with_its_sha256(run_folder):
     assert 0 <= manifest["result"]["test_acc"] <= 1
 
 
-def test_a_second_run_on_a_used_folder_is_refused_and_changes_nothing(env, run_folder):
+def test_a_second_run_on_a_used_folder_is_refused_and_changes_nothing(env, run_folder, tmp_path):
+    from snnquant import save_checkpoint
+    from snnquant.cli.train import build_csnn
+    full_precision = tmp_path / "fp.pt"     # a model --ptq takes (the run's own is quantized)
+    save_checkpoint(build_csnn(4, 2.0).state_dict(), full_precision)
     before = {p: sha256(p) for p in run_folder.rglob("*") if p.is_file()}
     for args in (["--epochs", "1", "--weight-bits", "0", "--v-bits", "0"],
-                 ["--weight-bits", "4", "--ptq", run_folder / "model.pt"]):
+                 ["--weight-bits", "4", "--ptq", full_precision]):
         line = one_error_line(snnquant(env, "train", *TINY, "--out", run_folder, *args))
         assert f"--out {run_folder} is not empty" in line and "snnquant train" in line, line
         assert "--resume" in line
@@ -266,7 +270,8 @@ def test_the_issue_commands_on_one_folder(env, tmp_path):
     second = example("--epochs", "2", "--weight-bits", "0", "--v-bits", "0")
     assert "not empty" in one_error_line(second)
     third = example("--weight-bits", "4", "--ptq", out / "model.pt")
-    assert "not empty" in one_error_line(third)
+    # refused as a flag before the folder is looked at (issue 35: the run's model is quantized)
+    assert "is not the full-precision model" in one_error_line(third)
     for name, entry in manifest["files"].items():
         assert sha256(out / name) == entry["sha256"], name
 
@@ -291,3 +296,93 @@ def test_train_deploys_the_trained_network_without_fine_tuning(env, tmp_path):
                    "--no-fold-bn-training", "--out", old)
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "warning: fold_batchnorm changed the network: layer '0'" in res.stdout
+
+
+# issue 35 §3: every bad value is one line and exit 2, before anything is written
+BAD_TRAIN_FLAGS = [
+    (["--lr", "nan"], "--lr must be a finite number > 0, got nan"),
+    (["--lr", "inf"], "--lr must be a finite number > 0, got inf"),
+    (["--tau", "0"], "--tau must be a finite number > 1 (the LIF time constant), got 0.0"),
+    (["--tau", "-2"], "--tau must be a finite number > 1 (the LIF time constant), got -2.0"),
+    (["--tau", "1.0"], "--tau must be a finite number > 1 (the LIF time constant), got 1.0"),
+    (["--tau", "3"], "--tau must be a power of two (2, 4, 8, ...) for the run's integer export, "
+                     "got 3.0"),
+    (["--channels", "0"], "--channels must be >= 1, got 0"),
+    (["--channels", "-1"], "--channels must be >= 1, got -1"),
+    (["--workers", "-1"], "--workers must be >= 0, got -1"),
+    (["--device", "cuda:7"], "--device cuda:7: this machine has"),
+    (["--device", "tpu"], "--device must be cpu, cuda, cuda:N or mps, got 'tpu'"),
+]
+
+
+@pytest.mark.parametrize("flags, words", BAD_TRAIN_FLAGS, ids=[" ".join(f) for f, _ in BAD_TRAIN_FLAGS])
+def test_train_bad_values_exit_2_with_one_line_before_anything_is_written(env, tmp_path, flags,
+                                                                         words):
+    if flags == ["--device", "cuda:7"] and torch.cuda.device_count() > 7:
+        pytest.skip("this machine has a cuda:7")
+    out = tmp_path / "o"
+    line = one_error_line(snnquant(env, "train", *TINY, *flags, "--out", out))
+    assert words in line, line
+    assert not out.exists()
+
+
+def test_train_tau_3_trains_without_the_integer_export(env, tmp_path):
+    out = tmp_path / "o"
+    res = snnquant(env, "train", *TINY, "--epochs", "1", "--tau", "3", "--no-integer-check",
+                   "--out", out)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert (out / "run.json").is_file()
+
+
+def test_ptq_of_a_quantized_or_other_model_is_refused_before_anything_is_written(
+        env, run_folder, tmp_path):
+    from snnquant import save_checkpoint
+    from snnquant.cli.train import build_csnn
+    out = tmp_path / "o"
+    line = one_error_line(snnquant(env, "train", *TINY, "--ptq", run_folder / "model.pt",
+                                   "--out", out))
+    assert f"--ptq {run_folder / 'model.pt'} is not the full-precision model" in line, line
+    assert "--channels 4" in line and not out.exists()
+    wide = tmp_path / "wide.pt"
+    save_checkpoint(build_csnn(8, 2.0).state_dict(), wide)
+    line = one_error_line(snnquant(env, "train", *TINY, "--ptq", wide, "--out", out))
+    assert f"--ptq {wide} is not the full-precision model" in line and "size mismatch" in line
+    assert not out.exists()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/sys"), reason="needs Linux's /proc/sys")
+def test_an_out_folder_that_cannot_be_written_is_refused(env, run_folder, tmp_path):
+    """/proc/sys exists and refuses new files, also to root (chmod does not bind root)."""
+    line = one_error_line(snnquant(env, "train", *TINY, "--out", "/proc/sys"))
+    assert line.startswith("snnquant train: error: --out /proc/sys: cannot use this folder"), line
+    line = one_error_line(snnquant(env, "export", run_folder, "--to", "int", "--out",
+                                   "/proc/sys/snnquant_export"))
+    assert "--out /proc/sys/snnquant_export: cannot write there" in line, line
+
+
+def test_export_checks_name_and_shape_before_creating_out(env, run_folder, tmp_path):
+    cases = [(["--to", "c", "--name", "stdint"], "--name must not be a standard C or POSIX header "
+                                                 "name, got 'stdint'"),
+             (["--to", "c", "--name", "int"], "--name must not be a C keyword"),
+             (["--to", "c", "--input-shape", "2,20,20"], "--input-shape 2,20,20: input_shape="
+                                                         "(2, 20, 20) does not fit operation"),
+             (["--to", "nir", "--input-shape", "3,34,34"], "--input-shape 3,34,34: input_shape="
+                                                          "(3, 34, 34) does not fit operation 0")]
+    for extra, words in cases:
+        out = tmp_path / "e"
+        line = one_error_line(snnquant(env, "export", run_folder, "--out", out, *extra))
+        assert words in line, (extra, line)
+        assert not out.exists(), extra
+
+
+def test_progress_in_a_redirected_log_is_one_line_per_epoch(env, tmp_path):
+    """Issue 35 §6: progress bars wrote a carriage-return line per batch into a redirected log;
+    without a terminal each epoch (and each fine-tuning or evaluation pass) is one line."""
+    res = snnquant(env, "train", *TINY, "--epochs", "2", "--finetune-epochs", "1", "--out",
+                   tmp_path / "o")
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "\r" not in res.stdout and "\r" not in res.stderr
+    lines = res.stdout.splitlines()
+    assert sum(line.startswith("epoch ") for line in lines) == 2, res.stdout
+    assert sum(line.startswith("fine-tune folded: loss ") for line in lines) == 1, res.stdout
+    assert "it/s" not in res.stdout + res.stderr

@@ -442,7 +442,7 @@ def test_arguments_are_checked(tmp_path):
     for bad in ("1net", "my-net", "int", "", None):
         with pytest.raises(ValueError, match="name must"):
             to_c(desc, tmp_path, bad)
-    with pytest.raises(ValueError, match=r"input_shape=\(13,\) does not fit layer '0'"):
+    with pytest.raises(ValueError, match=r"input_shape=\(13,\) does not fit operation 0 \('0'\)"):
         to_c(desc, tmp_path, input_shape=(13,))
     with pytest.raises(ValueError, match="input_shape must be"):
         to_c(desc, tmp_path, input_shape=(0,))
@@ -455,10 +455,51 @@ def test_arguments_are_checked(tmp_path):
     assert not list(tmp_path.glob("snn.*"))
 
 
+@pytest.mark.parametrize("name", ["stdint", "string", "math", "String", "STDIO", "unistd",
+                                  "pthread", "time"])
+def test_a_name_that_would_hide_a_system_header_is_refused(tmp_path, name):
+    """Issue 35 §4: ``to_c(..., name='stdint')`` wrote ``stdint.h``, which hides the system
+    header under ``-I<dir>`` (``unknown type name 'uint8_t'``), also for case-insensitive file
+    systems."""
+    from snnquant.export.c_runtime import C_HEADER_NAMES, check_c_name
+    with pytest.raises(ValueError, match=rf"name must not be a standard C or POSIX header name, "
+                                         rf"got '{name}'"):
+        to_c(_mlp_desc(), tmp_path, name)
+    assert not list(tmp_path.iterdir())
+    assert name.lower() in C_HEADER_NAMES
+    assert check_c_name("stdint_snn") == "stdint_snn" and check_c_name("snn") == "snn"
+
+
+def test_a_large_c_model_says_its_size_before_it_is_written(tmp_path, monkeypatch):
+    """Issue 35 §6: a 60.8 MB source was written without a word; above C_SIZE_NOTICE_BYTES
+    to_c says how much it writes, and where, before writing."""
+    import warnings
+
+    from snnquant.export import c_runtime
+    desc = _mlp_desc()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", c_runtime.LargeCSourceWarning)
+        to_c(desc, tmp_path / "small")          # below the threshold: silent
+    assert c_runtime.C_SIZE_NOTICE_BYTES == 16 << 20
+    monkeypatch.setattr(c_runtime, "C_SIZE_NOTICE_BYTES", 1000)
+    out = tmp_path / "large"
+    with pytest.warns(c_runtime.LargeCSourceWarning, match=r"to_c is writing \d+\.\d MiB of C "
+                                                         r"\(snn\.h and snn\.c, \d+ bytes of "
+                                                         r"constant data\) into .*large") as info:
+        to_c(desc, out)
+    assert (out / "snn.c").stat().st_size + (out / "snn.h").stat().st_size > 1000
+    assert str(out) in str(info[0].message)
+    with warnings.catch_warnings():   # said before anything is written
+        warnings.simplefilter("error", c_runtime.LargeCSourceWarning)
+        with pytest.raises(c_runtime.LargeCSourceWarning):
+            to_c(desc, tmp_path / "never")
+    assert not (tmp_path / "never").exists()
+
+
 def test_overflowing_bounds_are_refused(tmp_path):
     desc = _mlp_desc()
     desc.layer("0").shift[:] = 61
-    with pytest.raises(ExportError, match=r"layer '0'.*overflow int64"):
+    with pytest.raises(ExportError, match=r"operation 0 \('0'\) has shift=.*overflow"):
         to_c(desc, tmp_path)
     desc = _mlp_desc()
     desc.input_max = 1 << 31
@@ -466,7 +507,8 @@ def test_overflowing_bounds_are_refused(tmp_path):
         to_c(desc, tmp_path)
     desc = _mlp_desc()
     desc.layer("1").grid_shift = 60
-    with pytest.raises(ExportError, match=r"layer '1'.*overflow int64"):
+    with pytest.raises(ExportError, match=r"operation 1 \('1'\) has grid_shift=60: it must be "
+                                          r"grid_frac_bits \+ log2\(membrane_scale\)"):
         to_c(desc, tmp_path)
 
 

@@ -15,7 +15,8 @@ from conftest import neuron_outputs
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import IntegerSNN, PoolOp, c_memory, to_c, to_integer
 from test_export_c import DRIVER, STRICT, assert_same, build, compiler
-from test_export_graph import ZOO, _active, _deployable, _InputSkip, _TwoBranches
+from test_export_graph import (ZOO, _active, _deployable, _InputSkip, _JoinedWithItself,
+                               _TwoBranches)
 
 #: Channel counts of 64 and more are divided by this in the C test's copies of the ResNets and
 #: VGG (see :func:`_narrow`): weights / 16.
@@ -132,6 +133,15 @@ def test_handmade_residual_graph_in_c(tmp_path):
     assert skip.layer("add").inputs == (0, -1)
     x = torch.randint(0, 4, (6, 3, 8), generator=torch.Generator().manual_seed(2))
     _assert_c_equals_integer_snn(skip, (8,), x, tmp_path / "skip")
+
+
+def test_join_reading_one_value_twice_in_c(tmp_path):
+    """Issue 35 §2: c = fc(x); sn(c + c): the C model and IntegerSNN (which raised KeyError)
+    give the same spikes."""
+    desc = to_integer(_JoinedWithItself().eval(), input_max=1)
+    x = (torch.rand(16, 5, 8, generator=torch.Generator().manual_seed(0)) > 0.5).long()
+    assert int(IntegerSNN(desc)(x).sum()) > 0
+    _assert_c_equals_integer_snn(desc, (8,), x, tmp_path / "twice")
 
 
 def test_adaptive_pool_and_voting_layer_in_c(tmp_path):

@@ -257,12 +257,13 @@ def test_to_c_refuses_only_joins_it_cannot_bound(tmp_path):
     index = desc.ops.index(desc.layer("add"))
     wide = dataclasses.replace(desc.ops[index], shifts=(60, 56), out_frac_bits=62)
     desc.ops[index] = wide
-    with pytest.raises(ExportError, match=r"layer 'add': the add join is bounded only by \d+ "
-                                          r"\(shifts \[60, 56\]\).*would overflow int64"):
+    with pytest.raises(ExportError, match=r"operation 2 \('add'\) has shifts=\(60, 56\): the "
+                                          r"add join is bounded only by \d+.*would overflow"):
         to_c(desc, tmp_path, input_shape=(8,))
     desc.ops[index] = dataclasses.replace(wide, kind="and", shifts=(0, 0), out_frac_bits=0)
-    with pytest.raises(ExportError, match=r"layer 'add': the and join reads values in "
-                                          r"\[-\d+, \d+\], not spikes"):
+    with pytest.raises(ExportError, match=r"operation 2 \('add'\) has kind='and': it joins "
+                                          r"spikes \(0/1\), but operand 0 holds values in "
+                                          r"\[-\d+, \d+\]"):
         c_memory(desc, input_shape=(8,))
     assert not list(tmp_path.iterdir())  # nothing written
 
@@ -296,3 +297,35 @@ def test_join_with_the_network_input_needs_input_max():
         y = model(x)
     assert y.sum() > 0
     assert torch.equal(IntegerSNN(desc)(x.long()).float(), y)
+
+
+class _JoinedWithItself(nn.Module):
+    """c = fc(x); sn(c + c): one value read twice by one join (issue 35 §2)."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(3)
+        self.fc = qnn.QuantLinear(8, 6, bias=False, step_mode="m",
+                                  weight_quant=qnn.UniformQuantizer(8, step=2.0 ** -3))
+        self.sn = qnn.QuantIFNode(v_quant=qnn.UniformQuantizer(8, step=2.0 ** -4), step_mode="m")
+        with torch.no_grad():
+            self.fc.weight.uniform_(-0.3, 0.6)
+
+    def forward(self, x):
+        c = self.fc(x)
+        return self.sn(c + c)
+
+
+@pytest.mark.parametrize("arithmetic", ["integer", "auto"])
+def test_join_reading_one_value_twice_runs_in_the_simulator(arithmetic):
+    from snnquant.export import integer_agreement
+    model = _JoinedWithItself().eval()
+    desc = to_integer(model, input_max=1)
+    assert desc.layer("add").inputs == (0, 0)
+    x = (torch.rand(16, 5, 8, generator=torch.Generator().manual_seed(0)) > 0.5).float()
+    sjf.reset_net(model)
+    with torch.no_grad():
+        y = model(x)
+    assert y.sum() > 0
+    assert torch.equal(IntegerSNN(desc, synapse_arithmetic=arithmetic)(x.long()).float(), y)
+    assert integer_agreement(model, x, desc) == 1.0

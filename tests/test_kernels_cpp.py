@@ -12,6 +12,7 @@ There is no skip: without a C++ compiler these tests fail, in CI as anywhere.
 import itertools
 import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -639,3 +640,46 @@ def test_a_copied_neuron_resolves_its_backend_where_it_runs(monkeypatch):
     for copied in (copy.deepcopy(node), torch.load(io.BytesIO(buffer.getvalue()),
                                                    weights_only=False)):
         assert type(copied(x).grad_fn).__name__ == "QuantNeuronFunctionBackward"
+
+
+def test_library_that_does_not_load_is_rebuilt_once_then_named(tmp_path, monkeypatch):
+    """Issue 35 §6: a library replaced together with its .sha256 (so it looks intact) gave raw
+    loader errors (invalid ELF header, undefined symbol); it is rebuilt once, and a second
+    failure is a KernelCacheError naming the file."""
+    import hashlib
+
+    from snnquant.kernels._fused import KernelCache
+    monkeypatch.setenv("SNNQUANT_CACHE_DIR", str(tmp_path))
+    config = _lif_config()
+    path = cpp_backend.build_library(config)
+    assert path.parent == tmp_path
+    good = path.read_bytes()
+    other = tmp_path / "other.so"
+    subprocess.run([cpp_backend.cpp_compiler(), "-shared", "-fPIC", "-x", "c++", "-", "-o",
+                    str(other)], input="extern \"C\" int unrelated(void) { return 1; }",
+                   text=True, check=True)
+
+    def plant(data):   # a new file (never rewrite a mapped library in place: SIGBUS)
+        (tmp_path / "planted").write_bytes(data)
+        os.replace(tmp_path / "planted", path)
+        cpp_backend._checksum_path(path).write_text(hashlib.sha256(data).hexdigest() + "\n")
+        assert cpp_backend.library_is_intact(path)
+
+    for foreign in (b"not a library at all" * 50, other.read_bytes()):
+        plant(foreign)
+        library = cpp_backend.CppLauncher(KernelCache()).library(config)
+        assert path.read_bytes() == good and cpp_backend.library_is_intact(path)
+        assert hasattr(library._lib, "snq_cpu_forward")
+        cpp_backend._close(library._lib)  # as a new process finds it: not loaded yet
+    # a build that keeps producing something that does not load: named, not a raw OSError
+    real = cpp_backend.compile_into_cache
+
+    def broken(target, *args, **kwargs):
+        real(target, *args, **kwargs)
+        plant(b"still not a library" * 50)
+        return target
+    monkeypatch.setattr(cpp_backend, "compile_into_cache", broken)
+    with pytest.raises(cpp_backend.KernelCacheError,
+                       match=rf"the cached library {re.escape(str(path))} does not load even "
+                             rf"after it was rebuilt \(.*\); remove it, or set SNNQUANT_CACHE_DIR"):
+        cpp_backend.CppLauncher(KernelCache()).library(config)

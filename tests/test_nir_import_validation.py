@@ -186,3 +186,53 @@ def test_edited_file_still_round_trips_when_valid(tmp_path):
     back = from_nir(path)
     x = torch.randint(0, 2, (6, 4) + tuple(shape))
     assert torch.equal(IntegerSNN(back)(x), IntegerSNN(desc)(x))
+
+
+def test_many_compressed_datasets_are_bounded_in_total(tmp_path):
+    """Issue 35 §5: twelve gzip datasets of 2^26 float64 each (a small file) passed the per-array
+    check and allocated 6 GiB; the total is bounded (nir_import.MAX_BYTES, max_bytes=)."""
+    from snnquant.export import nir_import
+    graph, _, _ = _graph()
+    path = tmp_path / "many.nir"
+    nir.write(path, graph)
+    with h5py.File(path, "r+") as f:
+        for i in range(12):
+            f.create_dataset(f"node/nodes/0/metadata/extra{i}", shape=(nir_import.MAX_ELEMENTS,),
+                             dtype="f8", chunks=(1 << 16,), compression="gzip")
+    assert path.stat().st_size < 1 << 20
+    start = time.monotonic()
+    with pytest.raises(NIRImportError, match=r"hold \d+ elements \(\d+ bytes as 64-bit values\), "
+                                             r"more than max_bytes=1073741824.*max_bytes="):
+        from_nir(path)
+    assert time.monotonic() - start < 5
+    small = tmp_path / "small.nir"
+    nir.write(small, graph)
+    with pytest.raises(NIRImportError, match=r"more than max_bytes=1000 "):
+        from_nir(small, max_bytes=1000)
+    assert from_nir(small, max_bytes=1 << 20).ops       # raised enough: read
+    with pytest.raises(ValueError, match=r"max_bytes must be an int >= 1, got 0"):
+        from_nir(small, max_bytes=0)
+
+
+@pytest.mark.parametrize("link", ["external", "soft"])
+def test_links_are_refused_not_followed(tmp_path, link):
+    """Issue 35 §5: an HDF5 external link to a 2^30-element dataset in another file was not seen
+    by the pre-scan and allocated 8 GiB."""
+    graph, _, _ = _graph()
+    other = tmp_path / "other.h5"
+    with h5py.File(other, "w") as f:
+        f.create_dataset("big", shape=(1 << 30,), dtype="f8", chunks=(1 << 16,),
+                         compression="gzip")
+    path = tmp_path / "linked.nir"
+    nir.write(path, graph)
+    with h5py.File(path, "r+") as f:
+        del f["node/nodes/0/weight"]
+        if link == "external":
+            f["node/nodes/0/weight"] = h5py.ExternalLink(str(other), "big")
+        else:
+            f.create_dataset("node/nodes/0/metadata/big", shape=(1 << 20,), dtype="f8")
+            f["node/nodes/0/weight"] = h5py.SoftLink("/node/nodes/0/metadata/big")
+    start = time.monotonic()
+    with pytest.raises(NIRImportError, match=rf"'node/nodes/0/weight' is an? {link} link to"):
+        from_nir(path)
+    assert time.monotonic() - start < 5

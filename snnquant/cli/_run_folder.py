@@ -67,12 +67,16 @@ class RunFolder:
         and a resumed one finds only a run's files.
 
         Raises:
-            RunFolderError: ``path`` is a file, another process holds the folder, a new run
-                finds files, or a resumed run finds files no run writes.
+            RunFolderError: ``path`` is a file or cannot be written (nothing is created then),
+                another process holds the folder, a new run finds files, or a resumed run
+                finds files no run writes.
         """
+        from snnquant._io import check_writable
+
         if self.path.exists() and not self.path.is_dir():
             raise RunFolderError(f"--out {self.path} is a file, not a folder: give a folder")
         try:
+            check_writable(self.path)   # before anything is created or written
             self.path.mkdir(parents=True, exist_ok=True)
             self._lock()
         except OSError as exc:

@@ -143,20 +143,49 @@ def summary_command(ns) -> None:
         print(f"C model: ROM {mem.rom_bytes} bytes, RAM {mem.ram_bytes} bytes")
 
 
-def export_command(ns) -> None:
-    """Write the formats ``ns.to`` of ``ns.model`` into ``ns.out`` (the ``export`` subcommand)."""
-    import re
+def _check_export(ns, desc, shape, out: Path) -> None:
+    """Everything ``export`` can check before it writes: the name, the shapes of every format
+    asked for, and that ``--out`` can be written."""
+    from snnquant._io import check_writable
+    from snnquant.export import c_memory
+    from snnquant.export.c_runtime import check_c_name
+    from snnquant.export.simulator import op_shapes
 
+    try:
+        check_c_name(ns.name)
+    except ValueError as exc:
+        raise ModelFileError(f"--{exc}") from None   # "--name must be ..., got '...'"
+    if "nir" in ns.to and shape is None:
+        raise ModelFileError("--to nir needs --input-shape (the per-sample shape of one time "
+                             "step)")
+    try:
+        if "c" in ns.to:
+            c_memory(desc, shape)
+        elif shape is not None:
+            op_shapes(desc, shape)
+    except ValueError as exc:
+        given = f"--input-shape {ns.input_shape}" if ns.input_shape else \
+            f"{ns.model} (give --input-shape)" if shape is None else \
+            f"the run's input shape {','.join(map(str, shape))} (give --input-shape)"
+        raise ModelFileError(f"{given}: {exc}") from None
+    if out.exists() and not out.is_dir():
+        raise ModelFileError(f"--out {out} is a file, not a folder")
+    try:
+        check_writable(out)
+    except OSError as exc:
+        raise ModelFileError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+
+
+def export_command(ns) -> None:
+    """Write the formats ``ns.to`` of ``ns.model`` into ``ns.out`` (the ``export`` subcommand);
+    every argument is checked before ``--out`` is created."""
     from snnquant.export import save_integer, to_c, to_nir
 
-    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", ns.name):
-        raise ModelFileError(f"--name must be a C identifier (letters, digits, _), got {ns.name!r}")
     path, model, config = _open(ns.model)
     shape = _input_shape(ns.input_shape, config)
     desc = load_integer_model(path, model)
     out = Path(ns.out)
-    if out.exists() and not out.is_dir():
-        raise ModelFileError(f"--out {out} is a file, not a folder")
+    _check_export(ns, desc, shape, out)
     out.mkdir(parents=True, exist_ok=True)
     try:
         for fmt in dict.fromkeys(ns.to):
@@ -167,9 +196,6 @@ def export_command(ns) -> None:
                 header, source = to_c(desc, out, ns.name, input_shape=shape)
                 print(f"C model: {header}, {source}")
             else:
-                if shape is None:
-                    raise ModelFileError("--to nir needs --input-shape (the per-sample shape of "
-                                         "one time step)")
                 to_nir(desc, shape, path=out / f"{ns.name}.nir")
                 print(f"NIR graph: {out / (ns.name + '.nir')}")
     except ValueError as exc:

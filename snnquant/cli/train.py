@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import sys
@@ -151,8 +152,13 @@ def parse_args(argv=None, prog=None):
             ap.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.lr is None:
         args.lr = default_lr(args.weight_bits, args.weight_quantizer)
-    if args.lr <= 0:
-        ap.error(f"--lr must be > 0, got {args.lr}")
+    if not math.isfinite(args.lr) or args.lr <= 0:
+        ap.error(f"--lr must be a finite number > 0, got {args.lr}")
+    for flag, value, low in (("--channels", args.channels, 1), ("--workers", args.workers, 0)):
+        if value < low:
+            ap.error(f"{flag} must be >= {low}, got {value}")
+    _check_tau(ap, args)
+    _check_device(ap, args.device)
     if args.freeze_bn_epochs is None:
         args.freeze_bn_epochs = args.epochs // 4
     if not 0 <= args.freeze_bn_epochs <= args.epochs:
@@ -168,7 +174,69 @@ def parse_args(argv=None, prog=None):
                  "run --ptq again into an empty --out")
     if args.ptq and not Path(args.ptq).is_file():
         ap.error(f"--ptq: no checkpoint file at {args.ptq}")
+    if args.ptq:
+        try:
+            ptq_network(args)
+        except ValueError as exc:
+            ap.error(str(exc))
     return args
+
+
+def _check_tau(ap, args) -> None:
+    """``--tau``: > 1 (SpikingJelly's LIF), and a power of two when the run ends in the integer
+    export (which writes the leak as a right shift), refused before any training."""
+    tau = args.tau
+    if not math.isfinite(tau) or tau <= 1:
+        ap.error(f"--tau must be a finite number > 1 (the LIF time constant), got {tau}")
+    exports = (not args.no_integer_check and args.weight_bits != 0 and args.v_bits != 0
+               and args.membrane_quantizer == "uniform"   # what deploy_check and run_ptq export
+               and args.weight_quantizer in ("lsq_pow2", "quantized_bits"))
+    if exports and math.frexp(tau)[0] != 0.5:
+        ap.error(f"--tau must be a power of two (2, 4, 8, ...) for the run's integer export, "
+                 f"got {tau}: pick one, or pass --no-integer-check to train without the export")
+
+
+def _check_device(ap, device: str) -> None:
+    """``--device``: a device that exists here (``cpu``, ``cuda``, ``cuda:N``, ``mps``)."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        ap.error(f"--device must be cpu, cuda, cuda:N or mps, got {device!r}")
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0 or (dev.index or 0) >= count:
+            ap.error(f"--device {device}: this machine has {count} CUDA device(s)"
+                     + (f" (cuda:0 to cuda:{count - 1})" if count else "; use --device cpu"))
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        ap.error(f"--device {device}: this machine has no MPS device; use --device cpu")
+    elif dev.type not in ("cpu", "mps"):
+        ap.error(f"--device must be cpu, cuda, cuda:N or mps, got {device!r}")
+
+
+def ptq_network(args):
+    """``--ptq``: the full-precision network of the flags with the checkpoint's weights loaded.
+
+    Raises:
+        ValueError: one line naming ``--ptq``, the file and why (unreadable, damaged, quantized,
+            or a network of other flags such as ``--channels``).
+    """
+    import snnquant
+
+    try:  # checksum verified, no pickle
+        state = snnquant.load_checkpoint(args.ptq, map_location="cpu")
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--ptq {args.ptq}: {exc}") from None
+    state = state.get("model", state) if isinstance(state.get("model"), dict) else state
+    net = build_network(args)
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as exc:
+        why = str(exc).strip().splitlines()
+        detail = " ".join(line.strip() for line in why[1:3])
+        raise ValueError(f"--ptq {args.ptq} is not the full-precision model (a --weight-bits 0 "
+                         f"--v-bits 0 run) of this network (--dataset {args.dataset}, --channels "
+                         f"{args.channels}): {detail}") from None
+    return net
 
 
 # --------------------------------------------------------------------------------------------------
@@ -350,7 +418,11 @@ def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, 
     use_amp = args.amp
     amp_dtype = torch.float16 if device.type == "cuda" else torch.bfloat16
     desc = label or f"epoch {epoch + 1}/{args.epochs} {'train' if train else 'test '}"
-    for frames, label in tqdm(loader, desc=desc, disable=rank != 0, leave=False, file=sys.stdout):
+    # a bar redraws itself with a carriage return per batch: in a terminal only; a redirected
+    # log gets one line per epoch (the caller's, or this pass's own below)
+    bar = rank == 0 and sys.stdout.isatty()
+    phase = label
+    for frames, label in tqdm(loader, desc=desc, disable=not bar, leave=False, file=sys.stdout):
         x = frames.to(device, non_blocking=True).float().transpose(0, 1)  # [T, N, 2, 34, 34]
         y = label.to(device, non_blocking=True)
         with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp_dtype,
@@ -372,6 +444,8 @@ def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, 
         count += y.numel()
     if reduce:
         total_loss, correct, count = all_sum([total_loss, correct, count], device)
+    if phase and rank == 0 and not bar:
+        print(f"{phase}: loss {total_loss / count:.4f} acc {correct / count:.4f}", flush=True)
     return total_loss / count, correct / count
 
 
@@ -528,13 +602,10 @@ def run_ptq(args, train_set, test_set, device, out: Path):
     import snnquant
     from snnquant.export import fold_batchnorm, integer_agreement, save_integer, to_integer
 
-    try:  # checksum verified, no pickle
-        state = snnquant.load_checkpoint(args.ptq, map_location="cpu")
-    except (OSError, ValueError) as exc:
-        raise SystemExit(f"--ptq: {exc}") from None
-    state = state.get("model", state) if isinstance(state.get("model"), dict) else state
-    net = build_network(args)
-    net.load_state_dict(state)
+    try:
+        net = ptq_network(args)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
     net = fold_batchnorm(net.eval()).to(device)
     train_loader, test_loader = make_loaders(train_set, test_set, args, 0, 1, 0)
     _, fp_acc = run_epoch(net, test_loader, None, None, args, device, False, 0, 0,

@@ -1,19 +1,22 @@
 r"""Integer export: run a quantization-aware-trained spiking network in integers, exactly.
 
 * :func:`fold_batchnorm`: fold BatchNorm into the preceding quantized layer;
-* :func:`to_integer`: the integer network description (:class:`IntegerNetwork`);
+* :func:`to_integer`: the integer network description (:class:`IntegerNetwork`), checked by
+  :func:`check_network` in every consumer (:class:`DescriptionError`);
 * :class:`IntegerSNN`: exact integer simulator of a description;
 * :func:`compare_integer` / :func:`integer_agreement`: spike-by-spike comparison with the float model;
 * :func:`save_integer` / :func:`load_integer`: one safetensors file, no pickle;
 * :func:`to_nir` / :func:`from_nir`: the Neuromorphic Intermediate Representation and back
   (``pip install snnquant[export]``); :func:`simulate_nir` runs a graph by NIR's equations.
+* :func:`shift_flatten_dims`, :func:`narrow_registers`: what NIR consumers need (the Flatten
+  fix-up of snnTorch and Norse; membrane registers narrower than a grid, as Lava's);
 * :func:`saturation_report`: per layer, how often membranes sit at ``v_min`` / ``v_max``;
   :func:`widen_membrane_range` gives them headroom;
 * :func:`to_c`: a bit-exact, portable C99 model of the integer network (``<name>.h``/``.c``).
 """
 
-from .description import (FORMAT_VERSION, NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork,
-                          JoinOp, NeuronOp, PoolOp, SynapseOp, check_input_shape)
+from .description import (FORMAT_VERSION, NETWORK_INPUT, DescriptionError, ExportError, FlattenOp,
+                          IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_input_shape)
 from .integer_ops import pack_int, round_half_even_shift, unpack_int
 from .exporter import to_integer
 from .simulator import IntegerSNN
@@ -25,6 +28,8 @@ from .saturation import (LayerSaturation, SaturationReport, SaturationWarning,
                          nir_out_of_bounds, saturation_report, widen_membrane_range)
 from .nir_import import NIRImportError, from_nir, simulate_nir
 from .c_runtime import CMemory, c_memory, to_c
+from .validation import check_network
+from .nir_consumers import ConsumerRegisterWarning, narrow_registers, shift_flatten_dims
 
 __all__ = [
     "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",
@@ -35,6 +40,6 @@ __all__ = [
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
     "c_memory", "CMemory", "saturation_report", "SaturationReport", "LayerSaturation",
     "SaturationWarning", "widen_membrane_range", "FoldWarning", "FoldReport", "FoldedLayer",
-    "check_input_shape",
-    "nir_out_of_bounds",
+    "check_input_shape", "nir_out_of_bounds", "DescriptionError", "check_network",
+    "shift_flatten_dims", "narrow_registers", "ConsumerRegisterWarning",
 ]

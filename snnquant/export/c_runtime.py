@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple, Union
@@ -48,10 +49,13 @@ from .program import (SynapseRescale, adaptive_windows, c_literal, c_rhe_helper,
                       join_range, neuron_program, pool_range, synapse_bounds)
 from .simulator import op_shapes
 
-__all__ = ["to_c", "c_memory", "CMemory"]
+__all__ = ["to_c", "c_memory", "CMemory", "check_c_name", "C_HEADER_NAMES",
+           "C_SIZE_NOTICE_BYTES", "LargeCSourceWarning"]
 
 #: Largest magnitude any intermediate may reach (bits): int64 with a margin, no overflow.
 _LIMIT_BITS = 62
+#: Elements of a weight tensor formatted at a time (a 16 x 4096 block of the C text).
+_CONST_BLOCK = 1 << 16
 
 _C_KEYWORDS = {
     "auto", "break", "case", "char", "const", "continue", "default", "do", "double", "else",
@@ -118,13 +122,43 @@ class CMemory:
 # ------------------------------------------------------------------------------------------------
 # validation and shapes
 
-def _check_name(name) -> str:
+#: The standard headers of C (C89 to C23) and POSIX (issue 8) that a bare ``#include <x.h>``
+#: names. :func:`to_c` refuses them as ``name`` (compared case-insensitively, for
+#: case-insensitive file systems): ``<name>.h`` in a folder given with ``-I`` would hide the
+#: system header from every file compiled with that flag.
+C_HEADER_NAMES = frozenset((
+    # C
+    "assert", "complex", "ctype", "errno", "fenv", "float", "inttypes", "iso646", "limits",
+    "locale", "math", "setjmp", "signal", "stdalign", "stdarg", "stdatomic", "stdbit", "stdbool",
+    "stdckdint", "stddef", "stdint", "stdio", "stdlib", "stdnoreturn", "string", "tgmath",
+    "threads", "time", "uchar", "wchar", "wctype",
+    # POSIX
+    "aio", "cpio", "devctl", "dirent", "dlfcn", "endian", "fcntl", "fmtmsg", "fnmatch", "ftw",
+    "glob", "grp", "iconv", "langinfo", "libgen", "libintl", "monetary", "mqueue", "ndbm",
+    "netdb", "nl_types", "poll", "pthread", "pwd", "regex", "sched", "search", "semaphore",
+    "spawn", "strings", "stropts", "syslog", "tar", "termios", "trace", "ulimit", "unistd",
+    "utime", "utmpx", "wordexp",
+))
+
+
+def check_c_name(name) -> str:
+    """``name`` as the C model's name: a C identifier of at most 31 characters that is not a C
+    keyword, does not start with ``__`` and is not a standard C or POSIX header name
+    (:data:`C_HEADER_NAMES`, case-insensitively: ``<name>.h`` would hide that header).
+
+    Raises:
+        ValueError: naming ``name``, its value and the rule it breaks.
+    """
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
         raise ValueError(f"name must be a C identifier (letters, digits, '_', not starting with a "
                          f"digit), got {name!r}")
     if name in _C_KEYWORDS or name.startswith("__") or len(name) > 31:
         raise ValueError(f"name must not be a C keyword, start with '__' or exceed 31 characters, "
                          f"got {name!r}")
+    if name.lower() in C_HEADER_NAMES:
+        raise ValueError(f"name must not be a standard C or POSIX header name, got {name!r}: "
+                         f"{name}.h would hide <{name.lower()}.h> from every file compiled with "
+                         f"-I on its folder; choose another, e.g. {name}_snn")
     return name
 
 
@@ -169,16 +203,27 @@ class _Gen:
         self.protos: List[str] = []
 
     # -- helpers --------------------------------------------------------------------------------
-    def const_array(self, label: str, values: Sequence[int], signed: bool = False) -> str:
-        values = [int(v) for v in values]
-        ctype, size = _ctype(min(values), max(values), signed)
+    def const_array(self, label: str, values: Union[Sequence[int], torch.Tensor],
+                    signed: bool = False) -> str:
+        """Declare ``values`` (a sequence or an integer tensor, read in C order) as a
+        ``static const`` array of the narrowest type; return its name. A tensor is formatted
+        a block at a time, never as one list of Python ints."""
+        if isinstance(values, torch.Tensor):
+            flat = values.reshape(-1)
+            lo, hi = (int(v) for v in torch.aminmax(flat)) if flat.numel() else (0, 0)
+            blocks = (flat[i:i + _CONST_BLOCK].tolist() for i in range(0, flat.numel(),
+                                                                       _CONST_BLOCK))
+            count = flat.numel()
+        else:
+            values = [int(v) for v in values]
+            lo, hi, blocks, count = min(values), max(values), (values,), len(values)
+        ctype, size = _ctype(lo, hi, signed)
         ident = f"{self.name}_{label}"
-        body = []
-        for i in range(0, len(values), 16):
-            body.append("    " + ", ".join(_lit(v) for v in values[i:i + 16]))
-        self.consts.append(f"static const {ctype} {ident}[{len(values)}] = {{\n"
-                           + ",\n".join(body) + "\n};")
-        self.rom += size * len(values)
+        rows = [",\n".join("    " + ", ".join(_lit(v) for v in block[i:i + 16])
+                           for i in range(0, len(block), 16)) for block in blocks]
+        self.consts.append(f"static const {ctype} {ident}[{count}] = {{\n" + ",\n".join(rows)
+                           + "\n};")
+        self.rom += size * count
         self.const_types[ident] = ctype
         return ident
 
@@ -240,7 +285,7 @@ class _Gen:
             n_in = int(w.shape[1])
             if events:
                 # a weight column per nonzero input: weights stored [in][out]
-                wname = self.const_array(f"w{i}", w.t().reshape(-1).tolist())
+                wname = self.const_array(f"w{i}", w.t())
                 sums = self.scratch_arrays(i, sum_t, c_out, fuse_with is not None)
                 column = [f"const {self.const_types[wname]} *wj = {wname} + j * {c_out};",
                           f"for (oc = 0; oc < {c_out}; oc++) {{",
@@ -252,7 +297,7 @@ class _Gen:
 {self._event_outputs(sums, sum_t, 1, c_out, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
-                wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
+                wname = self.const_array(f"w{i}", w)
                 body = f"""{{
     int32_t oc, j;
     for (oc = 0; oc < {c_out}; oc++) {{
@@ -288,7 +333,7 @@ class _Gen:
                 # a kernel stamp per nonzero input: weights stored [c_in][ky][kx][out of group],
                 # sums [oy][ox][oc]; the columns the stamp reaches are clipped once per event
                 wt = w.reshape(op.groups, cog, cig, kh, kw).permute(0, 2, 3, 4, 1)
-                wname = self.const_array(f"w{i}", wt.reshape(-1).tolist())
+                wname = self.const_array(f"w{i}", wt)
                 sums = self.scratch_arrays(i, sum_t, co * ho_ * wo, fuse_with is not None)
 
                 def target(axis, stride, size):
@@ -338,7 +383,7 @@ class _Gen:
 {self._event_outputs(sums, sum_t, ho_ * wo, co, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
-                wname = self.const_array(f"w{i}", w.reshape(-1).tolist())
+                wname = self.const_array(f"w{i}", w)
 
                 def window(indent, *inner):
                     return self._window(indent, kh, kw, f"oy * {sh} - {ph}", f"ox * {sw} - {pw}",
@@ -914,6 +959,17 @@ void {n}_step({n}_state *s, const int32_t *input, int64_t *output)
 # ------------------------------------------------------------------------------------------------
 # public API
 
+#: Above this many bytes of C (header and source together, ``16 * 2**20``), :func:`to_c` says
+#: how much it is about to write with a :class:`LargeCSourceWarning` (a weight takes 2 to 5
+#: bytes of text: a 16.8 M-weight layer is about 55 MB).
+C_SIZE_NOTICE_BYTES = 16 << 20
+
+
+class LargeCSourceWarning(UserWarning):
+    """:func:`to_c` is about to write more than :data:`C_SIZE_NOTICE_BYTES` bytes of C; the
+    message says how many, and where."""
+
+
 #: The forms of a synaptic layer's accumulation that :func:`to_c` writes.
 SYNAPSE_FORMS = ("events", "dense")
 
@@ -922,7 +978,7 @@ def _prepare(desc, name, input_shape, synapses="events") -> _Gen:
     if not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork (from to_integer or load_integer), got "
                         f"{type(desc).__name__}")
-    name = _check_name(name)
+    name = check_c_name(name)
     if not isinstance(synapses, str) or synapses not in SYNAPSE_FORMS:
         raise ValueError(f"synapses must be one of {SYNAPSE_FORMS}, got {synapses!r}")
     if input_shape is None:
@@ -1034,7 +1090,9 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
     ``<name>_<kind><position>`` (``snn_w0``, ``snn_n1``), unique by construction, and a module name
     appears only inside comments, escaped to ASCII with every ``/*``, ``*/`` and ``?`` defused.
 
-    Writing. Both texts are generated (and checked to be ASCII) before anything is written; then
+    Writing. Both texts are generated (and checked to be ASCII) before anything is written (a
+    :class:`LargeCSourceWarning` says their size when it exceeds :data:`C_SIZE_NOTICE_BYTES`;
+    weights are formatted a block at a time, so the texts are what memory holds); then
     both files are written to temporaries in ``out_dir``, ``fsync``-ed, and renamed over the old
     pair (:func:`snnquant._io.atomic_write_files`), with the umask's permissions like every other
     output. An error while writing (a full disk) leaves the earlier pair as it was and names the
@@ -1048,7 +1106,7 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
             :func:`~snnquant.export.load_integer`).
         out_dir: folder for the two files (created if missing).
         name: C identifier prefixing every public symbol and naming the files (checked before
-            anything is written).
+            anything is written by :func:`check_c_name`; not a standard header's name).
         input_shape: per-sample input shape without time and batch. Needed when the network does
             not start with a linear layer (the description holds no image size); by default
             ``(in_features,)`` of the first linear layer.
@@ -1060,7 +1118,9 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
 
     Raises:
         TypeError: ``desc`` is not an :class:`~snnquant.export.IntegerNetwork`.
-        ValueError: a bad ``name``, ``input_shape`` or ``synapses``.
+        ValueError: a bad ``name`` (see :func:`check_c_name`: not a C identifier, a keyword, or
+            a standard C or POSIX header name such as ``stdint``), ``input_shape`` or
+            ``synapses``.
         OSError: a file could not be written (the message names it; the earlier pair is kept).
         ExportError: a bound of an intermediate value reaches :math:`2^{62}` (the C code would
             overflow; a join's too), an ``'and'``/``'iand'`` join of values that are not spikes,
@@ -1071,7 +1131,12 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
     out = Path(out_dir)
     if out.exists() and not out.is_dir():
         raise ValueError(f"out_dir={str(out_dir)!r} exists and is not a folder")
-    out.mkdir(parents=True, exist_ok=True)
     header, source = out / f"{gen.name}.h", out / f"{gen.name}.c"
+    size = sum(map(len, texts))
+    if size > C_SIZE_NOTICE_BYTES:
+        warnings.warn(f"to_c is writing {size / 2 ** 20:.1f} MiB of C ({header.name} and "
+                      f"{source.name}, {gen.rom} bytes of constant data) into {out}",
+                      LargeCSourceWarning, stacklevel=2)
+    out.mkdir(parents=True, exist_ok=True)
     atomic_write_files(zip((header, source), texts))
     return header, source

@@ -83,8 +83,9 @@ def _build(source: str, compiler: str):
     flags, identity = cpp_backend.compiler_identity(compiler)
     digest = hashlib.sha256("\n".join([source, identity, *flags]).encode()).hexdigest()[:24]
     target = cpp_backend.require_cache() / f"snnquant_int_neuron_{digest}.so"
-    cpp_backend.compile_into_cache(target, source, flags, compiler, "the integer neuron kernel")
-    function = getattr(ctypes.CDLL(str(target)), f"{_PREFIX}_neuron")
+    symbol = f"{_PREFIX}_neuron"
+    function = getattr(cpp_backend.open_cached_library(
+        target, source, flags, compiler, "the integer neuron kernel", (symbol,)), symbol)
     function.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_longlong] * 2 + [ctypes.c_int]
     function.restype = None
     return function

@@ -37,7 +37,8 @@ from ..capture.graph import ExportError  # noqa: F401 (defined with the capture,
 from .integer_ops import fits_packed, pack_int
 
 __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "SynapseOp", "NeuronOp",
-           "PoolOp", "FlattenOp", "JoinOp", "IntegerNetwork", "ExportError", "check_input_shape"]
+           "PoolOp", "FlattenOp", "JoinOp", "IntegerNetwork", "ExportError", "DescriptionError",
+           "check_inputs", "check_input_shape"]
 
 #: Version of the description and of the file format of :func:`~snnquant.export.save_integer`.
 #: Version 2 adds the neuron fields ``leak_multiplier``, ``leak_round_shift``, ``exact`` and
@@ -70,6 +71,28 @@ def check_input_shape(input_shape, name: str = "input_shape") -> Tuple[int, ...]
                          f"without time and batch), got {input_shape!r}")
     return tuple(int(v) for v in items)
 
+
+
+class DescriptionError(ExportError):
+    """An :class:`IntegerNetwork` disagrees with itself (see
+    :func:`~snnquant.export.check_network`); the message names the operation's index and name,
+    the field and the value."""
+
+
+def check_inputs(ops) -> None:
+    """Check that every operation of ``ops`` reads earlier operations (or the network input):
+    its ``inputs`` a tuple of indices in ``[NETWORK_INPUT, i)``.
+
+    Raises:
+        DescriptionError: ``operation i ('name') has inputs=...``.
+    """
+    for i, op in enumerate(ops):
+        if not isinstance(op.inputs, tuple) or any(
+                isinstance(j, bool) or not isinstance(j, int) or not NETWORK_INPUT <= j < i
+                for j in op.inputs):
+            raise DescriptionError(f"operation {i} ({op.name!r}) has inputs={op.inputs!r}: each "
+                                   f"must be an earlier operation's index or {NETWORK_INPUT} "
+                                   f"(the input)")
 
 
 @dataclass
@@ -425,11 +448,7 @@ class IntegerNetwork:
     notes: List[str] = field(default_factory=list)
 
     def __post_init__(self):
-        for i, op in enumerate(self.ops):
-            if any(isinstance(j, bool) or not isinstance(j, int) or not NETWORK_INPUT <= j < i
-                   for j in op.inputs):
-                raise ValueError(f"operation {i} ({op.name!r}) has inputs={op.inputs!r}: each must "
-                                 f"be an earlier operation's index or {NETWORK_INPUT} (the input)")
+        check_inputs(self.ops)
 
     def op_inputs(self, index: int) -> Tuple[int, ...]:
         """The indices of the values operation ``index`` reads (:data:`NETWORK_INPUT` = input)."""

@@ -18,7 +18,9 @@ from typing import Union
 import torch
 
 from .._io import atomic_write
-from .description import FORMAT_VERSION, READABLE_FORMAT_VERSIONS, IntegerNetwork
+from .description import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, DescriptionError,
+                          IntegerNetwork)
+from .validation import check_network
 
 __all__ = ["save_integer", "load_integer", "FILE_FORMAT"]
 
@@ -106,6 +108,7 @@ def save_integer(desc: IntegerNetwork, path: PathLike) -> None:
         raise ValueError(f"desc has layers with a fixed-point leak ({desc.approximate_layers}), "
                          f"which format_version {desc.format_version} cannot hold; set "
                          f"desc.format_version = {FORMAT_VERSION}")
+    check_network(desc)
     meta, tensors = desc.to_record()
     metadata = {
         "format": FILE_FORMAT,
@@ -222,10 +225,14 @@ def _from_bytes(data: bytes, path_s: str) -> IntegerNetwork:
     try:
         record = json.loads(meta["description"])
         desc = IntegerNetwork.from_record(record, tensors)
-        if str(desc.format_version) != version:
-            raise ValueError(f"the description says format_version {desc.format_version}, the "
-                             f"file metadata {version!r}")
+        check_network(desc)
+    except DescriptionError as exc:
+        raise DescriptionError(f"{path_s!r}: {exc}") from None
     except (KeyError, TypeError, ValueError, AttributeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path_s!r} is corrupt: its description cannot be read "
                          f"({exc!r})") from None
+    if str(desc.format_version) != version:
+        raise ValueError(f"{path_s!r} is corrupt: its description cannot be read (the "
+                         f"description says format_version {desc.format_version}, the file "
+                         f"metadata {version!r})")
     return desc

@@ -110,7 +110,8 @@ def _neuron_meta(op: NeuronOp, unit: float, dt: float):
 
 def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int], *,
            units: str = "integer", dt: float = 1e-4, max_pool: str = "threshold",
-           path: Optional[Union[str, os.PathLike]] = None, data: Optional[torch.Tensor] = None):
+           path: Optional[Union[str, os.PathLike]] = None, data: Optional[torch.Tensor] = None,
+           consumers: Optional[Sequence[str]] = None):
     r"""Build a NIR graph of a quantized network (and optionally write it to ``path``).
 
     .. math::
@@ -155,6 +156,11 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
             ``v_min`` or ``v_max`` on it (:func:`~snnquant.export.saturation_report`; for an
             :class:`~snnquant.export.IntegerNetwork`, where NIR's membrane leaves that range),
             since NIR has no saturation and consumers cannot reproduce those steps.
+        consumers: the consumers whose membrane registers to check against every layer's grid
+            (names of :data:`~snnquant.export.nir_consumers.CONSUMER_REGISTERS`; default all,
+            ``()`` none): a :class:`~snnquant.export.ConsumerRegisterWarning` names each layer
+            whose grid :math:`[v_{min}, v_{max}]` a consumer's register does not hold (Lava's
+            24-bit membrane: :math:`\pm 131{,}071` membrane integers).
 
     Returns:
         The ``nir.NIRGraph`` with nodes named after the source layers (dots replaced by ``_``),
@@ -175,6 +181,7 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     if max_pool not in MAX_POOL_FORMS:
         raise ValueError(f"max_pool must be one of {MAX_POOL_FORMS}, got {max_pool!r}")
     input_shape = check_input_shape(input_shape)
+    from .nir_consumers import narrow_registers, warn_narrow_registers
     if isinstance(source, nn.Module):
         from .exporter import to_integer
         desc = to_integer(source, input_shape=input_shape)
@@ -182,6 +189,7 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
         desc = source
     else:
         raise TypeError(f"source must be an IntegerNetwork or an nn.Module, got {type(source).__name__}")
+    narrow_registers(desc, consumers)   # an unknown consumer is refused before any work
     in_out = op_shapes(desc, input_shape)
     shapes = [before for before, _ in in_out]
     out_shape = in_out[-1][1] if in_out else tuple(input_shape)
@@ -267,6 +275,7 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     if joins:
         meta["snnquant_joins"] = joins
     graph = nir.NIRGraph(nodes=nodes, edges=edges, metadata=meta, type_check=False)
+    warn_narrow_registers(desc, consumers, stacklevel=2)
     if data is not None:
         from .saturation import nir_saturation_warning
         nir_saturation_warning(source, graph, data)

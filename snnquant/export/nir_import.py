@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
                           SynapseOp)
 from .nir_schema import SCHEMA_VERSION, import_nir, voting_weight
+from .validation import check_network
 
 __all__ = ["from_nir", "simulate_nir", "NIRImportError"]
 
@@ -406,12 +407,12 @@ def _pool(name, node, meta, nir) -> PoolOp:
                   frac_bits_added=int(meta["frac_bits_added"]), output_size=output_size)
 
 
-def _read(graph_or_path, nir):
+def _read(graph_or_path, nir, max_bytes: Optional[int] = None):
     if isinstance(graph_or_path, (str, os.PathLike)):
         path = os.fspath(graph_or_path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"no NIR file at {path!r}")
-        _prescan(path, nir)
+        _prescan(path, nir, MAX_BYTES if max_bytes is None else max_bytes)
         try:
             return nir.read(path, type_check=False)
         except Exception as exc:
@@ -423,7 +424,7 @@ def _read(graph_or_path, nir):
                     f"{type(graph_or_path).__name__}")
 
 
-def from_nir(graph_or_path) -> IntegerNetwork:
+def from_nir(graph_or_path, *, max_bytes: Optional[int] = None) -> IntegerNetwork:
     r"""Read a NIR graph written by :func:`~snnquant.export.to_nir` back as an integer network.
 
     Every layer is rebuilt from its node's snnquant metadata (integer weights and bias, grid
@@ -433,6 +434,11 @@ def from_nir(graph_or_path) -> IntegerNetwork:
 
     Args:
         graph_or_path: a ``nir.NIRGraph`` or the path of a ``.nir`` file.
+        max_bytes: the most bytes a file's datasets may hold in all, every element counted at
+            ``max(itemsize, 8)`` bytes (compressed datasets at their full size), checked before
+            anything is read (default ``nir_import.MAX_BYTES``, 2**30: 1 GiB, 2**27 elements);
+            raise it to read a larger graph. Not used for a ``nir.NIRGraph`` (already in
+            memory).
 
     Returns:
         The :class:`~snnquant.export.IntegerNetwork`.
@@ -449,13 +455,17 @@ def from_nir(graph_or_path) -> IntegerNetwork:
             ``v_bits``), shifts (``0 <= shift <= 62``, the charge fits int64), bounds
             (``v_min < v_max``, reset and initial value inside), the fractional bits along the
             edges, ``dt > 0``, and every shape against the shapes the graph's edges carry, with
-            at most ``nir_import.MAX_ELEMENTS`` (2**26) elements per array (in a file, checked
-            on the declared shapes before ``nir.read`` reads anything). The message names the
-            node, the field and the value.
+            at most ``nir_import.MAX_ELEMENTS`` (2**26) elements per array and ``max_bytes``
+            in all (in a file, checked on the declared shapes before ``nir.read`` reads
+            anything; a file with an external or soft HDF5 link is refused). The message names
+            the node, the field and the value.
         ImportError: ``nir`` is missing or older than 1.0.6.
     """
     nir = import_nir("from_nir")
-    graph = _read(graph_or_path, nir)
+    if max_bytes is not None and (isinstance(max_bytes, bool) or not isinstance(max_bytes, int)
+                                  or max_bytes < 1):
+        raise ValueError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+    graph = _read(graph_or_path, nir, max_bytes)
     gmeta = dict(graph.metadata or {})
     miss = _missing(gmeta, _GRAPH_KEYS)
     if miss or str(gmeta.get("producer")) != "snnquant":
@@ -502,6 +512,7 @@ def from_nir(graph_or_path) -> IntegerNetwork:
                           mantissa_bits=int(gmeta["mantissa_bits"]),
                           format_version=int(gmeta["format_version"]), notes=notes)
     _check_wiring(graph, entries, desc, units)
+    check_network(desc)
     return desc
 
 
@@ -533,6 +544,9 @@ def _join(e: "_Entry", node) -> JoinOp:
 #: The most elements one array of a graph (a weight, a layer's activation) may hold; a file that
 #: declares more is refused before it is read (about 512 MiB of float64).
 MAX_ELEMENTS = 1 << 26
+#: The most bytes all datasets of a ``.nir`` file may hold together, each element counted at
+#: ``max(itemsize, 8)`` bytes (``from_nir(..., max_bytes=...)`` raises it): 1 GiB.
+MAX_BYTES = 1 << 30
 _INT64_BITS = 62          # head room the integer simulator keeps below int64
 _FRAC_LIMIT = 1022        # 2**-F must be a normal float64
 _SCALAR = object()
@@ -993,26 +1007,58 @@ def _node_types(nir) -> set:
     return seen
 
 
-def _prescan(path: str, nir) -> None:
-    """Check a ``.nir`` file's declared dataset sizes and node types before ``nir.read`` reads
-    it: an array declared with a huge shape (stored compressed or as a fill value, the file stays
-    small) would otherwise be allocated first and fail with ``MemoryError``."""
+def _prescan(path: str, nir, max_bytes: int) -> None:
+    """Check a ``.nir`` file's links, declared dataset sizes and node types before ``nir.read``
+    reads it: an array declared with a huge shape (stored compressed or as a fill value, the file
+    stays small), many large arrays together, or a link to a dataset in another file would
+    otherwise be allocated first and fail with ``MemoryError``. Every dataset counts, compressed
+    or not, at ``max(itemsize, 8)`` bytes per element (what it takes once converted to int64 or
+    float64); links (external or soft) are refused: ``nir.write`` writes none."""
     import h5py
 
     known = _node_types(nir)
     problems: List[NIRImportError] = []
+    total = {"elements": 0, "bytes": 0}
+
+    def walk(group, prefix: str) -> None:
+        for key in group:
+            if problems:
+                return
+            link, where = group.get(key, getlink=True), f"{prefix}{key}"
+            if isinstance(link, (h5py.ExternalLink, h5py.SoftLink)):
+                target = (f"{link.filename}:{link.path}" if isinstance(link, h5py.ExternalLink)
+                          else link.path)
+                kind = "an external" if isinstance(link, h5py.ExternalLink) else "a soft"
+                problems.append(NIRImportError(
+                    f"{where!r} is {kind} link to {target!r}; a NIR file holds its arrays "
+                    f"itself (nir.write writes no links), so from_nir does not follow it"))
+                return
+            obj = group[key]
+            if isinstance(obj, h5py.Group):
+                walk(obj, where + "/")
+            else:
+                visit(where, obj)
 
     def visit(key, obj):
-        if problems or not isinstance(obj, h5py.Dataset):
+        if not isinstance(obj, h5py.Dataset):
             return
         parts = key.split("/")
         name = parts[2] if len(parts) > 3 and parts[1] == "nodes" else None
         field = parts[-1] if name is None else "/".join(parts[3:])
         field = field[len("metadata/"):] if field.startswith("metadata/") else field
-        if obj.size is not None and obj.size > MAX_ELEMENTS:
+        size = int(obj.size or 0)
+        total["elements"] += size
+        total["bytes"] += size * max(int(obj.dtype.itemsize), 8)
+        if size > MAX_ELEMENTS:
             problems.append(NIRImportError(
                 f"{_where(name)}: {field} declares shape {tuple(obj.shape)} ({obj.size} "
                 f"elements), more than the {MAX_ELEMENTS} a snnquant graph may hold"))
+        elif total["bytes"] > max_bytes:
+            problems.append(NIRImportError(
+                f"the file's datasets up to {key!r} hold {total['elements']} elements "
+                f"({total['bytes']} bytes as 64-bit values), more than max_bytes={max_bytes} "
+                f"(nir_import.MAX_BYTES by default); pass from_nir(..., max_bytes=...) to read "
+                f"a larger graph"))
         elif name is not None and field == "type" and obj.shape == ():
             value = obj[()]
             value = value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
@@ -1023,7 +1069,7 @@ def _prescan(path: str, nir) -> None:
 
     try:
         with h5py.File(path, "r") as handle:
-            handle.visititems(visit)
+            walk(handle, "")
     except (OSError, ValueError) as exc:
         raise NIRImportError(f"could not read the NIR file {path!r}: {exc or type(exc).__name__}") \
             from exc

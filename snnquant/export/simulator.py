@@ -23,12 +23,13 @@ from typing import Dict, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
-                          SynapseOp)
+from .description import (NETWORK_INPUT, DescriptionError, FlattenOp, IntegerNetwork, JoinOp,
+                          NeuronOp, PoolOp, SynapseOp)
 from . import compiled_neuron, integer_ops
 from .integer_ops import round_half_even_shift
 from .program import (SynapseRescale, adaptive_windows, join_range, neuron_program, pool_range,
                       synapse_bounds)
+from .validation import check_network
 
 __all__ = ["IntegerSNN", "op_shapes", "SYNAPSE_ARITHMETIC", "float32_sums_are_exact"]
 
@@ -134,6 +135,7 @@ class IntegerSNN:
         if synapse_arithmetic not in SYNAPSE_ARITHMETIC:
             raise ValueError(f"synapse_arithmetic must be one of {SYNAPSE_ARITHMETIC}, got "
                              f"{synapse_arithmetic!r}")
+        check_network(desc)
         self.desc = desc
         self.synapse_arithmetic = synapse_arithmetic
         self.device = torch.device(device)
@@ -141,6 +143,7 @@ class IntegerSNN:
             raise ValueError(f"device must be 'cpu', got {device!r}: PyTorch implements integer "
                              f"convolutions and matrix products on the CPU only")
         self._plans: Dict[Tuple[int, bool], list] = {}
+        self._checked_shapes = set()
         self._params = self._plan(int(desc.input_max))
         # the last operation that reads each value: a call frees the value after that one
         self._last_use = {}
@@ -370,6 +373,9 @@ class IntegerSNN:
                                  f"above input_max={self.desc.input_max} for which the export "
                                  f"is exact")
         T, N = x.shape[0], x.shape[1]
+        if tuple(x.shape[2:]) not in self._checked_shapes:
+            _op_shapes(self, tuple(x.shape[2:]))    # the shapes along every edge, once per shape
+            self._checked_shapes.add(tuple(x.shape[2:]))
         # the types follow the bound of this input, rounded up to 2^b - 1 (few cached plans)
         plan = self._plan((1 << peak.bit_length()) - 1 if x.numel() else 1, float32)
         values = {NETWORK_INPUT: x.reshape((T * N,) + tuple(x.shape[2:]))}
@@ -393,7 +399,7 @@ class IntegerSNN:
             else:
                 y = self._stateless(op, prm, values[src[0]])
             values[i] = y
-            for j in src:
+            for j in set(src):  # a join may read one value twice: free it once
                 if self._last_use.get(j) == i:
                     del values[j]
         y = values[len(self.desc.ops) - 1]
@@ -412,12 +418,20 @@ class IntegerSNN:
 
 def op_shapes(desc: IntegerNetwork, input_shape) -> list:
     """Per-sample ``(input shape, output shape)`` of every operation of ``desc``, found by running
-    one all-zero time step of shape ``input_shape`` through :class:`IntegerSNN`'s own layers.
+    one all-zero time step of shape ``input_shape`` through :class:`IntegerSNN`'s own layers:
+    the check of the shapes along every edge of a description
+    (:func:`~snnquant.export.check_network` checks the rest).
 
     Raises:
-        ValueError: naming ``input_shape`` and the layer it does not fit.
+        DescriptionError: naming ``input_shape``, the operation's index and name and the shape
+            it does not take (a join's operands of different shapes included).
     """
-    sim = IntegerSNN(desc)
+    return _op_shapes(IntegerSNN(desc), input_shape)
+
+
+def _op_shapes(sim: IntegerSNN, input_shape) -> list:
+    """:func:`op_shapes` with the layers of ``sim``."""
+    desc = sim.desc
     values = {NETWORK_INPUT: torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)}
     out = []
     for i, (op, prm) in enumerate(zip(desc.ops, sim._params)):
@@ -434,8 +448,8 @@ def op_shapes(desc: IntegerNetwork, input_shape) -> list:
             else:
                 y = sim._stateless(op, prm, xs[0])
         except (RuntimeError, IndexError, ValueError) as err:
-            raise ValueError(f"input_shape={tuple(input_shape)} does not fit layer {op.name!r} "
-                             f"(its input would be {before}): {err}") from None
+            raise DescriptionError(f"input_shape={tuple(input_shape)} does not fit operation {i} "
+                                   f"({op.name!r}): its input would be {before}: {err}") from None
         values[i] = y
         out.append((before, tuple(y.shape[1:])))
     return out

@@ -20,7 +20,10 @@ build holds a file lock and writes to a temporary file that is fsynced and renam
 (:func:`snnquant._io.atomic_write`), then records the library's SHA-256 beside it
 (``<library>.sha256``). A library is loaded only when its bytes match that record, so a damaged
 (cut) or foreign file is rebuilt, never loaded; what killed builds left behind is removed by the
-next build. A cache folder that cannot be written is refused with :class:`KernelCacheError`
+next build. A library that matches its record but does not load (another library put in its
+place together with its ``.sha256``: ``invalid ELF header``, ``undefined symbol``) is rebuilt once
+(:func:`open_cached_library`); a second failure is a :class:`KernelCacheError` naming the file.
+A cache folder that cannot be written is refused with :class:`KernelCacheError`
 (``backend='cpp'``) or makes ``backend='auto'`` run the torch backend, with one warning.
 
 Flags (:data:`CXX_FLAGS`): ``-O3 -march=native -fopenmp`` (without ``-fopenmp`` when the
@@ -105,7 +108,8 @@ class CppBuildError(RuntimeError):
 
 
 class KernelCacheError(RuntimeError):
-    """Raised when the kernel cache folder cannot be created or written (``backend='cpp'``).
+    """Raised when the kernel cache folder cannot be created or written (``backend='cpp'``), or
+    a cached library does not load even after it was rebuilt.
 
     The message names the folder, why it failed and the variable to set
     (:data:`CACHE_VARIABLE`).
@@ -452,6 +456,56 @@ def compile_into_cache(target: Path, source: str, flags: Sequence[str], compiler
     return target
 
 
+def _close(lib: ctypes.CDLL) -> None:
+    """Unload ``lib``, so that a rebuilt file at the same path is loaded afresh (the dynamic
+    loader would otherwise hand back the handle it already has for that path)."""
+    import _ctypes
+
+    close = getattr(_ctypes, "dlclose", None) or getattr(_ctypes, "FreeLibrary", None)
+    try:
+        close(lib._handle)
+    except (OSError, TypeError):   # pragma: no cover - nothing more to do
+        pass
+
+
+def open_cached_library(target: Path, source: str, flags: Sequence[str], compiler: str,
+                        what: str, symbols: Sequence[str]) -> ctypes.CDLL:
+    """:func:`compile_into_cache`, then load the library with :mod:`ctypes` and check that it
+    has ``symbols``. A library that does not load (``invalid ELF header``) or lacks a symbol
+    (another library put in its place together with a matching ``.sha256``) is rebuilt once.
+
+    Args:
+        target, source, flags, compiler, what: as for :func:`compile_into_cache`.
+        symbols: the functions the library must define.
+
+    Returns:
+        The loaded library.
+
+    Raises:
+        CppBuildError: the compilation failed.
+        KernelCacheError: the library does not load even after the rebuild; the message names
+            the file, the loader's error and what to do.
+    """
+    error: Optional[Exception] = None
+    for attempt in range(2):
+        compile_into_cache(target, source, flags, compiler, what)
+        try:
+            lib = ctypes.CDLL(str(target))
+        except OSError as exc:
+            error = exc
+        else:
+            missing = [name for name in symbols if not hasattr(lib, name)]
+            if not missing:
+                return lib
+            error = AttributeError(f"undefined symbol: {', '.join(missing)}")
+            _close(lib)
+        if attempt == 0:   # not to be trusted: its record goes, so the next call rebuilds it
+            _checksum_path(target).unlink(missing_ok=True)
+    raise KernelCacheError(f"{what}: the cached library {target} does not load even after it "
+                           f"was rebuilt ({error}); remove it, or set {CACHE_VARIABLE} to "
+                           f"another folder")
+
+
 def build_library(config: Optional[KernelConfig], compiler: Optional[str] = None,
                   directory: Optional[Path] = None, mode: str = "cpp") -> Path:
     """Compile the library of ``config`` into the cache unless an intact one is there already.
@@ -475,11 +529,14 @@ def build_library(config: Optional[KernelConfig], compiler: Optional[str] = None
         CppBuildError: the compilation failed (with the compiler's output).
         KernelCacheError: the cache folder cannot be created or written.
     """
+    return compile_into_cache(*_build_arguments(config, compiler, directory, mode))
+
+
+def _build_arguments(config, compiler, directory, mode):
     compiler = compiler or cpp_compiler()
     target = library_path(config, compiler, directory, mode)
-    return compile_into_cache(target, _sources_text(mode),
-                              [*_mode_flags(compiler, mode), *_config_defines(config)], compiler,
-                              "the cpp backend's neuron.cu")
+    return (target, _sources_text(mode), [*_mode_flags(compiler, mode), *_config_defines(config)],
+            compiler, "the cpp backend's neuron.cu")
 
 class KernelLibrary:
     """One loaded library of the CPU build: its two entry points, with the one ctypes argument
@@ -489,9 +546,12 @@ class KernelLibrary:
         path: the library (from :func:`build_library`).
     """
 
-    def __init__(self, path: Path):
+    #: The functions every library of the CPU build defines.
+    SYMBOLS = ("snq_cpu_forward", "snq_cpu_backward")
+
+    def __init__(self, path: Path, lib: Optional[ctypes.CDLL] = None):
         self.path = Path(path)
-        lib = ctypes.CDLL(str(self.path))
+        lib = ctypes.CDLL(str(self.path)) if lib is None else lib
         p, d, i, ll = ctypes.c_void_p, ctypes.c_double, ctypes.c_int, ctypes.c_longlong
         lib.snq_cpu_forward.argtypes = [i] * 7 + [p] * 8 + [d] * 5 + [i, ll, i]
         lib.snq_cpu_forward.restype = i
@@ -556,8 +616,13 @@ class CppLauncher:
         self._cache = LIBRARY_CACHE if cache is None else cache
 
     def library(self, config: KernelConfig) -> KernelLibrary:
-        """The loaded library of ``config`` (built first when the cache has none)."""
-        return self._cache.get(config, lambda: KernelLibrary(build_library(config)))
+        """The loaded library of ``config`` (built first when the cache has none; rebuilt once
+        when it does not load, see :func:`open_cached_library`)."""
+        def load() -> KernelLibrary:
+            arguments = _build_arguments(config, None, None, "cpp")
+            return KernelLibrary(arguments[0],
+                                 open_cached_library(*arguments, KernelLibrary.SYMBOLS))
+        return self._cache.get(config, load)
 
     def forward(self, config: KernelConfig, T: int, N: int, *tensors_and_scalars) -> None:
         """Run the forward of ``config`` (arguments as in :class:`~._fused.Launcher`)."""
