@@ -362,6 +362,11 @@ def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: 
             continue  # folded during training already (a model quantized before)
         elif not cfg.fold_batchnorm:
             why[bn_name] = "QuantConfig.fold_batchnorm is False"
+        elif not layer.weight_quant.follows_input_scale:
+            why[bn_name] = (f"the {type(layer.weight_quant).__name__} of layer {synapse_name!r} "
+                            f"outputs +-alpha whatever the scale of the folded weight, so the "
+                            f"BatchNorm statistics would feed back into that scale; it folds "
+                            f"after training (fold_batchnorm rescales alpha)")
         elif foldable_batchnorm(bn) is not None:
             why[bn_name] = foldable_batchnorm(bn)
         else:

@@ -273,3 +273,23 @@ def test_quantize_model_folds_blocks_torch_fx_cannot_trace_given_an_example_inpu
     y1, _ = neuron_outputs(q, x)
     y2, _ = neuron_outputs(folded, x)
     assert torch.equal(y1, y2)
+
+
+def test_binary_and_ternary_weights_fold_after_training():
+    """+-alpha does not follow the folded weight's scale: such layers are not folded during
+    training (the statistics would feed back into the scale and diverge), and say why."""
+    for cfg in (QuantConfig(weight_bits=1, v_bits=8),
+                QuantConfig(weight_bits=2, weight_quantizer="ternary", v_bits=8)):
+        _, report = quantize_model(csnn(), cfg)
+        assert not report.folded
+        assert "outputs +-alpha whatever the scale" in \
+            {s.name: s.reason for s in report.skipped}["1"]
+
+
+def test_a_diverged_network_is_refused_by_name_when_folded():
+    q, _ = quantize_model(csnn(), QuantConfig(weight_bits=4, v_bits=8))
+    with torch.no_grad():
+        q[5].running_var.fill_(float("nan"))
+    with pytest.raises(snnquant.export.ExportError, match=r"layer '4': its folded bias is not "
+                                                          r"finite"):
+        fold_batchnorm(q.eval())

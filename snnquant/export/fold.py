@@ -92,6 +92,10 @@ def _grid_bias_quantizer(name: str, layer, membrane_step: Optional[float], bias_
         return
     s_b = min(candidates)
     peak = float(layer.bias.detach().abs().max()) if layer.bias.numel() else 0.0
+    if not math.isfinite(peak):
+        raise ExportError(f"layer {name!r}: its folded bias is not finite ({peak}): the layer's "
+                          f"parameters or its BatchNorm's statistics hold NaN or infinity (a "
+                          f"training that diverged)")
     bits = bias_bits
     if bits is None:
         bits = max(8, (math.ceil(peak / s_b) + 1).bit_length() + 1)

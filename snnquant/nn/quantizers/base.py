@@ -182,6 +182,12 @@ class QuantizerBase(nn.Module, base.StepModule):
         """``(low, high)`` of the output levels of a fixed level set, else ``None``."""
         return None
 
+    #: Whether the quantized value follows the scale of its input, :math:`Q(a w) \approx a\,Q(w)`
+    #: up to rounding (a step quantizer), so that a layer can train with BatchNorm folded into its
+    #: weights (:mod:`snnquant.nn.batchnorm`). Binary and ternary quantizers output
+    #: :math:`\pm\alpha` whatever the scale, and do not.
+    follows_input_scale: bool = True
+
     def rescale_channels(self, scale: torch.Tensor) -> bool:
         r"""Follow a per-output-channel rescaling of the weights, :math:`w'_c = a_c w_c` (folding
         BatchNorm into the layer), so that the quantized folded weights are the quantized weights

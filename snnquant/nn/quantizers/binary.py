@@ -40,6 +40,7 @@ class _ScaledSignQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
     """Shared machinery of the binary and ternary quantizers (the scale :math:`\\alpha`)."""
 
     data_dependent = True
+    follows_input_scale = False  # +-alpha (or 0) whatever the scale of the weights
     bits = 1
     _kind = ""
 
