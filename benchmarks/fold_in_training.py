@@ -103,13 +103,14 @@ def report(args, per_seed: dict, names) -> str:
 
 
 def combine(paths):
-    """``(epochs, finetune_epochs, data label, {seed: rows})`` of earlier runs (the same
-    training, data and configurations; no seed twice)."""
+    """``((epochs, finetune_epochs, data digest, freeze epochs, data label), {seed: rows},
+    [the command of each run])`` of earlier runs (the same training and data; no seed twice)."""
     import json
-    per_seed, first = {}, None
+    per_seed, first, commands = {}, None, []
     for path in paths:
         with open(path) as f:
             part = json.load(f)
+        commands.append(f"`{part['command']}` (seeds {sorted(int(k) for k in part['per_seed'])})")
         key = (part["epochs"], part["finetune_epochs"], part["data_sha256"],
                part.get("freeze_bn_epochs", part["epochs"] // 4))
         if first is None:
@@ -120,7 +121,7 @@ def combine(paths):
             if int(seed) in per_seed:
                 raise SystemExit(f"{path}: seed {seed} is in two files")
             per_seed[int(seed)] = rows
-    return first, per_seed
+    return first, per_seed, commands
 
 
 def main():
@@ -140,10 +141,11 @@ def main():
     if "--combine" in sys.argv:
         args = ap.parse_args()
         (args.epochs, args.finetune_epochs, args.data_sha256, args.freeze_bn_epochs,
-         args.data_label), per_seed = combine(args.combine)
+         args.data_label), per_seed, commands = combine(args.combine)
         args.seeds, args.quick = sorted(per_seed), False
         args.configs = [n for n in CONFIGS if all(n in rows for rows in per_seed.values())]
     else:
+        commands = []
         args, bench = common.parse_and_bench(ap)
         args.data_label = common.data_label(args, args.root)
         if args.freeze_bn_epochs is None:
@@ -151,6 +153,8 @@ def main():
         per_seed = {seed: run_seed(bench, seed, args.configs, args.finetune_epochs,
                                    args.freeze_bn_epochs, args.modes) for seed in args.seeds}
     table = report(args, per_seed, args.configs)
+    if args.combine:
+        table += "\nSeeds measured by: " + "; ".join(commands) + "\n"
     print(table)
     if not args.quick:
         common.write_results(args.name, dict(
