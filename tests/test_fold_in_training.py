@@ -293,3 +293,15 @@ def test_a_diverged_network_is_refused_by_name_when_folded():
     with pytest.raises(snnquant.export.ExportError, match=r"layer '4': its folded bias is not "
                                                           r"finite"):
         fold_batchnorm(q.eval())
+
+
+def test_a_float_folded_bias_trains_and_an_old_state_dict_detaches_it():
+    """bias_bits=None: the folded bias trains in float (fold_batchnorm then snaps it to the grid
+    and says so), and a state dict saved without folding still detaches the pair."""
+    torch.manual_seed(0)
+    q, report = quantize_model(csnn(), QuantConfig(weight_bits=4, v_bits=8, bias_bits=None))
+    assert report.folded and q[1].folded_bias_quant is None
+    old, _ = quantize_model(csnn(), QuantConfig(weight_bits=4, v_bits=8, bias_bits=None,
+                                                fold_batchnorm=False))
+    q.load_state_dict(old.state_dict())
+    assert q[0].batchnorm is None and type(q[1]) is layer.BatchNorm2d

@@ -63,7 +63,7 @@ class _FoldedBatchNormMixin:
         quant = None
         if bias_bits is not None:
             quant = WeightGridBiasQuantizer(bias_bits).bind(synapse, neuron)
-        self.folded_bias_quant = quant
+        self.add_module("folded_bias_quant", quant)  # registered also when None
 
     @property
     def synapse(self) -> nn.Module:
