@@ -27,7 +27,10 @@ ROOT = Path(__file__).resolve().parents[1]
                                 "Verdict, budget 1: best uniform", "Verdict, budget 2:",
                                 "deployed | mean (std)"]),
     ("calibration_methods.py", [], ["| W4/V8 PTQ firing |", "| W2/V4 PTQ mse |", "Target: firing"]),
+    ("fold_in_training.py", ["--configs", "W2/V4", "FP"],
+     ["| W2/V4 |", "| full precision |", "W2/V4: deployed = trained within 0.5 point: met"]),
 ])
+@pytest.mark.heavy
 def test_accuracy_benchmark_quick(script, extra, expect, tmp_path):
     env = dict(os.environ, OMP_NUM_THREADS="1", SNNQUANT_DATA=str(tmp_path / "data"),
                PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -127,6 +127,7 @@ def test_a_folder_in_use_is_refused_at_once(env, tmp_path):
     assert list((tmp_path / "busy").iterdir()) == []
 
 
+@pytest.mark.heavy
 def test_resume_removes_what_the_resumed_run_does_not_write(env, tmp_path):
     out = tmp_path / "run"
     res = snnquant(env, "train", *TINY, "--epochs", "1", "--finetune-epochs", "0", "--out", out)
@@ -221,6 +222,7 @@ def test_export_writes_the_integer_file_c_and_nir(env, run_folder, tmp_path):
     assert "DIGITS_INPUT_SIZE" in (tmp_path / "exp" / "digits.h").read_text()
 
 
+@pytest.mark.heavy
 def test_export_of_a_run_without_integer_check_folds_model_pt(env, tmp_path):
     out = tmp_path / "plain"
     res = snnquant(env, "train", *TINY, "--epochs", "1", "--no-integer-check", "--out", out)

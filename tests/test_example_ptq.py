@@ -23,6 +23,7 @@ def run(env, *args, check=True):
     return res
 
 
+@pytest.mark.heavy
 @pytest.mark.slow
 def test_ptq_flag(tmp_path):
     env = dict(os.environ, SNNQUANT_DATA=str(tmp_path / "data"), OMP_NUM_THREADS="1",

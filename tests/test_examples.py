@@ -57,6 +57,7 @@ def _train(env, out, *extra, check=True):
     return res
 
 
+@pytest.mark.heavy
 def test_train_nmnist_outputs_and_resume(data_env, tmp_path):
     full = _train(data_env, tmp_path / "full", "--epochs", "2", "--finetune-epochs", "1")
     assert "built-in digits dataset" in full.stdout

@@ -98,6 +98,7 @@ def test_zoo_network_in_c_equals_integer_snn(name, tmp_path):
 
 
 
+@pytest.mark.heavy
 def test_full_width_spiking_resnet18_in_c(tmp_path):
     """spiking_resnet18 at full width (11.2 M weights, 40 MB of C) in the default event-driven
     form equals IntegerSNN: the narrowing above only keeps the file's time down. Compiled at
