@@ -27,7 +27,9 @@ _FOLD_HINT = "model = snnquant.export.fold_batchnorm(model)"
 
 
 class FoldWarning(UserWarning):
-    """A BatchNorm that :func:`fold_batchnorm` left in place (``on_unfoldable="warn"``)."""
+    """:func:`fold_batchnorm` left a BatchNorm in place (``on_unfoldable="warn"``), or folding
+    changed what a quantized layer computes (its weight codes, bias or output); the message names
+    the layers."""
 
 
 def _membrane_step(neuron_module) -> Optional[float]:
