@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from snnquant import QuantConfig, quantize_model  # noqa: E402
 from snnquant.export import ExportError, FoldWarning, fold_batchnorm, to_integer  # noqa: E402
-from snnquant.export.fold import _plan  # noqa: E402
+from snnquant.capture import plan_folding  # noqa: E402
 
 T, N = 4, 2
 
@@ -79,7 +79,7 @@ def _first_line(err: Exception, limit: int = 400) -> str:
 
 
 def fold_result(model, x) -> str:
-    plan = _plan(model, x)
+    plan = plan_folding(model, x)
     text = f"{len(plan.pairs)} folded, {len(plan.refused)} refused"
     if plan.refused:
         name, reason = next(iter(plan.refused.items()))

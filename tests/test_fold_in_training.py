@@ -305,3 +305,28 @@ def test_a_float_folded_bias_trains_and_an_old_state_dict_detaches_it():
                                                 fold_batchnorm=False))
     q.load_state_dict(old.state_dict())
     assert q[0].batchnorm is None and type(q[1]) is layer.BatchNorm2d
+
+
+def test_a_batchnorm_whose_gamma_is_zero_trains_folded():
+    """A zero-initialised BatchNorm weight (MS-ResNet's last BatchNorm of a block, torchvision's
+    zero_init_residual) makes the folded weight 0 and its scale 0: the layer must not divide by
+    it. The channel's output is then beta, and gamma gets the gradient of the float network."""
+    torch.manual_seed(0)
+    q, report = quantize_model(_kaiming(csnn()), QuantConfig(weight_bits=4, v_bits=8))
+    assert report.folded
+    conv, bn = q[0], q[0].batchnorm
+    with torch.no_grad():
+        bn.weight[:3].zero_()
+    x = (torch.rand(4, 6, 2, 16, 16) > 0.5).float()
+    sjf.reset_net(q)
+    q.train()
+    y = conv(x)
+    assert torch.isfinite(y).all()
+    out = bn(y)
+    assert torch.allclose(out[:, :, :3], bn.bias[:3].reshape(1, 1, 3, 1, 1).expand_as(out[:, :, :3]))
+    (out * torch.randn(out.shape, generator=torch.Generator().manual_seed(2))).sum().backward()
+    assert torch.isfinite(bn.weight.grad).all() and (bn.weight.grad[:3] != 0).all()
+    _train(q, x, steps=2)
+    assert all(torch.isfinite(p).all() for p in q.parameters())
+    assert all(torch.isfinite(b).all() for b in q.buffers() if b.is_floating_point())
+    fold_batchnorm(q.eval())

@@ -234,7 +234,13 @@ class _QuantLayerMixin:
         if not bn.__dict__.get("_started", False):
             with torch.no_grad():
                 bn.start_statistics(run(x, self.weight, self.bias), -1 - self._spatial_dims)
-        y = run(x, self.quantized_weight(), None) / self._channels(self.batchnorm_scale())
+        scale = self.batchnorm_scale()
+        dead = scale == 0  # gamma = 0 (zero-initialised residual BatchNorms): W' = 0
+        y = run(x, self.quantized_weight(), None) / self._channels(torch.where(dead, 1.0, scale))
+        if bool(dead.any()):
+            # the BatchNorm outputs beta there whatever it normalises; the float W x gives it
+            # the statistics and gamma the gradient of the float network
+            y = torch.where(self._channels(dead), run(x, self.weight, None), y)
         return y if self.bias is None else y + self._channels(self.bias)
 
     def _quant_extra_repr(self) -> str:
