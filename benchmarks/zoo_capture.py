@@ -48,7 +48,7 @@ def networks():
     return {
         "ms_resnet.MSResNet": (lambda: ms_resnet.MSResNet(
             T=T, num_classes=10, layers=(1, 1, 1), base_channels=32, stem_kernel_size=3,
-            stem_stride=1), x16),
+            stem_stride=1, tau=2.0), x16),
         "spikformer.Spikformer": (lambda: spikformer.Spikformer(
             T=T, img_size_h=16, img_size_w=16, patch_size=4, num_classes=10, embed_dims=32,
             num_heads=2, depths=1), x16),

@@ -18,7 +18,9 @@ operations between them), in one of two ways:
 Both keep snnquant's and SpikingJelly's layers, neurons and containers whole (see
 :meth:`SpikingTracer.is_leaf_module`) and record, on every node, the module it came from
 (``meta["nn_module_stack"]``) and the statement (``meta["stack_trace"]``), so that an error names
-the innermost submodule and the file and line (:func:`node_origin`). When a capture fails, the
+the innermost submodule and the file and line (:func:`node_origin`); a capture from a run also
+records the shape of every tensor on the example input (``meta["shape"]``), which the integer
+export reads to turn layout operations into index maps. When a capture fails, the
 :class:`CaptureError` names the innermost submodule, its class, the file and line that stopped it,
 and what to change (:func:`where_it_stopped`).
 """
@@ -249,6 +251,7 @@ class _Frame:
         for i, t in enumerate(inputs):
             if isinstance(t, torch.Tensor):
                 self.env[id(t)] = self.graph.placeholder(f"input_{i}")
+                self.env[id(t)].meta["shape"] = tuple(t.shape)
 
     def relative(self, name: str) -> str:
         """``name`` (dotted, from the model) relative to the module of this frame."""
@@ -453,12 +456,18 @@ class _Recorder(TorchFunctionMode):
         node.meta["stack_trace"] = _stack_text(where)
 
     def _bind(self, frame, value, node):
+        """Bind ``value`` (a tensor, or a tuple of them) to ``node``; a tensor's shape goes to
+        ``node.meta['shape']`` (the shape on the example input, which consumers read for
+        layout operations)."""
         if isinstance(value, torch.Tensor):
             frame.env[id(value)] = node
+            node.meta["shape"] = tuple(value.shape)
         elif isinstance(value, (tuple, list)):
             for i, v in enumerate(value):
                 if isinstance(v, torch.Tensor):
-                    frame.env[id(v)] = frame.graph.call_function(operator.getitem, (node, i))
+                    item = frame.graph.call_function(operator.getitem, (node, i))
+                    item.meta["shape"] = tuple(v.shape)
+                    frame.env[id(v)] = item
 
     def _arg(self, frame, value):
         if isinstance(value, torch.Tensor):

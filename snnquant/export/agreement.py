@@ -180,10 +180,12 @@ def compare_integer(model: nn.Module, x_seq: torch.Tensor, desc: Optional[Intege
             t, n, j = (int(v) for v in (~same).nonzero()[0])
             report.first_mismatch = (f"layer {name!r}, step {t}, sample {n}, neuron {j}: float "
                                      f"{float(a[t, n, j]):g}, integer {int(b[t, n, j])}")
-    of = out_f.cpu().double().reshape(T, N, -1)
-    oi = out_i.double().reshape(T, N, -1)
-    if desc.output_divisor != 1:  # rounded to the float model's dtype, as the model rounds
-        oi = (oi / desc.output_divisor).to(dtype).double()
+    steps = 1 if desc.output_time_mean else T   # the model's output averages over time
+    of = out_f.cpu().double().reshape(steps, N, -1)
+    oi = out_i.double().reshape(steps, N, -1)
+    divisor = desc.output_divisor * (T if desc.output_time_mean else 1)
+    if divisor != 1:  # rounded to the float model's dtype, as the model rounds
+        oi = (oi / divisor).to(dtype).double()
     if of.shape != oi.shape:
         raise RuntimeError(f"float output has shape {tuple(out_f.shape)}, integer output "
                            f"{tuple(out_i.shape)}")

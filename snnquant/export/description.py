@@ -37,7 +37,8 @@ from ..capture.graph import ExportError  # noqa: F401 (defined with the capture,
 from .integer_ops import fits_packed, pack_int
 
 __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "SynapseOp", "NeuronOp",
-           "PoolOp", "FlattenOp", "JoinOp", "IntegerNetwork", "ExportError", "DescriptionError",
+           "PoolOp", "FlattenOp", "JoinOp", "GatherOp", "ReduceOp", "MatMulOp", "ScaleOp",
+           "OP_TYPES", "IntegerNetwork", "ExportError", "DescriptionError",
            "check_inputs", "check_input_shape"]
 
 #: Version of the description and of the file format of :func:`~snnquant.export.save_integer`.
@@ -46,10 +47,13 @@ __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "Synap
 #: a version-1 file is read with their defaults (1, 0, ``True``, ``None``): every layer exact.
 #: Version 3 adds graphs: every operation's ``inputs`` and the :class:`JoinOp`; a version-1 or -2
 #: file is read with ``inputs=()`` (a sequence).
-FORMAT_VERSION = 3
+#: Version 4 adds the operations of spiking transformers (:class:`GatherOp`, :class:`ReduceOp`,
+#: :class:`MatMulOp`, :class:`ScaleOp`) and ``output_time_mean``; an earlier file is read with
+#: ``output_time_mean=False``.
+FORMAT_VERSION = 4
 
 #: Format versions that :func:`~snnquant.export.load_integer` reads.
-READABLE_FORMAT_VERSIONS = (1, 2, 3)
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
 
 #: The index that stands for the network input in an operation's ``inputs``.
 NETWORK_INPUT = -1
@@ -413,8 +417,135 @@ class JoinOp:
         return ""
 
 
-Op = Union[SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp]
-_OP_CLASSES = {cls.op_type: cls for cls in (SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp)}
+@dataclass
+class GatherOp:
+    r"""A layout operation as an index map: reshape, transpose, permute, a slice (``chunk``,
+    ``x[..., a:b]``), a broadcast, and any chain of them, composed into one map at export.
+
+    Per sample, with :math:`x` and :math:`y` read in row-major order:
+
+    .. math::
+
+        y_j = x_{\mathrm{index}_j},\qquad j = 0, \ldots, \textstyle\prod \mathrm{shape} - 1
+
+    ``index`` ``None`` is the identity order (a reshape: no data moves). No arithmetic: the
+    values, their bound and their fractional bits are the input's.
+
+    Attributes:
+        name: the operation (the last of the chain) it comes from.
+        shape: one sample's output shape.
+        index: ``int64`` tensor of ``prod(shape)`` input positions, or ``None``.
+        inputs: the value it reads.
+    """
+
+    name: str
+    shape: Tuple[int, ...]
+    index: Optional[torch.Tensor] = None
+    inputs: Tuple[int, ...] = ()
+
+    op_type = "gather"
+
+    def leak_text(self) -> str:  # pragma: no cover
+        return ""
+
+
+@dataclass
+class ReduceOp:
+    r"""The sum over per-sample dimensions ``dims`` (0 = first dimension after batch), standing
+    for a sum (``frac_bits_added`` 0) or a mean over :math:`2^a` values (``frac_bits_added``
+    :math:`a`: the output units gain :math:`a` fractional bits):
+
+    .. math::
+
+        y = \sum_{i \in \mathrm{dims}} x_i,\qquad \text{real value } y\, 2^{-(F + a)}
+
+    Attributes:
+        name: the operation it comes from (``x.sum(dim)``, ``x.mean(dim)``).
+        dims: the summed dimensions of one sample, each in ``[0, rank)``, sorted.
+        keepdim: they stay as size-1 dimensions.
+        count: how many values each output sums (the product of the summed sizes): the bound
+            of the sum, checked against the shapes by
+            :func:`~snnquant.export.simulator.op_shapes`.
+        frac_bits_added: :math:`a`.
+        inputs: the value it reads.
+    """
+
+    name: str
+    dims: Tuple[int, ...]
+    keepdim: bool
+    count: int
+    frac_bits_added: int = 0
+    inputs: Tuple[int, ...] = ()
+
+    op_type = "reduce"
+
+    def leak_text(self) -> str:  # pragma: no cover
+        return ""
+
+
+@dataclass
+class MatMulOp:
+    r"""The matrix product of two integer tensors (a spiking attention's :math:`Q K^\top` and
+    :math:`(Q K^\top) V` as counts), per sample, leading dimensions broadcast as in
+    ``torch.matmul``:
+
+    .. math::
+
+        y_{\ldots i j} = \sum_k a_{\ldots i k}\, b_{\ldots k j},\qquad
+        F_y = F_a + F_b
+
+    exact in integers; the float model's product is exact when
+    :math:`K \max|a| \max|b| \le 2^p` (checked at export).
+
+    Attributes:
+        name: the operation it comes from.
+        inner: :math:`K`, the length of the summed dimension (the bound of the product, checked
+            against the shapes by :func:`~snnquant.export.simulator.op_shapes`).
+        out_frac_bits: :math:`F_y`.
+        inputs: ``(a, b)``.
+    """
+
+    name: str
+    inner: int
+    out_frac_bits: int
+    inputs: Tuple[int, ...] = ()
+
+    op_type = "matmul"
+
+    def __post_init__(self):
+        if len(self.inputs) != 2:
+            raise ValueError(f"a matmul reads two values, got inputs={self.inputs!r}")
+
+    def leak_text(self) -> str:  # pragma: no cover
+        return ""
+
+
+@dataclass
+class ScaleOp:
+    r"""Multiplication by the constant :math:`2^k` (Spikformer's attention scale 0.125 is
+    :math:`k = -3`): for :math:`k \le 0` the integers are unchanged and gain :math:`-k`
+    fractional bits; for :math:`k > 0` they are shifted left, :math:`y = x \ll k`.
+
+    Attributes:
+        name: the operation it comes from.
+        exponent: :math:`k`.
+        inputs: the value it reads.
+    """
+
+    name: str
+    exponent: int
+    inputs: Tuple[int, ...] = ()
+
+    op_type = "scale"
+
+    def leak_text(self) -> str:  # pragma: no cover
+        return ""
+
+
+Op = Union[SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp, GatherOp, ReduceOp, MatMulOp, ScaleOp]
+#: Every operation type of an :class:`IntegerNetwork`.
+OP_TYPES = (SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp, GatherOp, ReduceOp, MatMulOp, ScaleOp)
+_OP_CLASSES = {cls.op_type: cls for cls in OP_TYPES}
 
 
 @dataclass
@@ -436,6 +567,12 @@ class IntegerNetwork:
         mantissa_bits: significand bits of that dtype (24 or 53), used in the exactness bounds.
         format_version: :data:`FORMAT_VERSION`.
         notes: free text (what was folded, skipped as identity in eval mode, ...).
+        output_time_mean: the model averages its output over the time steps (a trailing
+            ``x.mean(0)`` of a multi-step network, also one that a last linear layer follows,
+            which is exported per step: the mean of :math:`W x_t + b` is :math:`W \bar x + b`).
+            The operations still run per step; :class:`~snnquant.export.IntegerSNN` returns
+            the sum over the :math:`T` steps, and the model's output is that sum divided by
+            :math:`T` and :attr:`output_divisor`.
     """
 
     ops: List[Op]
@@ -446,6 +583,7 @@ class IntegerNetwork:
     mantissa_bits: int = 24
     format_version: int = FORMAT_VERSION
     notes: List[str] = field(default_factory=list)
+    output_time_mean: bool = False
 
     def __post_init__(self):
         check_inputs(self.ops)
@@ -550,6 +688,17 @@ class IntegerNetwork:
             elif isinstance(op, JoinOp):
                 lines.append(f"  {op.name}: join {op.kind}, shifts {list(op.shifts)}, output units "
                              f"2^-{op.out_frac_bits}")
+            elif isinstance(op, GatherOp):
+                lines.append(f"  {op.name}: {'reshape' if op.index is None else 'gather'} to "
+                             f"{tuple(op.shape)}")
+            elif isinstance(op, ReduceOp):
+                lines.append(f"  {op.name}: sum over dims {list(op.dims)}"
+                             f"{', keepdim' if op.keepdim else ''}, +{op.frac_bits_added} "
+                             f"fractional bits")
+            elif isinstance(op, MatMulOp):
+                lines.append(f"  {op.name}: matmul, output units 2^-{op.out_frac_bits}")
+            elif isinstance(op, ScaleOp):
+                lines.append(f"  {op.name}: times 2^{op.exponent}")
             else:
                 lines.append(f"  {op.name}: flatten {op.start_dim}..{op.end_dim}")
         return "\n".join(lines)
@@ -577,7 +726,7 @@ class IntegerNetwork:
             meta_ops.append(entry)
         meta = {k: getattr(self, k) for k in ("input_max", "output_kind", "output_frac_bits",
                                               "reference_dtype", "mantissa_bits",
-                                              "format_version", "notes")}
+                                              "format_version", "notes", "output_time_mean")}
         meta["ops"] = meta_ops
         meta["bits"] = self.bits()
         meta["exact"] = self.exact
@@ -618,4 +767,5 @@ class IntegerNetwork:
         return cls(ops=ops, input_max=int(meta["input_max"]), output_kind=meta["output_kind"],
                    output_frac_bits=int(meta["output_frac_bits"]),
                    reference_dtype=meta["reference_dtype"], mantissa_bits=int(meta["mantissa_bits"]),
-                   format_version=int(meta["format_version"]), notes=list(meta.get("notes", [])))
+                   format_version=int(meta["format_version"]), notes=list(meta.get("notes", [])),
+                   output_time_mean=bool(meta.get("output_time_mean", False)))

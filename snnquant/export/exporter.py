@@ -38,6 +38,7 @@ with the float model is measured, not guaranteed.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import operator
 from dataclasses import dataclass
@@ -53,8 +54,9 @@ from ..capture import CaptureError, capture, connect_functions, is_sequence, nod
 from .integer_ops import pow2_exponent
 from .program import adaptive_windows
 
-from .description import (NETWORK_INPUT, ExportError, FlattenOp, check_input_shape, IntegerNetwork, JoinOp, NeuronOp,
-                          PoolOp, SynapseOp)
+from .description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork, JoinOp,
+                          MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
+                          check_input_shape)
 
 __all__ = ["to_integer", "model_walk", "is_multi_step"]
 
@@ -503,6 +505,15 @@ _ADAPTIVE_TYPES = (nn.AdaptiveAvgPool1d, nn.AdaptiveAvgPool2d)
 _ADD_FUNCTIONS = {operator.add, operator.iadd, torch.add, "add", "add_", "__add__", "__iadd__"}
 _MUL_FUNCTIONS = {operator.mul, operator.imul, torch.mul, "mul", "mul_"}
 _FLATTEN_FUNCTIONS = {torch.flatten, "flatten"}
+_TRUEDIV_FUNCTIONS = {operator.truediv, torch.div, "div", "__truediv__"}
+_MATMUL_FUNCTIONS = {operator.matmul, torch.matmul, "matmul", "__matmul__"}
+#: layout operations: replayed on index maps (:meth:`_GraphBuilder.layout`)
+_LAYOUT_FUNCTIONS = {torch.flatten, "flatten", torch.reshape, "reshape", "view", torch.transpose,
+                     "transpose", torch.permute, "permute", "contiguous", torch.chunk, "chunk",
+                     torch.split, "split", torch.unflatten, "unflatten", torch.squeeze, "squeeze",
+                     torch.unsqueeze, "unsqueeze", "expand", torch.movedim, "movedim",
+                     torch.swapaxes, "swapaxes", torch.narrow, "narrow", torch.unbind, "unbind",
+                     "clone", torch.clone, "t", torch.t}
 _CONNECT_KINDS = {"ADD": "add", "AND": "and", "IAND": "iand"}
 
 
@@ -521,9 +532,38 @@ class _Value:
     x_bound: Tuple[str, int]
     cur_log2: float = 0.0
     binary: bool = False
+    time_mean: bool = False
+
+    def magnitude(self, input_max) -> Optional[int]:
+        """The largest integer magnitude (``None``: it depends on an unknown ``input_max``)."""
+        if self.domain == "current":
+            return int(math.ceil(2.0 ** self.cur_log2))
+        if self.x_bound[0] == "input":
+            return None if input_max is None else self.x_bound[1] * input_max
+        return self.x_bound[1]
 
 
 _SPIKES = _Value("event", 0, ("abs", 1), 0.0, True)
+
+
+class _View:
+    """A pending layout: one sample of value ``src`` read through ``index`` (a tensor of the
+    output's shape holding positions in the source sample, row-major). Materialised as a
+    :class:`GatherOp` only where a computing operation reads it (``emitted``)."""
+
+    def __init__(self, src: int, index: torch.Tensor):
+        self.src, self.index, self.emitted = src, index, None
+
+
+def _flat_args(args, kwargs):
+    """Every argument of a call, nested tuples and lists opened."""
+    stack = list(args) + list(kwargs.values())
+    while stack:
+        a = stack.pop()
+        if isinstance(a, (tuple, list)):
+            stack.extend(a)
+        else:
+            yield a
 
 
 class _FlattenCall:
@@ -581,6 +621,8 @@ class _GraphBuilder:
         self.values = {NETWORK_INPUT: _Value("event", 0, ("input", 1))}
         self.allowed_input = None
         self.seen_synapse = False
+        self.shapes = {}            # value index -> one sample's shape (a capture from a run)
+        self.time_steps = None      # T of the example input, once a mean over time is seen
         self.called = {}
         self._pool_sizes = None
         _, sj_layer, _ = _sj()
@@ -644,21 +686,31 @@ class _GraphBuilder:
         v = self.values[src]
         _, sj_layer, sj_neuron = _sj()
         if registry.layer_kind(module) is not None:
-            if v.domain != "event":
-                _fail(name, module, "two synaptic layers follow each other without a neuron "
-                                    "between them; not supported")
+            x_bound = v.x_bound if v.domain == "event" else ("abs", v.magnitude(None))
+            if v.time_mean:
+                # the model applies it to the mean over time, the export to every step: both
+                # exact when the float sum over the finer grid of the mean is
+                steps = self._time_steps(name, module)
+                _export_synapse(name, module, self.dtype, self.p, v.frac + steps,
+                                ("abs", v.magnitude(self.input_max) << steps), self.input_max)
             op, frac, cur_log2, allowed = _export_synapse(name, module, self.dtype, self.p,
-                                                          v.frac, v.x_bound, self.input_max)
+                                                          v.frac, x_bound, self.input_max)
             if v.x_bound[0] == "input" and allowed is not None:
                 self.allowed_input = (allowed if self.allowed_input is None
                                       else min(self.allowed_input, allowed))
             self.seen_synapse = True
-            return self._emit(op, _Value("current", frac, ("abs", 0), cur_log2), (src,))
+            return self._emit(op, _Value("current", frac, ("abs", 0), cur_log2,
+                                         time_mean=v.time_mean), (src,))
+        if v.time_mean:
+            _fail(name, module, "it reads the mean over time steps that the model computes "
+                                "before it; the integer export runs every layer per step, so "
+                                "only synaptic layers may follow a mean over time")
         if registry.neuron_kind(module) is not None or isinstance(module, sj_neuron.BaseNode):
-            if v.domain != "current":
-                _fail(name, module, "a neuron layer must follow a synaptic layer (its input must "
-                                    "be a synaptic current)")
-            op = _export_neuron(name, module, self.dtype, self.p, v.frac, v.cur_log2,
+            if v.domain != "current" and v.x_bound[0] == "input":
+                _fail(name, module, "a neuron layer reads the network input directly; put a "
+                                    "synaptic layer before it")
+            cur_log2 = v.cur_log2 if v.domain == "current" else math.log2(max(v.x_bound[1], 1))
+            op = _export_neuron(name, module, self.dtype, self.p, v.frac, cur_log2,
                                 self.leak_bits)
             if not op.exact:
                 self.notes.append(f"{name}: tau = {op.tau:.6g} approximated by the fixed-point "
@@ -683,6 +735,15 @@ class _GraphBuilder:
             _fail(name, module, batchnorm_refusal(self.work, name, self.captured.example_input))
         self.notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")
         return src
+
+    def _time_steps(self, name, module) -> int:
+        """``log2(T)`` of the example input's time steps (a mean over time divides by T)."""
+        steps = pow2_exponent(float(self.time_steps or 0)) if self.time_steps else None
+        if steps is None:
+            _fail(name, module, f"it reads the mean over {self.time_steps} time steps, not a "
+                                f"power of two, so the model's mean is rounded and no per-step "
+                                f"integer layer reproduces it; use a power-of-two T")
+        return steps
 
     def _pool_input(self, name) -> Tuple[int, ...]:
         """The spatial input size of the adaptive pool ``name`` (one run on zeros)."""
@@ -723,19 +784,23 @@ class _GraphBuilder:
                     _fail(name or type(module).__name__, module,
                           "its forward() takes more than one input")
                 at[node] = src
+                self._note_shape(src, node, lead)
             elif node.op == "output":
                 out = node.args[0]
                 if not isinstance(out, torch.fx.Node) or out not in at:
                     _fail(name or type(module).__name__, module,
                           "its forward() returns something other than one tensor")
-                return at[out]
+                return self._arg(name, module, node, at, 0)
             elif node.op == "call_module":
                 target = f"{name}.{node.target}" if name else node.target
                 sub = self.work.get_submodule(target)
                 at[node] = self.module(target, sub, _lead(sub, self.multi, lead),
                                        self._arg(name, module, node, at, 0))
+                self._note_shape(at[node], node, lead)
             elif node.op in ("call_function", "call_method"):
                 at[node] = self.function(name, module, node, at, lead)
+                if isinstance(at[node], int):
+                    self._note_shape(at[node], node, lead)
             elif node.op == "get_attr":
                 self._fail_at(name, module, node, f"its forward() reads the tensor "
                                                   f"{node.target!r} directly; only modules, +, "
@@ -756,17 +821,117 @@ class _GraphBuilder:
                           f"operation {what}{' at ' + where if where else ''}: {reason}")
 
     def _arg(self, name, module, node, at, i) -> int:
+        """The value index of ``node``'s argument ``i`` (a pending layout is materialised)."""
         arg = node.args[i] if i < len(node.args) else None
-        if not isinstance(arg, torch.fx.Node) or arg not in at:
+        if not isinstance(arg, torch.fx.Node) or arg not in at or isinstance(at[arg], tuple):
             self._fail_at(name, module, node, f"its argument {i} is not a tensor the export "
                                               f"computes ({_arg_text(arg)})")
-        return at[arg]
+        value = at[arg]
+        if isinstance(value, _View):
+            value = self._materialize(value, self._node_label(name, arg))
+        return value
 
-    def function(self, name, module, node, at, lead) -> int:
+    def _note_shape(self, index, node, lead) -> None:
+        """Remember one sample's shape of value ``index`` from the capture (a run only)."""
+        shape = node.meta.get("shape")
+        if isinstance(index, int) and shape is not None and len(shape) >= lead:
+            self.shapes.setdefault(index, tuple(shape[lead:]))
+
+    def _view(self, name, module, node, at, arg) -> "_View":
+        """The pending layout of the value ``arg`` (an identity map over its own value)."""
+        value = at.get(arg) if isinstance(arg, torch.fx.Node) else None
+        if isinstance(value, _View):
+            return value
+        if not isinstance(value, int):
+            self._fail_at(name, module, node, f"it reads {_arg_text(arg)}, not a tensor the "
+                                              f"export computes")
+        shape = self.shapes.get(value)
+        if shape is None:
+            self._fail_at(name, module, node, "a layout operation needs the shapes of the "
+                                              "values, which only a capture from a run knows: "
+                                              "pass to_integer(..., example_input=x)")
+        return _View(value, torch.arange(math.prod(shape), dtype=torch.int64).reshape(shape))
+
+    def _materialize(self, view: "_View", label: str) -> int:
+        """A :class:`GatherOp` for ``view`` (nothing for the identity; cached per view)."""
+        if view.emitted is not None:
+            return view.emitted
+        shape = self.shapes.get(view.src)
+        flat = view.index.reshape(-1)
+        identity = torch.equal(flat, torch.arange(flat.numel(), dtype=torch.int64)) and \
+            shape is not None and flat.numel() == math.prod(shape)
+        if identity and tuple(view.index.shape) == tuple(shape):
+            view.emitted = view.src
+            return view.src
+        op = GatherOp(name=label, shape=tuple(int(v) for v in view.index.shape),
+                      index=None if identity else flat.clone())
+        v = self.values[view.src]
+        view.emitted = self._emit(op, v, (view.src,))
+        self.shapes[view.emitted] = tuple(view.index.shape)
+        return view.emitted
+
+    def layout(self, name, module, node, at, lead):
+        """A layout operation (reshape, transpose, ...) applied to the index map of its input,
+        found by running it on the example shapes: a :class:`_View` (or a tuple of them)."""
+        data = node.args[0] if node.args else None
+        view = self._view(name, module, node, at, data)
+        full = data.meta.get("shape") if isinstance(data, torch.fx.Node) else None
+        if full is None or len(full) < lead:
+            self._fail_at(name, module, node, "its input's shape is not known: pass "
+                                              "to_integer(..., example_input=x)")
+        outer = tuple(full[:lead])
+        # ids: position in the source sample; who: which sample (time step, batch)
+        ids = view.index.expand(outer + tuple(view.index.shape))
+        who = torch.arange(math.prod(outer), dtype=torch.int64).reshape(
+            outer + (1,) * view.index.dim()).expand(ids.shape)
+
+        def run(t):
+            args = [t] + [a for a in node.args[1:]]
+            if any(isinstance(a, torch.fx.Node) for a in _flat_args(args[1:], node.kwargs)):
+                self._fail_at(name, module, node, "a layout operation whose arguments are "
+                                                  "computed tensors is not supported")
+            if node.op == "call_method":
+                return getattr(t, node.target)(*args[1:], **node.kwargs)
+            return node.target(*args, **node.kwargs)
+
+        try:
+            out_ids, out_who = run(ids), run(who)
+        except (RuntimeError, TypeError, ValueError, IndexError) as err:
+            self._fail_at(name, module, node, f"it could not be replayed on the example shapes "
+                                              f"({err})")
+        singles = isinstance(out_ids, torch.Tensor)
+        items = [out_ids] if singles else list(out_ids)
+        whos = [out_who] if singles else list(out_who)
+        views = []
+        for t, w in zip(items, whos):
+            if tuple(t.shape[:lead]) != outer or not torch.equal(
+                    w, torch.arange(math.prod(outer)).reshape(outer + (1,) * (t.dim() - lead))
+                    .expand(w.shape)):
+                self._fail_at(name, module, node, f"it moves values across the time or batch "
+                                                  f"dimensions (shape {tuple(full)} to "
+                                                  f"{tuple(t.shape)}); the integer export "
+                                                  f"computes every sample and step alike")
+            first = t[(0,) * lead]
+            if not torch.equal(t, first.expand(t.shape)):  # pragma: no cover - follows from who
+                self._fail_at(name, module, node, "it treats samples differently")
+            views.append(_View(view.src, first.contiguous()))
+        return views[0] if singles else tuple(views)
+
+    def function(self, name, module, node, at, lead):
+        """The value (index, pending layout, or tuple of layouts) of a call_function or
+        call_method node."""
         label = self._node_label(name, node)
         target = node.target
         what = getattr(target, "__name__", str(target))
-        if target in _FLATTEN_FUNCTIONS:
+        first = node.args[0] if node.args else None
+        if target is operator.getitem and isinstance(at.get(first), tuple):
+            index = node.args[1]
+            if not isinstance(index, int) or not -len(at[first]) <= index < len(at[first]):
+                self._fail_at(name, module, node, f"it picks item {index!r} of "
+                                                  f"{len(at[first])}")
+            return at[first][index]
+        if target in _FLATTEN_FUNCTIONS and isinstance(at.get(first), int) \
+                and len(node.args) + len(node.kwargs) <= 3:
             src = self._arg(name, module, node, at, 0)
             args = [a for a in node.args[1:]]
             start = node.kwargs.get("start_dim", args[0] if args else 0)
@@ -774,12 +939,24 @@ class _GraphBuilder:
             op = _export_flatten(label, _FlattenCall(start, end), lead,
                                  lambda reason: self._fail_at(name, module, node, reason))
             return self._emit(op, self.values[src], (src,))
+        if target in _LAYOUT_FUNCTIONS or target is operator.getitem:
+            return self.layout(name, module, node, at, lead)
         if target in _ADD_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
             return self.join(label, (name, module, node), "add",
                              [self._arg(name, module, node, at, i) for i in (0, 1)])
         if target in _MUL_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
+            constants = [a for a in node.args if isinstance(a, (int, float))]
+            if constants:
+                return self.scale(name, module, node, at, constants[0])
             return self.join(label, (name, module, node), "and",
-                             [self._arg(name, module, node, at, i) for i in (0, 1)])
+                             self._broadcast(name, module, node, at, lead))
+        if target in _TRUEDIV_FUNCTIONS and len(node.args) == 2 and not node.kwargs \
+                and isinstance(node.args[1], (int, float)) and node.args[1] != 0:
+            return self.scale(name, module, node, at, 1 / node.args[1])
+        if what in ("sum", "mean"):
+            return self.reduce(name, module, node, at, lead, what)
+        if target in _MATMUL_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
+            return self.matmul(name, module, node, at)
         if what == "sew_function" and target in connect_functions():
             cnf = node.args[2] if len(node.args) > 2 else node.kwargs.get("cnf")
             if cnf not in _CONNECT_KINDS:
@@ -789,8 +966,136 @@ class _GraphBuilder:
                              [self._arg(name, module, node, at, i) for i in (0, 1)])
         args = ", ".join(_arg_text(a) for a in node.args)
         self._fail_at(name, module, node, f"{what}({args}) is not supported by the integer "
-                                          f"export (supported: modules, +, * of spikes, "
-                                          f"flatten, SpikingJelly's sew_function)")
+                                          f"export (supported: modules, + of two values, * of "
+                                          f"spikes or by a power of two, sum and mean, matmul, "
+                                          f"layout operations such as reshape, transpose, "
+                                          f"permute, chunk, and SpikingJelly's sew_function)")
+
+    def _broadcast(self, name, module, node, at, lead):
+        """The two operands of an elementwise operation, broadcast to one shape (a gather)."""
+        views = [self._view(name, module, node, at, node.args[i]) for i in (0, 1)]
+        shapes = [tuple(v.index.shape) for v in views]
+        try:
+            shape = tuple(torch.broadcast_shapes(*shapes))
+        except RuntimeError as err:
+            self._fail_at(name, module, node, f"its operands' shapes {shapes} do not broadcast "
+                                              f"({err})")
+        out = []
+        for i, v in enumerate(views):
+            index = v.index.reshape((1,) * (len(shape) - v.index.dim()) + tuple(v.index.shape))
+            arg = node.args[i]
+            out.append(self._materialize(_View(v.src, index.expand(shape).contiguous()),
+                                         self._node_label(name, arg) if index.shape != shape
+                                         else self._node_label(name, arg)))
+        return out
+
+    def scale(self, name, module, node, at, factor):
+        """``x * c`` for a constant ``c = 2^k``: a :class:`ScaleOp` (``c = 1``: nothing)."""
+        k = pow2_exponent(abs(float(factor))) if factor else None
+        if k is None or factor < 0:
+            self._fail_at(name, module, node, f"it multiplies by {factor!r}, which is not a "
+                                              f"positive power of two, so the product is not an "
+                                              f"exact integer on a binary grid; use a power of "
+                                              f"two (e.g. 0.125 for 1/sqrt(64)) or fold the "
+                                              f"factor into the layer before it")
+        src = self._arg(name, module, node, at, 0 if not isinstance(node.args[0], (int, float))
+                        else 1)
+        if k == 0:
+            return src
+        v = self.values[src]
+        if v.time_mean:
+            self._fail_at(name, module, node, "it scales a mean over time")
+        frac = v.frac - min(k, 0)
+        bound = (v.x_bound[0], v.x_bound[1] << max(k, 0))
+        value = _Value(v.domain, frac, bound, v.cur_log2 + max(k, 0), v.binary and k == 0)
+        out = self._emit(ScaleOp(name=self._node_label(name, node), exponent=int(k)), value,
+                         (src,))
+        if src in self.shapes:
+            self.shapes[out] = self.shapes[src]
+        return out
+
+    def reduce(self, name, module, node, at, lead, what):
+        """``x.sum(dims)`` / ``x.mean(dims)`` over one sample's dimensions (a
+        :class:`ReduceOp`), or a mean over the time steps at the end of the network."""
+        src = self._arg(name, module, node, at, 0)
+        full = node.args[0].meta.get("shape") if isinstance(node.args[0], torch.fx.Node) else None
+        dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+        keepdim = bool(node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False))
+        extra = set(node.kwargs) - {"dim", "keepdim"}
+        if full is None or dim is None or extra:
+            self._fail_at(name, module, node, f"{what} needs the dimensions it reduces (dim=...) "
+                                              f"and the shapes of a capture from a run "
+                                              f"(to_integer(..., example_input=x))"
+                          if not extra else f"{what} with {sorted(extra)} is not supported")
+        dims = sorted({d % len(full) for d in (dim if isinstance(dim, (tuple, list)) else (dim,))})
+        v = self.values[src]
+        count = math.prod(full[d] for d in dims)
+        if dims == [0] and self.multi and lead == 2 and what == "mean" and not keepdim:
+            if v.time_mean:
+                self._fail_at(name, module, node, "it averages over time twice")
+            self.time_steps = int(full[0])
+            out = len(self.ops) - 1
+            if src != out:
+                self._fail_at(name, module, node, "a mean over time must follow the operation "
+                                                  "just before it")
+            self.values[src] = dataclasses.replace(v, time_mean=True)
+            return src
+        if any(d < lead for d in dims):
+            self._fail_at(name, module, node, f"it reduces the time or batch dimension "
+                                              f"(dim={dim!r} of shape {tuple(full)}); only a mean "
+                                              f"over time (dim=0) at the end of a multi-step "
+                                              f"network is exported")
+        if v.time_mean:
+            self._fail_at(name, module, node, "it reduces a mean over time")
+        added = 0
+        if what == "mean":
+            added = pow2_exponent(float(count))
+            if added is None:
+                self._fail_at(name, module, node, f"it averages {count} values, not a power of "
+                                                  f"two, so the mean is not an exact binary "
+                                                  f"fraction; use a sum, or a size that is a "
+                                                  f"power of two")
+        op = ReduceOp(name=self._node_label(name, node), dims=tuple(d - lead for d in dims),
+                      keepdim=keepdim, count=int(count), frac_bits_added=int(added))
+        mag = v.magnitude(self.input_max)
+        if mag is None:
+            self._fail_at(name, module, node, "it sums values whose bound depends on the input: "
+                                              "pass to_integer(..., input_max=...)")
+        total = mag * count
+        if total > 1 << self.p:
+            self._fail_at(name, module, node, f"the sum of {count} values of magnitude up to "
+                                              f"{mag} can reach {total}, more than 2^{self.p}: "
+                                              f"the {self.dtype} sum is not exact")
+        value = _Value(v.domain, v.frac + added, ("abs", total), math.log2(max(total, 1)))
+        return self._emit(op, value, (src,))
+
+    def matmul(self, name, module, node, at):
+        """``a @ b`` of two integer tensors (counts): a :class:`MatMulOp`."""
+        srcs = [self._arg(name, module, node, at, i) for i in (0, 1)]
+        vals = [self.values[j] for j in srcs]
+        shapes = [self.shapes.get(j) for j in srcs]
+        if any(sh is None or len(sh) < 2 for sh in shapes):
+            self._fail_at(name, module, node, f"a matrix product needs operands of known shapes "
+                                              f"with two dimensions or more, got {shapes} "
+                                              f"(pass to_integer(..., example_input=x))")
+        inner = int(shapes[0][-1])
+        if shapes[1][-2] != inner:
+            self._fail_at(name, module, node, f"the shapes {shapes} do not multiply")
+        mags = [v.magnitude(self.input_max) for v in vals]
+        if None in mags or any(v.time_mean for v in vals):
+            self._fail_at(name, module, node, "a matrix product of the network input or of a "
+                                              "mean over time is not supported")
+        total = inner * mags[0] * mags[1]
+        if total > 1 << self.p:
+            self._fail_at(name, module, node, f"the product sums {inner} terms of magnitude up "
+                                              f"to {mags[0] * mags[1]}: {total} exceeds "
+                                              f"2^{self.p}, so the {self.dtype} product of the "
+                                              f"model is not exact")
+        frac = vals[0].frac + vals[1].frac
+        op = MatMulOp(name=self._node_label(name, node), inner=inner, out_frac_bits=frac,
+                      inputs=tuple(srcs))
+        return self._emit(op, _Value("event", frac, ("abs", total), math.log2(max(total, 1))),
+                          tuple(srcs))
 
     def join(self, label, at_node, kind, srcs) -> int:
         """A JoinOp named ``label`` of ``srcs``; ``at_node`` = ``(graph owner name, owner,
@@ -926,7 +1231,8 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
             fractional bits :math:`F` (an int in ``[1, 32]``, e.g. 8..16) of the fixed-point
             leak multiplier of such layers (approximate export).
         input_shape: one sample's input shape (without time and batch), needed only when the
-            network has an adaptive average pool (its divisor depends on the input size).
+            network has an adaptive average pool (its divisor depends on the input size);
+            default: that of ``example_input``.
         example_input: one input batch (``[T, N, ...]`` for a multi-step network): the graph is
             then captured from a run of the model on it (:func:`~snnquant.capture.capture`),
             which follows Python that depends only on shapes (``if x.ndim != 5: raise``) and
@@ -964,6 +1270,9 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     if isinstance(example_input, torch.Tensor):
         example_input = example_input.to(reference_dtype).cpu()
     captured = capture(work, example_input)
+    if input_shape is None and isinstance(example_input, torch.Tensor):
+        # one sample's shape, which an adaptive pool's divisor depends on
+        input_shape = tuple(example_input.shape[2 if is_multi_step(work) else 1:])
     graph = _GraphBuilder(work, reference_dtype, p, input_max, leak_bits, input_shape, captured)
     out = graph.build()
     ops, notes = graph.ops, graph.notes
@@ -981,11 +1290,12 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     if input_max is None:
         input_max = min(allowed_input, (1 << 31) - 1) if allowed_input is not None else (1 << 31) - 1
     last = graph.values[out]
-    if last.domain == "current":
+    if last.domain == "current" or (not last.binary and isinstance(
+            ops[out], (GatherOp, ReduceOp, MatMulOp, ScaleOp))):
         output_kind, output_frac = "current", last.frac
     else:
         output_kind, output_frac = "spikes", 0
     return IntegerNetwork(ops=ops, input_max=int(input_max), output_kind=output_kind,
                           output_frac_bits=int(output_frac),
                           reference_dtype=str(reference_dtype).replace("torch.", ""),
-                          mantissa_bits=p, notes=notes)
+                          mantissa_bits=p, notes=notes, output_time_mean=last.time_mean)

@@ -25,7 +25,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 import torch
 
 from . import integer_ops
-from .description import JoinOp, NeuronOp, PoolOp, SynapseOp
+from .description import JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp
 
 __all__ = ["Instr", "NeuronProgram", "neuron_program", "SynapseRescale", "OPCODES",
            "c_literal", "c_rhe_helper", "SynapseBounds", "synapse_bounds", "pool_range",
@@ -540,6 +540,24 @@ def join_bound(op: JoinOp, in_ranges: Sequence[Interval]) -> int:
     if op.kind != "add":
         return 1
     return sum(max(abs(lo), abs(hi)) << s for (lo, hi), s in zip(in_ranges, op.shifts))
+
+
+def reduce_range(op: ReduceOp, in_range: Interval) -> Interval:
+    """The range of a sum of ``op.count`` values of ``in_range`` (every partial sum inside it)."""
+    return min(0, op.count * in_range[0]), max(0, op.count * in_range[1])
+
+
+def matmul_range(op: MatMulOp, a: Interval, b: Interval) -> Interval:
+    r"""The range of a matrix product: :math:`K` times the range of one product
+    :math:`a_{ik} b_{kj}`, 0 included (every partial sum inside it)."""
+    corners = [x * y for x in a for y in b]
+    return min(0, op.inner * min(corners)), max(0, op.inner * max(corners))
+
+
+def scale_range(op: ScaleOp, in_range: Interval) -> Interval:
+    """The range of :math:`x 2^k` as integers: shifted left for :math:`k > 0`, else the input's."""
+    k = max(op.exponent, 0)
+    return in_range[0] << k, in_range[1] << k
 
 
 def adaptive_windows(size_in: int, size_out: int) -> List[Tuple[int, int]]:

@@ -16,6 +16,7 @@ reading its inputs from a table of values by operation index.
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 from typing import Dict, Tuple, Union
@@ -23,12 +24,12 @@ from typing import Dict, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from .description import (NETWORK_INPUT, DescriptionError, FlattenOp, IntegerNetwork, JoinOp,
-                          NeuronOp, PoolOp, SynapseOp)
+from .description import (NETWORK_INPUT, DescriptionError, FlattenOp, GatherOp, IntegerNetwork,
+                          JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp)
 from . import compiled_neuron, integer_ops
 from .integer_ops import round_half_even_shift
-from .program import (SynapseRescale, adaptive_windows, join_range, neuron_program, pool_range,
-                      synapse_bounds)
+from .program import (SynapseRescale, adaptive_windows, join_range, matmul_range, neuron_program,
+                      pool_range, reduce_range, scale_range, synapse_bounds)
 from .validation import check_network
 
 __all__ = ["IntegerSNN", "op_shapes", "SYNAPSE_ARITHMETIC", "float32_sums_are_exact"]
@@ -190,6 +191,18 @@ class IntegerSNN:
                 rng = join_range(op, operands)
                 widest = max(max(abs(lo), abs(hi)) << k for (lo, hi), k in zip(operands, op.shifts))
                 plan.append(dict(dtype=_dtype_for(max(widest, *map(abs, rng)))))
+            elif isinstance(op, (ReduceOp, MatMulOp, ScaleOp)):
+                if isinstance(op, ReduceOp):
+                    rng = reduce_range(op, rng)
+                elif isinstance(op, ScaleOp):
+                    rng = scale_range(op, rng)
+                else:
+                    rng = matmul_range(op, *(ranges[j] for j in self.desc.op_inputs(i)))
+                # every partial sum lies in rng; int64 matmul (no int16/int32 kernels on the CPU)
+                plan.append(dict(dtype=torch.int64 if isinstance(op, MatMulOp)
+                                 else _dtype_for(max(map(abs, rng)))))
+            elif isinstance(op, GatherOp):
+                plan.append(dict(index=None if op.index is None else op.index.to(self.device)))
             else:
                 plan.append(None)
             ranges[i] = rng
@@ -235,6 +248,25 @@ class IntegerSNN:
             start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
             end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
             return torch.flatten(x, start, end)
+        if isinstance(op, GatherOp):
+            flat = x.reshape(x.shape[0], -1)
+            if prm["index"] is not None:
+                top = int(prm["index"].max()) if prm["index"].numel() else -1
+                if flat.shape[1] <= top:
+                    raise ValueError(f"its index reads position {top} of a sample of "
+                                     f"{flat.shape[1]} values")
+                flat = flat.index_select(1, prm["index"])
+            return flat.reshape((x.shape[0],) + tuple(op.shape))
+        if isinstance(op, ReduceOp):
+            dims = tuple(d + 1 for d in op.dims)
+            if any(d >= x.dim() for d in dims) or \
+                    math.prod(x.shape[d] for d in dims) != op.count:
+                raise ValueError(f"it sums dims {list(op.dims)} of a sample of shape "
+                                 f"{tuple(x.shape[1:])}, not {op.count} values")
+            return x.to(prm["dtype"]).sum(dim=dims, keepdim=op.keepdim, dtype=prm["dtype"])
+        if isinstance(op, ScaleOp):
+            x = x.to(prm["dtype"])
+            return x * (1 << op.exponent) if op.exponent > 0 else x
         raise TypeError(f"unknown operation {type(op).__name__} ({op.name!r})")
 
     def _synapse(self, op: SynapseOp, prm, x: torch.Tensor) -> torch.Tensor:
@@ -249,6 +281,15 @@ class IntegerSNN:
         if prm["rescale"] is None:
             return acc
         return prm["rescale"].apply(acc, prm["out_dtype"])
+
+    @staticmethod
+    def _matmul(op: MatMulOp, prm, xs) -> torch.Tensor:
+        """:math:`a b` per sample (``[T*N, ..., M, K] @ [T*N, ..., K, L]``) in int64."""
+        a, b = (x.to(prm["dtype"]) for x in xs)
+        if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != op.inner or b.shape[-2] != op.inner:
+            raise ValueError(f"it multiplies samples of shapes {tuple(a.shape[1:])} and "
+                             f"{tuple(b.shape[1:])}, not over {op.inner} values")
+        return torch.matmul(a, b)
 
     @staticmethod
     def _join(op: JoinOp, prm, xs) -> torch.Tensor:
@@ -345,7 +386,9 @@ class IntegerSNN:
             counts when the network ends in a sum pool of spikes, or ``int64`` currents in units
             of :math:`2^{-F}` (``'current'``); dividing by
             :attr:`~snnquant.export.IntegerNetwork.output_divisor` gives the float model's
-            output. With ``record``, ``(output, layers)``.
+            output. With ``output_time_mean``, the ``int64`` sum over the steps ``[N, ...]``
+            (divide by :math:`T` too; ``record`` keeps the last layer's steps). With
+            ``record``, ``(output, layers)``.
         """
         if not isinstance(x_seq, torch.Tensor):
             raise TypeError(f"x_seq must be a tensor, got {type(x_seq).__name__}")
@@ -384,6 +427,8 @@ class IntegerSNN:
             src = self.desc.op_inputs(i)
             if isinstance(op, JoinOp):
                 y = self._join(op, prm, [values[j] for j in src])
+            elif isinstance(op, MatMulOp):
+                y = self._matmul(op, prm, [values[j] for j in src])
             elif isinstance(op, NeuronOp):
                 x = values[src[0]]
                 # the currents may be overwritten by the spikes when this is their last reader,
@@ -410,6 +455,8 @@ class IntegerSNN:
             out = out.to(torch.int64)
             if record:
                 layers[self.desc.ops[-1].name] = out
+        if self.desc.output_time_mean:  # the model averages over time: the sum, [N, ...]
+            out = out.to(torch.int64).sum(0)
         return (out, layers) if record else out
 
     def __repr__(self):
@@ -443,6 +490,8 @@ def _op_shapes(sim: IntegerSNN, input_shape) -> list:
                     raise ValueError(f"the operands have the shapes "
                                      f"{[tuple(x.shape[1:]) for x in xs]}")
                 y = sim._join(op, prm, xs)
+            elif isinstance(op, MatMulOp):
+                y = sim._matmul(op, prm, xs)
             elif isinstance(op, NeuronOp):
                 y = xs[0]
             else:

@@ -34,10 +34,11 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .description import (JOIN_KINDS, NETWORK_INPUT, DescriptionError, FlattenOp,
-                          IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_inputs)
-from .program import (SynapseRescale, join_bound, join_range, neuron_program, pool_range,
-                      synapse_bounds)
+from .description import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, DescriptionError, FlattenOp,
+                          GatherOp, IntegerNetwork, JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp,
+                          ScaleOp, SynapseOp, check_inputs)
+from .program import (SynapseRescale, join_bound, join_range, matmul_range, neuron_program,
+                      pool_range, reduce_range, scale_range, synapse_bounds)
 
 __all__ = ["DescriptionError", "check_network", "VALUE_LIMIT_BITS"]
 
@@ -237,6 +238,21 @@ def _check_join(i: int, op: JoinOp, fracs, ranges) -> None:
                                                 f"values in [{lo}, {hi}]")
 
 
+def _check_gather(i: int, op: GatherOp) -> None:
+    shape = _ints(i, op, "shape", None, 1, 1 << 40)
+    if not shape:
+        raise _fail(i, op, "shape", op.shape, "it must have at least one dimension")
+    if op.index is None:
+        return
+    size = math.prod(shape)
+    index = op.index
+    if not isinstance(index, torch.Tensor) or index.dtype != torch.int64 or \
+            tuple(index.shape) != (size,):
+        raise _fail(i, op, "index", index, f"it must be an int64 tensor of shape ({size},)")
+    if size and int(index.min()) < 0:
+        raise _fail(i, op, "index", index, "its entries must be >= 0 (input positions)")
+
+
 def _check_bounds(i: int, op, field: str, bound: int, what: str) -> None:
     if bound >= 1 << VALUE_LIMIT_BITS:
         raise _fail(i, op, field, getattr(op, field), f"{what} is bounded only by {bound}, "
@@ -288,14 +304,15 @@ def check_network(desc: IntegerNetwork) -> None:
     layouts = {NETWORK_INPUT: None}
     last = len(desc.ops) - 1
     for i, op in enumerate(desc.ops):
-        if not isinstance(op, (SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp)):
+        if not isinstance(op, OP_TYPES):
             raise DescriptionError(f"operation {i} is a {type(op).__name__}, not an operation of "
                                    f"an IntegerNetwork")
     check_inputs(desc.ops)
     for i, op in enumerate(desc.ops):
         src = desc.op_inputs(i)
-        if not isinstance(op, JoinOp) and len(src) != 1:
-            raise _fail(i, op, "inputs", op.inputs, "only a join reads more than one value")
+        if not isinstance(op, (JoinOp, MatMulOp)) and len(src) != 1:
+            raise _fail(i, op, "inputs", op.inputs, "only a join or a matmul reads more than one "
+                                                    "value")
         frac, rng = fracs[src[0]], ranges[src[0]]
         if isinstance(op, SynapseOp):
             _check_synapse(i, op, frac)
@@ -316,6 +333,32 @@ def check_network(desc: IntegerNetwork) -> None:
         elif isinstance(op, FlattenOp):
             _int(i, op, "start_dim", -64, 64)
             _int(i, op, "end_dim", -64, 64)
+        elif isinstance(op, GatherOp):
+            _check_gather(i, op)
+        elif isinstance(op, ReduceOp):
+            _ints(i, op, "dims", None, 0, 64)
+            if not op.dims or list(op.dims) != sorted(set(op.dims)):
+                raise _fail(i, op, "dims", op.dims, "they must be distinct, sorted and at least one")
+            if not isinstance(op.keepdim, bool):
+                raise _fail(i, op, "keepdim", op.keepdim, "it must be a bool")
+            _int(i, op, "count", 1, 1 << 40)
+            frac += _int(i, op, "frac_bits_added", 0, VALUE_LIMIT_BITS)
+            rng = reduce_range(op, rng)
+            _check_bounds(i, op, "count", max(map(abs, rng)), "the sum")
+        elif isinstance(op, MatMulOp):
+            if len(src) != 2:
+                raise _fail(i, op, "inputs", op.inputs, "a matmul reads two values")
+            _int(i, op, "inner", 1, 1 << 40)
+            out_frac = _int(i, op, "out_frac_bits", -_FRAC_LIMIT, _FRAC_LIMIT)
+            if out_frac != fracs[src[0]] + fracs[src[1]]:
+                raise _fail(i, op, "out_frac_bits", out_frac,
+                            f"it must be the operands' {fracs[src[0]]} + {fracs[src[1]]}")
+            frac, rng = out_frac, matmul_range(op, ranges[src[0]], ranges[src[1]])
+            _check_bounds(i, op, "inner", max(map(abs, rng)), "the matrix product")
+        elif isinstance(op, ScaleOp):
+            k = _int(i, op, "exponent", -VALUE_LIMIT_BITS, VALUE_LIMIT_BITS)
+            frac, rng = frac - min(k, 0), scale_range(op, rng)
+            _check_bounds(i, op, "exponent", max(map(abs, rng)), "the scaled value")
         else:
             _check_join(i, op, fracs, ranges)
             known = {layouts[j] for j in src} - {None}
