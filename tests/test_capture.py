@@ -129,7 +129,7 @@ def test_a_failing_run_names_the_innermost_module_and_its_line():
 
 
 class _Attention(nn.Module):
-    """A spike product between two branches: what the integer export does not compute yet."""
+    """A product that mixes the samples of a batch: what the integer export does not compute."""
 
     def __init__(self, channels):
         super().__init__()
@@ -142,15 +142,28 @@ class _Attention(nn.Module):
         return self.q(x) @ self.k(x).transpose(-2, -1)
 
 
+class _Gate(_Attention):
+    """An operation the integer export has no integer form of."""
+
+    def forward(self, x):
+        return torch.sigmoid(self.q(x))
+
+
 def test_unsupported_operation_is_named_with_its_module_and_line():
     net = nn.Sequential(layer.Linear(4, 4), neuron.IFNode(), _Attention(4))
     sjf.set_step_mode(net, "m")
     q, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
     x = torch.ones(3, 2, 4)
     q.train()(x)
+    # [T, N, C] transposed over (N, C) mixes the samples of a batch
     with pytest.raises(ExportError, match=r"^layer '2' \(_Attention\), the operation transpose at "
-                                          + HERE + r": transpose\(a tensor, -2, -1\) is not "
-                                          r"supported by the integer export"):
+                                          + HERE + r": it moves values across the time or batch "
+                                          r"dimensions \(shape \(3, 2, 4\) to \(3, 4, 2\)\)"):
+        to_integer(q, input_max=1, example_input=x)
+    q[2].__class__ = _Gate
+    with pytest.raises(ExportError, match=r"^layer '2' \(_Gate\), the operation sigmoid at "
+                                          + HERE + r": sigmoid\(a tensor\) is not supported by "
+                                          r"the integer export"):
         to_integer(q, input_max=1, example_input=x)
 
 

@@ -453,7 +453,7 @@ def test_refuses_unknown_module_and_bad_structure():
         pass
 
     assert to_integer(Plain(*_mlp())).neuron_names == ["1", "3"]
-    with pytest.raises(ExportError, match="neuron layer must follow a synaptic layer"):
+    with pytest.raises(ExportError, match="a neuron layer reads the network input directly; put a synaptic layer before it"):
         to_integer(nn.Sequential(qnn.QuantIFNode(v_quant=8)))
 
 

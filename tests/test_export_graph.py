@@ -10,8 +10,8 @@ from spikingjelly.activation_based.model import (parametric_lif_net, sew_resnet,
 import snnquant.nn as qnn
 from conftest import neuron_outputs
 from snnquant import QuantConfig, quantize_model
-from snnquant.export import (NETWORK_INPUT, ExportError, IntegerNetwork, IntegerSNN, JoinOp,
-                             PoolOp, compare_integer, fold_batchnorm, load_integer, save_integer,
+from snnquant.export import (FORMAT_VERSION, NETWORK_INPUT, ExportError, IntegerNetwork,
+                             IntegerSNN, JoinOp, PoolOp, compare_integer, fold_batchnorm, load_integer, save_integer,
                              to_integer)
 
 T, N = 4, 2
@@ -180,7 +180,7 @@ def test_graph_file_round_trip(tmp_path):
     path = tmp_path / "sew.safetensors"
     save_integer(desc, path)
     back = load_integer(path)
-    assert back.format_version == 3 and back.is_graph
+    assert back.format_version == FORMAT_VERSION and back.is_graph
     assert str(back) == str(desc)
     assert [back.op_inputs(i) for i in range(len(back.ops))] == \
         [desc.op_inputs(i) for i in range(len(desc.ops))]

@@ -16,7 +16,8 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 """
 
 from .description import (FORMAT_VERSION, NETWORK_INPUT, DescriptionError, ExportError, FlattenOp,
-                          IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_input_shape)
+                          GatherOp, IntegerNetwork, JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp,
+                          ScaleOp, SynapseOp, check_input_shape)
 from .integer_ops import pack_int, round_half_even_shift, unpack_int
 from .exporter import to_integer
 from .simulator import IntegerSNN
@@ -33,7 +34,7 @@ from .nir_consumers import ConsumerRegisterWarning, narrow_registers, shift_flat
 
 __all__ = [
     "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",
-    "FlattenOp", "JoinOp", "NETWORK_INPUT", "round_half_even_shift", "pack_int", "unpack_int",
+    "FlattenOp", "JoinOp", "GatherOp", "ReduceOp", "MatMulOp", "ScaleOp", "NETWORK_INPUT", "round_half_even_shift", "pack_int", "unpack_int",
     "to_integer", "IntegerSNN",
     "IntegerAgreement", "SilentNetworkWarning", "compare_integer", "integer_agreement",
     "fold_batchnorm", "save_integer",

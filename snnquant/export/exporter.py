@@ -948,8 +948,14 @@ class _GraphBuilder:
             constants = [a for a in node.args if isinstance(a, (int, float))]
             if constants:
                 return self.scale(name, module, node, at, constants[0])
-            return self.join(label, (name, module, node), "and",
-                             self._broadcast(name, module, node, at, lead))
+            operands = [at.get(a) for a in node.args]
+            if all(isinstance(v, int) for v in operands) and (
+                    any(v not in self.shapes for v in operands)
+                    or self.shapes[operands[0]] == self.shapes[operands[1]]):
+                srcs = operands     # same shapes (or unknown ones: torch.fx symbolic tracing)
+            else:
+                srcs = self._broadcast(name, module, node, at, lead)
+            return self.join(label, (name, module, node), "and", srcs)
         if target in _TRUEDIV_FUNCTIONS and len(node.args) == 2 and not node.kwargs \
                 and isinstance(node.args[1], (int, float)) and node.args[1] != 0:
             return self.scale(name, module, node, at, 1 / node.args[1])
@@ -983,10 +989,8 @@ class _GraphBuilder:
         out = []
         for i, v in enumerate(views):
             index = v.index.reshape((1,) * (len(shape) - v.index.dim()) + tuple(v.index.shape))
-            arg = node.args[i]
             out.append(self._materialize(_View(v.src, index.expand(shape).contiguous()),
-                                         self._node_label(name, arg) if index.shape != shape
-                                         else self._node_label(name, arg)))
+                                         self._node_label(name, node.args[i])))
         return out
 
     def scale(self, name, module, node, at, factor):

@@ -18,8 +18,8 @@ from typing import Union
 import torch
 
 from .._io import atomic_write
-from .description import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, DescriptionError,
-                          IntegerNetwork)
+from .description import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, DescriptionError, GatherOp,
+                          IntegerNetwork, MatMulOp, ReduceOp, ScaleOp)
 from .validation import check_network
 
 __all__ = ["save_integer", "load_integer", "FILE_FORMAT"]
@@ -108,6 +108,11 @@ def save_integer(desc: IntegerNetwork, path: PathLike) -> None:
         raise ValueError(f"desc has layers with a fixed-point leak ({desc.approximate_layers}), "
                          f"which format_version {desc.format_version} cannot hold; set "
                          f"desc.format_version = {FORMAT_VERSION}")
+    newer = [op.name for op in desc.ops if isinstance(op, (GatherOp, ReduceOp, MatMulOp, ScaleOp))]
+    if (newer or desc.output_time_mean) and desc.format_version < 4:
+        what = f"the operations {newer[:3]}" if newer else "output_time_mean"
+        raise ValueError(f"desc has {what}, which format_version {desc.format_version} cannot "
+                         f"hold; set desc.format_version = {FORMAT_VERSION}")
     check_network(desc)
     meta, tensors = desc.to_record()
     metadata = {
