@@ -43,10 +43,12 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from .._io import atomic_write_files
-from .description import (NETWORK_INPUT, ExportError, FlattenOp, IntegerNetwork, JoinOp, NeuronOp,
-                          PoolOp, SynapseOp, check_input_shape)
+from .description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork, JoinOp,
+                          MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
+                          check_input_shape)
 from .program import (SynapseRescale, adaptive_windows, c_literal, c_rhe_helper, join_bound,
-                      join_range, neuron_program, pool_range, synapse_bounds)
+                      join_range, matmul_range, neuron_program, pool_range, reduce_range,
+                      scale_range, synapse_bounds)
 from .simulator import op_shapes
 
 __all__ = ["to_c", "c_memory", "CMemory", "check_c_name", "C_HEADER_NAMES",
@@ -171,6 +173,12 @@ def _infer_input_shape(desc: IntegerNetwork) -> Tuple[int, ...]:
     raise ValueError(f"input_shape is required: the network starts with {kind}, whose input size "
                      f"the description does not hold; pass the per-sample input shape, e.g. "
                      f"input_shape=(2, 34, 34)")
+
+
+def _aliases(op) -> bool:
+    """Operations that move no data in C: their output is their input's buffer (in C order)."""
+    return isinstance(op, FlattenOp) or (isinstance(op, GatherOp) and op.index is None) or (
+        isinstance(op, ScaleOp) and op.exponent <= 0)
 
 
 def _numel(shape) -> int:
@@ -721,6 +729,105 @@ class _Gen:
             f"        out[j] = ({out_t})({value});\n    }}\n}}")
         return out_range, out_t
 
+    def gather(self, i: int, op: GatherOp, n: int, in_range, in_t, out_t_fixed):
+        """``out[j] = in[index[j]]`` (a layout operation with a table; a reshape is no call)."""
+        table = self.const_array(f"g{i}", op.index)
+        out_t = out_t_fixed or in_t
+        self.funcs.append(
+            f"/* {_quote(op.name)}: gather to {list(op.shape)} */\n"
+            f"static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)\n"
+            f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
+            f"        out[j] = ({out_t})in[{table}[j]];\n    }}\n}}")
+        return in_range, out_t
+
+    def scale(self, i: int, op: ScaleOp, n: int, in_range, in_t, out_t_fixed):
+        """``out[j] = in[j] * 2^k`` (``k > 0``; a ``k <= 0`` is no call)."""
+        out_range = scale_range(op, in_range)
+        out_t = out_t_fixed or _ctype(*out_range)[0]
+        self.funcs.append(
+            f"/* {_quote(op.name)}: times 2^{op.exponent} */\n"
+            f"static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)\n"
+            f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
+            f"        out[j] = ({out_t})((int64_t)in[j] * {_lit(1 << op.exponent)});\n    }}\n}}")
+        return out_range, out_t
+
+    @staticmethod
+    def _strides(shape) -> List[int]:
+        out, acc = [], 1
+        for size in reversed(list(shape)):
+            out.append(acc)
+            acc *= int(size)
+        return out[::-1]
+
+    @staticmethod
+    def _loops(sizes, names, body: Sequence[str], indent: int = 4) -> List[str]:
+        """Nested ``for`` loops over ``sizes`` with counters ``names`` around ``body``."""
+        lines = []
+        for depth, (size, v) in enumerate(zip(sizes, names)):
+            lines.append(" " * (indent + 4 * depth) + f"for ({v} = 0; {v} < {size}; {v}++) {{")
+        inner = " " * (indent + 4 * len(sizes))
+        lines += [inner + b for b in body]
+        for depth in reversed(range(len(sizes))):
+            lines.append(" " * (indent + 4 * depth) + "}")
+        return lines
+
+    def reduce(self, i: int, op: ReduceOp, in_shape, out_shape, in_range, in_t, out_t_fixed):
+        """The sum over ``op.dims``: every input position adds into its output position (every
+        partial sum lies in the output's range, so the output's type holds it)."""
+        out_range = reduce_range(op, in_range)
+        out_t = out_t_fixed or _ctype(*out_range)[0]
+        kept = [d for d in range(len(in_shape)) if d not in op.dims]
+        out_strides = self._strides([in_shape[d] for d in kept])
+        names = [f"i{d}" for d in range(len(in_shape))]
+        src = " + ".join(f"{v} * {st}" for v, st in zip(names, self._strides(in_shape))) or "0"
+        dst = " + ".join(f"i{d} * {st}" for d, st in zip(kept, out_strides)) or "0"
+        n_out = _numel(out_shape)
+        lines = [f"static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)", "{",
+                 f"    int32_t j, {', '.join(names)};",
+                 f"    for (j = 0; j < {n_out}; j++) {{", "        out[j] = 0;", "    }"]
+        lines += self._loops(in_shape, names, [
+            f"out[{dst}] = ({out_t})(out[{dst}] + ({out_t})in[{src}]);"])
+        lines.append("}")
+        self.funcs.append(f"/* {_quote(op.name)}: sum over dims {list(op.dims)} */\n"
+                          + "\n".join(lines))
+        return out_range, out_t
+
+    def matmul(self, i: int, op: MatMulOp, shapes, out_shape, in_ranges, in_ts, out_t_fixed):
+        """``out[..., m, l] = sum_k a[..., m, k] b[..., k, l]``, leading dimensions broadcast."""
+        out_range = matmul_range(op, *in_ranges)
+        out_t = out_t_fixed or _ctype(*out_range)[0]
+        batch = list(out_shape[:-2])
+        m, l_, k = out_shape[-2], out_shape[-1], op.inner
+        names = [f"b{d}" for d in range(len(batch))]
+
+        def offset(shape):
+            """The offset of operand ``shape``'s matrix for the batch counters (broadcast)."""
+            lead = list(shape[:-2])
+            lead = [1] * (len(batch) - len(lead)) + lead
+            strides = self._strides(lead + list(shape[-2:]))[:len(batch)]
+            terms = [f"{v} * {st}" for v, size, st in zip(names, lead, strides) if size != 1]
+            return " + ".join(terms) or "0"
+
+        a_off, b_off = offset(shapes[0]), offset(shapes[1])
+        o_off = " + ".join(f"{v} * {st}" for v, st in
+                           zip(names, self._strides(batch + [m, l_])[:len(batch)])) or "0"
+        body = [f"const int32_t ao = {a_off}, bo = {b_off}, oo = {o_off};",
+                f"for (r = 0; r < {m}; r++) {{",
+                f"    for (c = 0; c < {l_}; c++) {{",
+                "        int64_t acc = 0;",
+                f"        for (q = 0; q < {k}; q++) {{",
+                f"            acc += (int64_t)a[ao + r * {k} + q] * (int64_t)b[bo + q * {l_} + c];",
+                "        }",
+                f"        out[oo + r * {l_} + c] = ({out_t})acc;",
+                "    }", "}"]
+        decl = ", ".join(names + ["r", "c", "q"])
+        lines = [f"static void {self.name}_op{i}(const {in_ts[0]} *a, const {in_ts[1]} *b, "
+                 f"{out_t} *out)", "{", f"    int32_t {decl};"]
+        lines += self._loops(batch, names, body)
+        lines.append("}")
+        self.funcs.append(f"/* {_quote(op.name)}: matmul over {k} */\n" + "\n".join(lines))
+        return out_range, out_t
+
     # -- whole network --------------------------------------------------------------------------
     def _schedule(self):
         """The C calls in order: ``(steps, source, out_src, last_read, readers)``. A step is ``(i, j)``:
@@ -731,8 +838,8 @@ class _Gen:
         desc = self.desc
         source = {NETWORK_INPUT: NETWORK_INPUT}
         for i, op in enumerate(desc.ops):
-            source[i] = source[desc.op_inputs(i)[0]] if isinstance(op, FlattenOp) else i
-        compute = [i for i, op in enumerate(desc.ops) if not isinstance(op, FlattenOp)]
+            source[i] = source[desc.op_inputs(i)[0]] if _aliases(op) else i
+        compute = [i for i, op in enumerate(desc.ops) if not _aliases(op)]
         out_src = source[len(desc.ops) - 1] if desc.ops else NETWORK_INPUT
         readers: dict = {}
         for i in compute:
@@ -814,6 +921,17 @@ class _Gen:
             elif isinstance(op, JoinOp):
                 rng, t = self.join(i, op, out_shape, [ranges[k] for k in srcs],
                                    [types[k] for k in srcs], fixed)
+            elif isinstance(op, GatherOp):
+                rng, t = self.gather(i, op, _numel(out_shape), in_range, in_t, fixed)
+            elif isinstance(op, ScaleOp):
+                rng, t = self.scale(i, op, _numel(out_shape), in_range, in_t, fixed)
+            elif isinstance(op, ReduceOp):
+                rng, t = self.reduce(i, op, in_shape, out_shape, in_range, in_t, fixed)
+            elif isinstance(op, MatMulOp):
+                operand_shapes = [self.shapes[k][1] if k != NETWORK_INPUT else self.input_shape
+                                  for k in desc.op_inputs(i)]
+                rng, t = self.matmul(i, op, operand_shapes, out_shape,
+                                     [ranges[k] for k in srcs], [types[k] for k in srcs], fixed)
             else:
                 rng, t = self.neuron(i, op, in_shape, in_range, in_t, fixed, out_list=out_list)
             if j == out_src:
@@ -881,6 +999,9 @@ class _Gen:
                         f"{desc.output_divisor:g}")
         else:
             out_desc = "spikes 0/1"
+        if desc.output_time_mean:
+            out_desc += (";\n * the model averages its output over the time steps: sum the "
+                         "outputs of the T steps and divide by T")
         return f"""/* {n}.h: integer spiking network generated by snnquant.export.to_c.
  * Bit-exact with snnquant.export.IntegerSNN. C99, integer only, no dynamic memory.
  * Input: {_numel(self.input_shape)} int32 values per step, per-sample shape {list(self.input_shape)}

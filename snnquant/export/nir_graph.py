@@ -59,7 +59,7 @@ from .nir_schema import (NIR_MIN_VERSION, SCHEMA_VERSION, import_nir, is_add_joi
 from .program import adaptive_windows
 from .simulator import IntegerSNN, op_shapes
 
-__all__ = ["to_nir", "UNITS", "MAX_POOL_FORMS", "SCHEMA_VERSION", "NIR_MIN_VERSION"]
+__all__ = ["to_nir", "refuse_beyond_nir", "UNITS", "MAX_POOL_FORMS", "SCHEMA_VERSION", "NIR_MIN_VERSION"]
 
 #: Units of the exported values: ``'integer'`` (each layer on its integer grid) or ``'real'``.
 UNITS = ("integer", "real")
@@ -106,6 +106,36 @@ def _neuron_meta(op: NeuronOp, unit: float, dt: float):
         if op.tau is not None:
             meta["source_tau"] = float(op.tau)
     return meta
+
+
+#: What NIR 1.0 has no node for, per operation type of a spiking transformer.
+_BEYOND_NIR = {
+    "GatherOp": "a layout operation (reshape, transpose, permute, chunk, a broadcast): NIR's "
+                "only layout node is Flatten",
+    "ReduceOp": "a sum over dimensions (a token sum or mean): NIR has no reduction node",
+    "MatMulOp": "a matrix product of two computed tensors (attention): NIR's Affine and Linear "
+                "multiply by constant weights only",
+    "ScaleOp": "a multiplication by a power of two of a value that is not a synaptic input",
+}
+
+
+def refuse_beyond_nir(desc: IntegerNetwork) -> None:
+    """Refuse a description that NIR cannot express: the first operation NIR has no node for
+    (named, with its index, type and why), or a mean over time of the output.
+
+    Raises:
+        ExportError: naming the operation.
+    """
+    for i, op in enumerate(desc.ops):
+        why = _BEYOND_NIR.get(type(op).__name__)
+        if why is not None:
+            raise ExportError(f"layer {op.name!r} (operation {i}, {type(op).__name__}): NIR has "
+                              f"no node for it: {why}. Deploy such a network with to_c or "
+                              f"IntegerSNN")
+    if desc.output_time_mean:
+        raise ExportError("the network's output is a mean over time steps (output_time_mean), "
+                          "which NIR's per-step graphs cannot say; export the model without its "
+                          "final mean over time, and average the NIR graph's outputs")
 
 
 def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int], *,
@@ -170,7 +200,9 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
         ImportError: ``nir`` is missing or older than 1.0.6.
         ExportError: a layer has no NIR equivalent (soft reset, max pooling of non-binary values,
             1-d pooling other than ``VotingLayer``, dilated pooling, adaptive pooling whose
-            windows overlap or repeat the input), named with the reason.
+            windows overlap or repeat the input; the operations of spiking transformers:
+            layout maps, sums over dimensions, matrix products, see
+            :func:`refuse_beyond_nir`), named with the reason.
     """
     nir = import_nir("to_nir")
     if units not in UNITS:
@@ -190,6 +222,7 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     else:
         raise TypeError(f"source must be an IntegerNetwork or an nn.Module, got {type(source).__name__}")
     narrow_registers(desc, consumers)   # an unknown consumer is refused before any work
+    refuse_beyond_nir(desc)
     in_out = op_shapes(desc, input_shape)
     shapes = [before for before, _ in in_out]
     out_shape = in_out[-1][1] if in_out else tuple(input_shape)
