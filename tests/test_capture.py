@@ -242,3 +242,15 @@ def test_an_in_place_change_through_a_view_is_refused_not_lost():
     with pytest.raises(CaptureError, match=r"the model \(_ViewAddsInPlace\) at " + HERE +
                                            r" changes a view of a tensor in place \(add_\)"):
         capture(net, torch.ones(3, 2, 4))
+
+
+def test_spiking_resnet_adds_in_place_to_a_layer_output_and_is_captured():
+    """spiking_resnet's BasicBlock writes ``out += identity`` on a multi-step BatchNorm's output,
+    a view of the module's own flattened result that no other operation reads: not refused."""
+    from spikingjelly.activation_based.model import spiking_resnet
+    torch.manual_seed(0)
+    net = spiking_resnet.spiking_resnet18(spiking_neuron=neuron.IFNode, num_classes=10)
+    sjf.set_step_mode(net, "m")
+    x = torch.rand(2, 1, 3, 32, 32)
+    graph = capture(net, x).graph("layer1.0", net.layer1[0])
+    assert any(n.target in ("add_", "__iadd__") for n in graph.nodes)

@@ -411,7 +411,10 @@ class _Recorder(TorchFunctionMode):
         if target is None:
             return out
         if mutates and args and isinstance(args[0], torch.Tensor) and args[0]._base is not None \
-                and self._computed(args[0]):
+                and self._computed(args[0]) and self._computed(args[0]._base):
+            # a view of a recorded value: changing it changes that value, which the graph
+            # would not show (a view of a module's internal tensor, as a multi-step layer's
+            # output reshaped back to [T, N, ...], changes nothing recorded)
             raise CaptureError(
                 f"{_describe_stop(*self._innermost(), _where(sys._getframe(1)))} changes a view "
                 f"of a tensor in place ({getattr(func, '__name__', func)}), which also changes "
