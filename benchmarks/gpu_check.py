@@ -66,6 +66,10 @@ import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 from typing import Optional
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # the modules beside it
+from _machine import cpu_name, package_version  # noqa: E402
+from _tables import write_atomic  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 RESULTS = HERE / "results"
@@ -121,12 +125,6 @@ def _bench_module():
     return bench_neuron_gpu
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 class Budget:
     """Seconds left of ``--budget-s``, so that every part ends before the call's limit."""
 
@@ -150,14 +148,11 @@ def environment(cuda: bool) -> dict:
         env = bench.environment(torch.device("cuda", torch.cuda.current_device()))
         env["compute_capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
     else:
-        sys.path.insert(0, str(HERE))
-        from _machine import cpu_name
-
         env = {"gpu": "none (dry run on the CPU)", "cpu": cpu_name(), "torch": torch.__version__,
                "torch_cuda": torch.version.cuda, "python": platform.python_version(),
                "platform": platform.platform(), "driver": bench._nvidia_driver()}
         for name in ("cupy", "triton", "spikingjelly", "snntorch", "snnquant"):
-            env[name] = bench._package_version(name)
+            env[name] = package_version(name)
     env["date_utc"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M")
     return env
 
@@ -262,16 +257,6 @@ def run_cuda_tests(out: Path, shards: int, timeout: float) -> dict:
 # 3. the example's network: a few training steps per backend, integer export
 # ------------------------------------------------------------------------------------------------
 
-def _example_module():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("train_nmnist",
-                                                  ROOT / "examples" / "train_nmnist.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def _event_frames(generator, shape, density):
     import torch
 
@@ -289,7 +274,9 @@ def train_backend(backend: str, device, x, y, steps: int) -> dict:
     import snnquant
 
     torch.manual_seed(0)
-    net = _example_module().build_csnn(channels=8, tau=2.0)
+    import _nmnist_common
+
+    net = _nmnist_common.example().build_csnn(channels=8, tau=2.0)
     model, _ = snnquant.quantize_model(net, snnquant.QuantConfig(weight_bits=4, v_bits=8,
                                                                  backend=backend))
     model.to(device)
@@ -454,7 +441,7 @@ def run_worker(spec_path: str) -> int:
         import spikingjelly
 
         result["spikingjelly_file"] = spikingjelly.__file__
-        result["spikingjelly_version"] = bench._package_version("spikingjelly")
+        result["spikingjelly_version"] = package_version("spikingjelly")
     except Exception as error:
         result["spikingjelly_file"] = f"import failed: {type(error).__name__}: {error}"
     for case in spec["cases"]:
@@ -496,7 +483,7 @@ def run_worker(spec_path: str) -> int:
                 except Exception as error:  # recorded with the row, the others still run
                     row["error"] = f"{type(error).__name__}: {error}"[:400]
                 entry["rows"].append(row)
-                _atomic_write(Path(spec["out"]), json.dumps(result, indent=2))  # kept if killed
+                write_atomic(Path(spec["out"]), json.dumps(result, indent=2))  # kept if killed
                 print(f"  {case['label']} {dtype_name} T={T}: "
                       f"{row.get('ms', row.get('error'))}", flush=True)
                 x = grad = None
@@ -506,7 +493,7 @@ def run_worker(spec_path: str) -> int:
             from spikingjelly.activation_based import functional as sjf
 
             entry["implementation_after"] = sjf.neuron_implementation("lif", device)
-    _atomic_write(Path(spec["out"]), json.dumps(result, indent=2))
+    write_atomic(Path(spec["out"]), json.dumps(result, indent=2))
     return 0
 
 
@@ -749,8 +736,8 @@ def format_markdown(report: dict) -> str:
 def write_report(report: dict, out: Path) -> tuple[Path, Path]:
     stem = "gpu_check_dry_run" if report["mode"] == "dry-run" else "bench_neuron_gpu"
     json_path, md_path = out / f"{stem}.json", out / f"{stem}.md"
-    _atomic_write(json_path, json.dumps(report, indent=2, default=str))
-    _atomic_write(md_path, format_markdown(report))
+    write_atomic(json_path, json.dumps(report, indent=2, default=str))
+    write_atomic(md_path, format_markdown(report))
     return json_path, md_path
 
 
