@@ -309,8 +309,9 @@ def main(argv=None):
         list_bytes=mems["events"].list_bytes, synaptic_ops_per_sample=synops * args.T,
         ns_per_synaptic_op=ns_per_synop, ratios=ratios, agreement=agreement, results=rows)
     stem = "bench_c_runtime_quick" if args.quick else "bench_c_runtime"
+    markdown = "```\n" + table + "\n```\n\n" + f"`{result['command']}`\n"
     write_files(args.out, {f"{stem}.json": json.dumps(result, indent=2) + "\n",
-                           f"{stem}.md": "```\n" + table + "\n```\n\n" + f"`{result['command']}`\n"})
+                           f"{stem}.md": markdown})
     return result
 
 

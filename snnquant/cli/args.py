@@ -13,7 +13,8 @@ from snnquant.cli.ptq import ptq_network
 
 #: ``snnquant train --help``: what the command does, its outputs, its run folder and exit statuses
 #: (the description above the flags; the dataset layouts follow it)
-DESCRIPTION = """Train a low-bit spiking CNN on N-MNIST (or, with no data root, on the built-in N-MNIST-format
+DESCRIPTION = """\
+Train a low-bit spiking CNN on N-MNIST (or, with no data root, on the built-in N-MNIST-format
 digits dataset), DVS128 Gesture, CIFAR10-DVS or SHD with quantization in the loop.
 
 ``snnquant train`` (also ``python -m snnquant train``) and ``python examples/train_nmnist.py`` run
