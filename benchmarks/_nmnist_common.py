@@ -1,23 +1,25 @@
-"""Shared by the accuracy benchmarks of PTQ, mixed precision and binary/ternary weights: the N-MNIST
-example's network, data and training loop (``examples/train_nmnist.py``), run in this process."""
+"""Shared by the benchmarks that train the N-MNIST example (accuracy of PTQ, mixed precision,
+binary/ternary weights, calibration methods, BatchNorm folding; the C runtime and CPU timings):
+the example's network, data and training loop (``examples/train_nmnist.py``), run in this
+process, and what the accuracy benchmarks have in common (arguments, the seed loop, the results
+files)."""
 from __future__ import annotations
 
 import argparse
 import importlib.util
 import json
 import os
-import platform
-import statistics
 import sys
 import time
 
 import torch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
 sys.path.insert(0, HERE)
-from _machine import cpu_name  # noqa: E402
+from _machine import ROOT, machine, use_checkout  # noqa: E402
+from _tables import write_files  # noqa: E402
+
+use_checkout()
 
 
 def example():
@@ -30,6 +32,7 @@ def example():
 
 
 def example_args(ex, epochs: int, seed: int, data_root=None, extra=()):
+    """The example's flags (``parse_args``) for a CPU run of ``epochs`` epochs with ``seed``."""
     argv = ["--epochs", str(epochs), "--seed", str(seed), "--device", "cpu", *extra]
     if data_root:
         argv += ["--data-root", data_root]
@@ -169,39 +172,25 @@ def deployed_accuracy(bench, model, seed: int, finetune_epochs: int) -> float:
     return correct / count
 
 
-def machine():
-    """The machine and versions a result was measured with (SpikingJelly 2.0.0 has no
-    ``__version__``: its version is the installed distribution's)."""
-    from importlib.metadata import version
-    return dict(platform=platform.platform(), cpu=cpu_name(),
-                python=platform.python_version(), torch=torch.__version__,
-                spikingjelly=version("spikingjelly"), cpu_count=os.cpu_count(),
-                omp_num_threads=os.environ.get("OMP_NUM_THREADS"),
-                torch_threads=torch.get_num_threads())
+def seeds_done(args, seed: int) -> list:
+    """The seeds of ``--seeds`` measured once ``seed`` is (the seeds are the outer loop)."""
+    return args.seeds[:args.seeds.index(seed) + 1]
 
 
-def spread(values):
-    """``(median, min, max)`` of a list of accuracies."""
-    return statistics.median(values), min(values), max(values)
-
-
-def fmt(values) -> str:
-    med, lo, hi = spread(values)
-    return f"{100 * med:.2f}% ({100 * lo:.2f}..{100 * hi:.2f})"
+def results_name(args, name: str) -> str:
+    """The results file name of a benchmark: ``name`` on the built-in data, ``<name>_real`` on
+    a data root."""
+    return name + ("" if args.root is None else "_real")
 
 
 def write_results(name: str, payload: dict, table: str, out_dir: str) -> None:
-    """Write ``<name>.json`` and ``<name>.md`` atomically."""
-    os.makedirs(out_dir, exist_ok=True)
+    """Write ``<name>.json`` (``payload`` with the machine, the command and the time) and
+    ``<name>.md`` (``table``) atomically."""
     payload = dict(payload, machine=machine(), command=" ".join([os.path.relpath(sys.argv[0], ROOT)]
                                                                 + sys.argv[1:]),
                    finished=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
-    for fname, text in ((f"{name}.json", json.dumps(payload, indent=2, default=str)),
-                        (f"{name}.md", table + "\n")):
-        tmp = os.path.join(out_dir, fname + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, os.path.join(out_dir, fname))
+    write_files(out_dir, {f"{name}.json": json.dumps(payload, indent=2, default=str),
+                          f"{name}.md": table + "\n"})
 
 
 def data_root_of(args) -> "str | None":

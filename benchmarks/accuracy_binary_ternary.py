@@ -20,6 +20,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _nmnist_common as common  # noqa: E402
+from _tables import fmt, spread  # noqa: E402
 
 
 def configs():
@@ -73,12 +74,12 @@ def main():
                 f", BN folded {100 * r['folded_acc'][-1]:.2f}%, + 1 epoch "
                 f"{100 * r['tuned_acc'][-1]:.2f}%, integer agreement "
                 f"{100 * r['agreement'][-1]:.2f}%" if cfg is not None else ""), flush=True)
-        report(args, rows, args.seeds[:args.seeds.index(seed) + 1])
+        report(args, rows, common.seeds_done(args, seed))
 
 
 def report(args, rows, seeds_done):
     """Print the table and (unless --quick) write the results, after every seed."""
-    fp = common.spread(rows["full precision"]["test_acc"])[0]
+    fp = spread(rows["full precision"]["test_acc"])[0]
     data = common.data_label(args, args.root)
     lines = [f"Data: {data}; {args.epochs} epochs from scratch, seeds {seeds_done} (of "
              f"{args.seeds} asked); median (min..max). BN folded: alpha times |gamma/sigma|, "
@@ -91,17 +92,16 @@ def report(args, rows, seeds_done):
         r = rows[name]
         if not r["test_acc"]:
             continue
-        med = common.spread(r["test_acc"])[0]
-        folded = common.fmt(r["folded_acc"]) if r["folded_acc"] else "-"
-        tuned = common.fmt(r["tuned_acc"]) if r["tuned_acc"] else "-"
-        agree = common.fmt(r["agreement"]) if r["agreement"] else "-"
-        lines.append(f"| {name} | {common.fmt(r['test_acc'])} | {100 * (med - fp):+.2f} | {folded} "
+        med = spread(r["test_acc"])[0]
+        folded = fmt(r["folded_acc"]) if r["folded_acc"] else "-"
+        tuned = fmt(r["tuned_acc"]) if r["tuned_acc"] else "-"
+        agree = fmt(r["agreement"]) if r["agreement"] else "-"
+        lines.append(f"| {name} | {fmt(r['test_acc'])} | {100 * (med - fp):+.2f} | {folded} "
                      f"| {tuned} | {agree} | {r['weight_bits'] or '-'} |")
     table = "\n".join(lines)
     print(table)
     if not args.quick:
-        suffix = "" if args.root is None else "_real"
-        common.write_results(f"accuracy_binary_ternary{suffix}", dict(
+        common.write_results(common.results_name(args, "accuracy_binary_ternary"), dict(
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
             data_sha256=args.data_sha256, rows=rows),
             table, args.out)

@@ -17,10 +17,9 @@ import subprocess
 import sys
 import time
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, HERE)
-from _tables import write_rst_table  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _machine import ROOT  # noqa: E402
+from _tables import RESULTS, write_files, write_rst_table  # noqa: E402
 
 CONFIGS = [
     ("full precision", ["--weight-bits", "0", "--v-bits", "0"]),
@@ -32,7 +31,7 @@ CONFIGS = [
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--epochs", type=int, default=30)
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--runs", default=os.path.join(ROOT, "runs", "accuracy"))
     args = ap.parse_args()
     rows = []
@@ -65,15 +64,11 @@ def main():
                      f"{fold} | {agree} | {r['wall_seconds']:.0f} | `{r['command']}` |")
     table = "\n".join(lines)
     print(table)
-    os.makedirs(args.out, exist_ok=True)
     machine = dict(platform=platform.platform(), cpu_count=os.cpu_count(),
                    omp_num_threads=os.environ.get("OMP_NUM_THREADS"))
-    for fname, text in (("accuracy_nmnist.json", json.dumps(dict(machine=machine, rows=rows), indent=2)),
-                        ("accuracy_nmnist.md", table + "\n")):
-        tmp = os.path.join(args.out, fname + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, os.path.join(args.out, fname))
+    write_files(args.out, {"accuracy_nmnist.json": json.dumps(dict(machine=machine, rows=rows),
+                                                              indent=2),
+                           "accuracy_nmnist.md": table + "\n"})
     write_rst_table(args.out, "accuracy_nmnist")  # the guide includes it
 
 

@@ -35,10 +35,11 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
-from _nmnist_common import machine  # noqa: E402
-from _tables import write_rst_table  # noqa: E402
+from _machine import machine, use_checkout  # noqa: E402
+from _tables import RESULTS, write_files, write_rst_table  # noqa: E402
+
+ROOT = HERE.parent
 
 CONFIGS = [
     ("full precision", ["--weight-bits", "0", "--v-bits", "0"]),
@@ -60,7 +61,7 @@ def lay_out_split(source: Path, root: Path, quick: bool) -> dict:
     """Symbolic links <root>/Train/<c>/*.bin and <root>/Test/<c>/*.bin for the fixed split."""
     import numpy as np
 
-    sys.path.insert(0, str(ROOT))
+    use_checkout()
     from snnquant.datasets import stratified_split
 
     files = sorted(p for p in (source / "Train").glob("*/*.bin"))
@@ -87,7 +88,7 @@ def main():
     ap.add_argument("--finetune-epochs", type=int, default=3)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     ap.add_argument("--quick", action="store_true", help="smoke test: 1 epoch, seed 0, 2 samples per class")
-    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--out", default=RESULTS)
     ap.add_argument("--runs", default=str(ROOT / "runs" / "accuracy_nmnist_real"))
     args = ap.parse_args()
     if args.quick:
@@ -157,7 +158,6 @@ def main():
               f"{args.finetune_epochs} --seeds {' '.join(map(str, args.seeds))}`."]
     table = "\n".join(lines)
     print(table)
-    os.makedirs(args.out, exist_ok=True)
     report = dict(machine=machine(), command="OMP_NUM_THREADS=1 python benchmarks/accuracy_nmnist_real.py "
                   f"--epochs {args.epochs} --finetune-epochs {args.finetune_epochs} --seeds "
                   + " ".join(map(str, args.seeds)),
@@ -165,12 +165,8 @@ def main():
                              train=listing["train"], test=listing["test"]),
                   epochs=args.epochs, finetune_epochs=args.finetune_epochs, seeds=args.seeds,
                   summary=summary, runs=rows)
-    for fname, text in (("accuracy_nmnist_real.json", json.dumps(report, indent=1)),
-                        ("accuracy_nmnist_real.md", table + "\n")):
-        tmp = os.path.join(args.out, fname + ".tmp")
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, os.path.join(args.out, fname))
+    write_files(args.out, {"accuracy_nmnist_real.json": json.dumps(report, indent=1),
+                           "accuracy_nmnist_real.md": table + "\n"})
     write_rst_table(args.out, "accuracy_nmnist_real")  # the guide includes it
 
 

@@ -22,6 +22,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _nmnist_common as common  # noqa: E402
+from _tables import fmt, spread  # noqa: E402
 
 BITS = [(8, 16), (4, 8), (2, 4)]
 FINETUNE_EPOCHS = 3
@@ -69,7 +70,7 @@ def main():
             print(f"seed {seed} W{w}/V{v}: " + ", ".join(
                 f"{k.split(' ', 1)[1]} {vals[-1]:.4f}" for k, vals in rows.items()
                 if k.startswith(f"W{w}/V{v} ") and vals), flush=True)
-        report(args, rows, seeds_done=args.seeds[:args.seeds.index(seed) + 1])
+        report(args, rows, seeds_done=common.seeds_done(args, seed))
 
 
 def qat_only(args, bench):
@@ -81,15 +82,14 @@ def qat_only(args, bench):
             _, acc = bench.train(cfg, seed)
             rows[f"W{w}/V{v} QAT"].append(acc)
             print(f"seed {seed} W{w}/V{v} QAT {acc:.4f}", flush=True)
-        done = args.seeds[:args.seeds.index(seed) + 1]
+        done = common.seeds_done(args, seed)
         lines = [f"Data: {common.data_label(args, args.root)}; QAT from scratch, {args.epochs} "
                  f"epochs, seeds {done} (of {args.seeds} asked); median (min..max).", "", "| configuration | test accuracy |", "|---|---|"]
-        lines += [f"| {k} | {common.fmt(v)} |" for k, v in rows.items() if v]
+        lines += [f"| {k} | {fmt(v)} |" for k, v in rows.items() if v]
         table = "\n".join(lines)
         print(table)
         if not args.quick:
-            suffix = "" if args.root is None else "_real"
-            common.write_results(f"accuracy_qat{suffix}", dict(
+            common.write_results(common.results_name(args, "accuracy_qat"), dict(
                 epochs=args.epochs, seeds=done, seeds_asked=args.seeds,
                 data_sha256=args.data_sha256, rows=rows), table, args.out)
 
@@ -97,7 +97,7 @@ def qat_only(args, bench):
 def report(args, rows, seeds_done):
     """Print the table and (unless --quick) write the results, after every seed."""
     rows = {k: v for k, v in rows.items() if v}
-    fp_med = common.spread(rows["full precision"])[0]
+    fp_med = spread(rows["full precision"])[0]
     data = common.data_label(args, args.root)
     lines = [f"Data: {data}; full precision and QAT trained {args.epochs} epochs from scratch; "
              f"PTQ: calibrate(method={args.method!r}, {args.calib_batches} batches) of the folded "
@@ -105,13 +105,12 @@ def report(args, rows, seeds_done):
              f"asked); median (min..max).",
              "", "| configuration | test accuracy | vs full precision (median) |", "|---|---|---|"]
     for name, values in rows.items():
-        med = common.spread(values)[0]
-        lines.append(f"| {name} | {common.fmt(values)} | {100 * (med - fp_med):+.2f} |")
+        med = spread(values)[0]
+        lines.append(f"| {name} | {fmt(values)} | {100 * (med - fp_med):+.2f} |")
     table = "\n".join(lines)
     print(table)
     if not args.quick:
-        suffix = "" if args.root is None else "_real"
-        common.write_results(f"accuracy_ptq{suffix}", dict(
+        common.write_results(common.results_name(args, "accuracy_ptq"), dict(
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
             data_sha256=args.data_sha256, method=args.method, skip_qat=args.skip_qat,
             calib_batches=args.calib_batches, rows=rows), table, args.out)

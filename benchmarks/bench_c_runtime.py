@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -40,13 +39,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(HERE))
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _machine import cpu_name, use_checkout  # noqa: E402
+from _tables import RESULTS, spread, write_files  # noqa: E402
 
+use_checkout()
 import _nmnist_common  # noqa: E402  (the example module, loaded in one place)
-from _machine import cpu_name  # noqa: E402
 import snnquant  # noqa: E402
 from snnquant import QuantConfig, quantize_model  # noqa: E402
 from snnquant.export import IntegerSNN, c_memory, fold_batchnorm, to_c, to_integer  # noqa: E402
@@ -187,7 +185,7 @@ def main(argv=None):
                          "test samples (its real activity); 0: untrained, random events")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"))
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, 3 repeats")
-    ap.add_argument("--out", default=str(HERE / "results"))
+    ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args(argv)
     if args.quick:
         args.T, args.N, args.channels, args.repeats, args.epochs = 4, 4, 4, 3, 0
@@ -266,11 +264,12 @@ def main(argv=None):
     got = fast(x).to(torch.int64).reshape(args.T, args.N, -1).transpose(0, 1).numpy()
     agreement["integer_snn_auto"] = float((got == ref).all(axis=(1, 2)).mean())
 
-    med = {k: statistics.median(v) for k, v in times.items()}
+    stats = {k: spread(v) for k, v in times.items()}  # (median, min, max)
+    med = {k: s[0] for k, s in stats.items()}
     rows = []
-    for k, v in times.items():
-        rows.append(dict(case=k, median_ms_per_sample=med[k] * 1e3, min_ms=min(v) * 1e3,
-                         max_ms=max(v) * 1e3, relative_to_float=med[k] / med[FLOAT]))
+    for k, (median, low, high) in stats.items():
+        rows.append(dict(case=k, median_ms_per_sample=median * 1e3, min_ms=low * 1e3,
+                         max_ms=high * 1e3, relative_to_float=median / med[FLOAT]))
     head = f"{'case':<46} {'ms/sample':>10} {'min':>9} {'max':>9} {'x float':>8}"
     lines = [head, "-" * len(head)]
     for r in rows:
@@ -309,11 +308,10 @@ def main(argv=None):
         ram_bytes_dense=mems["dense"].ram_bytes, scratch_bytes=mems["events"].scratch_bytes,
         list_bytes=mems["events"].list_bytes, synaptic_ops_per_sample=synops * args.T,
         ns_per_synaptic_op=ns_per_synop, ratios=ratios, agreement=agreement, results=rows)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     stem = "bench_c_runtime_quick" if args.quick else "bench_c_runtime"
-    (out / f"{stem}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / f"{stem}.md").write_text("```\n" + table + "\n```\n\n" + f"`{result['command']}`\n")
+    markdown = "```\n" + table + "\n```\n\n" + f"`{result['command']}`\n"
+    write_files(args.out, {f"{stem}.json": json.dumps(result, indent=2) + "\n",
+                           f"{stem}.md": markdown})
     return result
 
 

@@ -33,14 +33,12 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 N = 2**20
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO_ROOT, "benchmarks", "results")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _machine import cpu_name  # noqa: E402
+from _machine import ROOT, cpu_name, package_version, use_checkout  # noqa: E402
+from _tables import RESULTS, write_files  # noqa: E402
 
 
 def _drop_in_cases():
@@ -145,7 +143,7 @@ def _memory_child(case, label):
 
 def measure_memory(case, label):
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([REPO_ROOT, env.get("PYTHONPATH", "")])
+    env["PYTHONPATH"] = os.pathsep.join([ROOT, env.get("PYTHONPATH", "")])
     out = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--memory-child", case, label],
         check=True,
@@ -166,16 +164,6 @@ def _largest_intermediate(case, label):
     return N * 4  # n float32 values (each buffer, the int32 index included, holds n 4-byte values)
 
 
-def _write_atomic(path, text):
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=os.path.basename(path))
-    with os.fdopen(fd, "w") as handle:
-        handle.write(text)
-    os.chmod(tmp, 0o644)
-    os.replace(tmp, path)
-
-
 def _fmt_ms(seconds):
     return f"{seconds * 1e3:.2f}"
 
@@ -192,14 +180,12 @@ def main(argv=None):
     parser.add_argument("--quick", action="store_true", help="few repeats, no files written")
     parser.add_argument("--memory-child", nargs=2, metavar=("CASE", "LABEL"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if REPO_ROOT not in sys.path:
-        sys.path.insert(0, REPO_ROOT)  # run from a checkout without installing
+    if ROOT not in sys.path:
+        use_checkout()  # run from a checkout without installing
 
     if args.memory_child:
         _memory_child(*args.memory_child)
         return 0
-
-    from importlib.metadata import version
 
     import torch
 
@@ -208,8 +194,8 @@ def main(argv=None):
 
     threads = torch.get_num_threads()
     print(
-        f"torch {torch.__version__}, spikingjelly {version('spikingjelly')}, "
-        f"snntorch {version('snntorch')}; CPU threads: {threads} "
+        f"torch {torch.__version__}, spikingjelly {package_version('spikingjelly')}, "
+        f"snntorch {package_version('snntorch')}; CPU threads: {threads} "
         f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')}); n = 2**20 float32; "
         "forward + backward; CPU time per call, median of alternating samples"
     )
@@ -281,8 +267,8 @@ def main(argv=None):
         "dtype": "float32",
         "device": "cpu",
         "torch": torch.__version__,
-        "spikingjelly": version("spikingjelly"),
-        "snntorch": version("snntorch"),
+        "spikingjelly": package_version("spikingjelly"),
+        "snntorch": package_version("snntorch"),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "processor": cpu_name(),
@@ -298,8 +284,8 @@ def main(argv=None):
         "backward, in a fresh subprocess per case",
     }
     report = json.dumps({"meta": meta, "results": rows}, indent=2) + "\n"
-    _write_atomic(os.path.join(RESULTS, "bench_functional.json"), report)
-    _write_atomic(os.path.join(RESULTS, "bench_functional.md"), _markdown(meta, rows))
+    write_files(RESULTS, {"bench_functional.json": report,
+                          "bench_functional.md": _markdown(meta, rows)})
     print(f"\nwrote {os.path.join(RESULTS, 'bench_functional.json')} and bench_functional.md")
     return 0
 

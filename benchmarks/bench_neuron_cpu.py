@@ -51,15 +51,14 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
-sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _machine import cpu_name, package_version, use_checkout  # noqa: E402
+from _tables import RESULTS, write_files  # noqa: E402
 
+use_checkout()
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
 
-import _machine  # noqa: E402
 import _nmnist_common  # noqa: E402  (the example module, loaded in one place)
 
 TARGETS = {
@@ -86,7 +85,7 @@ def parse_args(argv=None):
     ap.add_argument("--no-compile", action="store_true", help="leave out torch.compile")
     ap.add_argument("--quick", action="store_true",
                     help="tiny sizes, 1 run x 2 repeats: a smoke test, not a measurement")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args(argv)
     if args.quick:
         args.shapes, args.runs, args.repeats, args.warmup = "4x2x256,8x2x256", 1, 2, 1
@@ -302,14 +301,6 @@ def deploy_group(args, train) -> dict:
 
 # ---- environment, tables, files ---------------------------------------------------------------------
 
-def _version(distribution: str) -> str:
-    from importlib import metadata
-    try:
-        return metadata.version(distribution)
-    except metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def environment(args) -> dict:
     import snnquant
     from snnquant.kernels import cpp_backend
@@ -324,11 +315,11 @@ def environment(args) -> dict:
     except Exception as error:  # not in every SpikingJelly version
         lif_impl = f"unknown ({type(error).__name__})"
     return {
-        "cpu": _machine.cpu_name(), "logical_cpus": os.cpu_count(),
+        "cpu": cpu_name(), "logical_cpus": os.cpu_count(),
         "affinity_cpus": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
         "threads": torch.get_num_threads(), "platform": platform.platform(),
         "python": platform.python_version(), "torch": torch.__version__,
-        "spikingjelly": _version("spikingjelly"),
+        "spikingjelly": package_version("spikingjelly"),
         "spikingjelly_lif_implementation": lif_impl,
         "snnquant": snnquant.__version__, "compiler": version,
         "cpp_flags": list(cpp_backend._compiler_identity(compiler)[0]) if compiler else None,
@@ -412,18 +403,11 @@ def format_markdown(result) -> str:
 
 
 def write_results(result, out_dir: str, quick: bool):
-    os.makedirs(out_dir, exist_ok=True)
+    """Write ``bench_neuron_cpu.json`` and ``.md`` (``_quick`` with ``--quick``) atomically into
+    ``out_dir``; return their paths."""
     stem = "bench_neuron_cpu_quick" if quick else "bench_neuron_cpu"
-    paths = []
-    for suffix, text in ((".json", json.dumps(result, indent=2) + "\n"),
-                         (".md", format_markdown(result))):
-        path = os.path.join(out_dir, stem + suffix)
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-        paths.append(path)
-    return paths
+    return write_files(out_dir, {stem + ".json": json.dumps(result, indent=2) + "\n",
+                                 stem + ".md": format_markdown(result)})
 
 
 def main(argv=None) -> int:

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import platform
 import re
@@ -36,8 +35,12 @@ import sys
 import time
 from typing import Callable, Optional
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
+# the shared modules beside it, also when imported as benchmarks.bench_neuron_gpu (gpu_check.py)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _machine import package_version, use_checkout  # noqa: E402
+from _tables import RESULTS, write_atomic  # noqa: E402
+
+use_checkout()
 
 CASES = ("cupy", "torch", "spikingjelly", "snntorch")
 CASE_LABELS = {
@@ -66,7 +69,7 @@ def parse_args(argv=None):
     parser.add_argument("--repeats", type=int, default=20, help="timed calls (median reported)")
     parser.add_argument("--max-seconds", type=float, default=3.0,
                         help="stop repeating a case after this long (slow baselines)")
-    parser.add_argument("--out", default=os.path.join(HERE, "results"))
+    parser.add_argument("--out", default=RESULTS)
     parser.add_argument("--dry-run", action="store_true",
                         help="print the plan and exit (no GPU needed)")
     args = parser.parse_args(argv)
@@ -181,12 +184,8 @@ def write_results(result: dict, out_dir: str) -> tuple[str, str]:
     """Write the JSON and markdown files atomically; returns their paths."""
     os.makedirs(out_dir, exist_ok=True)
     json_path, md_path = result_paths(out_dir, result["environment"]["gpu"])
-    for path, text in ((json_path, json.dumps(result, indent=2)), (md_path,
-                                                                     format_markdown(result))):
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
+    write_atomic(json_path, json.dumps(result, indent=2))
+    write_atomic(md_path, format_markdown(result))
     return json_path, md_path
 
 
@@ -214,10 +213,10 @@ def environment(device) -> dict:
     except Exception as error:  # CuPy missing: (a) is skipped, recorded why
         env["cupy"] = f"unavailable ({type(error).__name__}: {error})"
     env["driver"] = _nvidia_driver()
-    env["spikingjelly"] = _package_version("spikingjelly")
-    env["snntorch"] = _package_version("snntorch")
-    env["snnquant"] = _package_version("snnquant")
-    env["triton"] = _package_version("triton")
+    env["spikingjelly"] = package_version("spikingjelly")
+    env["snntorch"] = package_version("snntorch")
+    env["snnquant"] = package_version("snnquant")
+    env["triton"] = package_version("triton")
     try:
         from spikingjelly.activation_based import functional as sjf
 
@@ -225,19 +224,6 @@ def environment(device) -> dict:
     except Exception as error:
         env["spikingjelly_lif_implementation"] = f"unknown ({type(error).__name__}: {error})"
     return env
-
-
-def _package_version(name: str) -> str:
-    from importlib import metadata
-
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        if name == "snnquant":
-            import snnquant
-
-            return snnquant.__version__
-        return "not installed"
 
 
 def _nvidia_driver() -> str:
@@ -301,8 +287,7 @@ def copy_bandwidth(n_bytes: int, device, warmup: int, repeats: int) -> float:
     src = torch.empty(n_bytes, dtype=torch.uint8, device=device)
     dst = torch.empty_like(src)
     ms = cuda_time(lambda: dst.copy_(src), warmup, repeats, 5.0)
-    del src, dst
-    return 2 * n_bytes / (ms * 1e-3) / 1e9
+    return 2 * n_bytes / (ms * 1e-3) / 1e9  # the buffers go with this frame
 
 
 def _module_call(node, x, grad, train: bool):

@@ -24,7 +24,7 @@ import warnings
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _nmnist_common as common  # noqa: E402
-from _tables import write_rst_table  # noqa: E402
+from _tables import fmt, write_rst_table  # noqa: E402
 
 BITS = [(4, 8), (2, 4)]
 METHODS = ("minmax", "percentile", "mse", "firing")
@@ -60,7 +60,7 @@ def main():
                 low_rate[key].append(min(f.ratio for f in report.firing))
                 print(f"seed {seed} {key}: {rows[key][-1]:.4f} (lowest rate ratio "
                       f"{low_rate[key][-1]:.3f})", flush=True)
-        write(args, rows, low_rate, args.seeds[:args.seeds.index(seed) + 1])
+        write(args, rows, low_rate, common.seeds_done(args, seed))
 
 
 def paired(rows, w, v):
@@ -80,7 +80,7 @@ def write(args, rows, low_rate, seeds_done):
              f"seeds {seeds_done} (of {args.seeds} asked); median (min..max).", "",
              "| configuration | test accuracy | lowest layer rate / float rate (median) | "
              "firing vs best other, per seed (better/equal/worse) |", "|---|---|---|---|"]
-    lines.append(f"| full precision | {common.fmt(rows['full precision'])} | - | - |")
+    lines.append(f"| full precision | {fmt(rows['full precision'])} | - | - |")
     verdicts = {}
     for w, v in BITS:
         meds = {m: statistics.median(rows[f"W{w}/V{v} {m}"]) for m in METHODS}
@@ -90,7 +90,7 @@ def write(args, rows, low_rate, seeds_done):
         for m in METHODS:
             key = f"W{w}/V{v} {m}"
             pair = "%d/%d/%d" % paired(rows, w, v) if m == "firing" else "-"
-            lines.append(f"| W{w}/V{v} PTQ {m} | {common.fmt(rows[key])} | "
+            lines.append(f"| W{w}/V{v} PTQ {m} | {fmt(rows[key])} | "
                          f"{statistics.median(low_rate[key]):.3f} | {pair} |")
     w4, w2 = verdicts["W4/V8"], verdicts["W2/V4"]
     lines += ["", f"Target: firing >= best other at W4/V8: {w4['difference_points']:+.2f} points "
@@ -100,12 +100,12 @@ def write(args, rows, low_rate, seeds_done):
     table = "\n".join(lines)
     print(table)
     if not args.quick:
-        suffix = "" if args.root is None else "_real"
-        common.write_results(f"calibration_methods{suffix}", dict(
+        name = common.results_name(args, "calibration_methods")
+        common.write_results(name, dict(
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
             data_sha256=args.data_sha256, calib_batches=args.calib_batches, rows=rows,
             lowest_rate_ratio=low_rate, verdicts=verdicts), table, args.out)
-        write_rst_table(args.out, f"calibration_methods{suffix}")  # the PTQ guide includes it
+        write_rst_table(args.out, name)  # the PTQ guide includes it
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _nmnist_common as common  # noqa: E402
+from _tables import fmt  # noqa: E402
 
 CONFIGS = {"W1/V8": (1, 8), "W2/V4": (2, 4), "W3/V4": (3, 4), "W4/V8": (4, 8), "FP": (0, 0)}
 
@@ -76,10 +77,10 @@ def report(args, per_seed: dict, names) -> str:
         cols = ["folded trained", "folded deployed", "after trained", "after deployed"]
         if name == "FP":
             vals = [per_seed[s][name]["fp trained"] for s in seeds]
-            lines.append(f"| full precision | {common.fmt(vals)} | - | - | - |")
+            lines.append(f"| full precision | {fmt(vals)} | - | - | - |")
             continue
         vals = {c: [per_seed[s][name][c] for s in seeds if c in per_seed[s][name]] for c in cols}
-        lines.append(f"| {name} | " + " | ".join(common.fmt(vals[c]) if vals[c] else "-"
+        lines.append(f"| {name} | " + " | ".join(fmt(vals[c]) if vals[c] else "-"
                                                  for c in cols) + " |")
         if not all(vals.values()):
             continue

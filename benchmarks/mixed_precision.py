@@ -42,6 +42,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _nmnist_common as common  # noqa: E402
+from _tables import fmt  # noqa: E402
 
 WEIGHT_CANDIDATES = (2, 3, 4, 8)
 MEMBRANE_CANDIDATES = (4, 6, 8)
@@ -160,8 +161,7 @@ def main():
             deployed[name].append(common.deployed_accuracy(bench, model, seed, args.finetune_epochs))
             print(f"seed {seed} {name}: {100 * acc:.2f}% fake-quantized, "
                   f"{100 * deployed[name][-1]:.2f}% deployed ({size:.0f} bytes)", flush=True)
-        report(args, rows, deployed, budgets, assignments,
-               args.seeds[:args.seeds.index(seed) + 1])
+        report(args, rows, deployed, budgets, assignments, common.seeds_done(args, seed))
 
 
 def combine(args):
@@ -224,7 +224,7 @@ def columns(name, values, uniform, table):
     paired = ("-" if name == best else
               f"{sum(d > 0 for d in diff)} / {sum(d == 0 for d in diff)} / "
               f"{sum(d < 0 for d in diff)}")
-    return (f"{common.fmt(values)} | {100 * statistics.mean(values):.2f}% ({100 * std:.2f}) | "
+    return (f"{fmt(values)} | {100 * statistics.mean(values):.2f}% ({100 * std:.2f}) | "
             f"{100 * (statistics.median(values) - statistics.median(table[best])):+.2f} | {paired}")
 
 
@@ -280,9 +280,9 @@ def report(args, rows, deployed, budgets, assignments, seeds_done, data=None, su
     table = "\n".join(lines)
     print(table)
     if not args.quick:
-        if suffix is None:
-            suffix = "" if args.root is None else "_real"
-        common.write_results(f"mixed_precision{suffix}", dict(
+        name = ("mixed_precision" + suffix if suffix is not None
+                else common.results_name(args, "mixed_precision"))
+        common.write_results(name, dict(
             epochs=args.epochs, seeds=seeds_done, seeds_asked=args.seeds, data=data,
             data_sha256=args.data_sha256, budgets=budgets, rows=rows, deployed=deployed,
             verdicts=verdicts, assignments=assignments,

@@ -57,9 +57,11 @@ import warnings
 import torch
 
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
-sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _machine import use_checkout  # noqa: E402
+from _tables import RESULTS, write_files  # noqa: E402
+
+ROOT = use_checkout()
 sys.path.insert(0, os.path.join(ROOT, "tests"))  # the networks and consumer runners of the tests
 
 from _nir_consumers import (ARCHS, RUNNERS, build_network, events,  # noqa: E402
@@ -290,7 +292,7 @@ def main():
     ap.add_argument("--steps", type=int, default=16)
     ap.add_argument("--epochs", type=int, default=TRAINED_EPOCHS,
                     help="training epochs of the trained rows (b)")
-    ap.add_argument("--out", default=os.path.join(HERE, "results"))
+    ap.add_argument("--out", default=RESULTS)
     args = ap.parse_args()
     seeds = range(1 if args.quick else args.seeds)
     N, T = (4, 4) if args.quick else (args.samples, args.steps)
@@ -337,17 +339,12 @@ def main():
         return
     machine = dict(platform=platform.platform(), python=platform.python_version(),
                    cpu_count=os.cpu_count(), seconds=round(time.time() - t0, 1))
-    os.makedirs(args.out, exist_ok=True)
-    for fname, content in (("nir_agreement.json", json.dumps(dict(
+    write_files(args.out, {
+        "nir_agreement.json": json.dumps(dict(
             command=command, commands=commands, dt=DT, steps=T, samples_per_network=N,
             seeds=list(seeds), trained_epochs=args.epochs, machine=machine, versions=versions,
-            summary=summary, rows=rows), indent=2)),
-            ("nir_agreement.md", text), ("nir_agreement_summary.rst", _rst(summary, shown))):
-        path = os.path.join(args.out, fname)
-        tmp = path + ".tmp"
-        with open(tmp, "w") as f:
-            f.write(content)
-        os.replace(tmp, path)
+            summary=summary, rows=rows), indent=2),
+        "nir_agreement.md": text, "nir_agreement_summary.rst": _rst(summary, shown)})
 
 
 if __name__ == "__main__":

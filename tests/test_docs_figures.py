@@ -4,10 +4,10 @@ The guides include the tables the benchmarks write (``<name>_table.rst``, made f
 ``<name>.md`` by ``benchmarks/_tables.py``); every percentage in the README and the docs is one
 that a results file holds, except published figures the pages cite from papers and tutorials.
 """
-import importlib.util
 import re
 
 import pytest
+from conftest import load_script
 
 from _repo import ROOT, needs
 
@@ -29,10 +29,7 @@ PERCENT = re.compile(r"(?<![\d.])(\d+\.\d+)(?= ?%)")
 
 
 def _tables():
-    spec = importlib.util.spec_from_file_location("bench_tables", ROOT / "benchmarks" / "_tables.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script("benchmarks/_tables.py", "bench_tables")
 
 
 def test_every_included_table_is_its_results_file():

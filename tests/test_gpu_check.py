@@ -1,7 +1,6 @@
 """benchmarks/gpu_check.py: its CPU dry run end to end, the wrapper's offline install line, and
 the logic that turns runs into the report (JUnit counts, targets, where files may go)."""
 
-import importlib.util
 import json
 import os
 import re
@@ -11,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from conftest import load_script
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
@@ -23,10 +23,7 @@ INSTALL_LINE = ("python3 -m pip install -q --no-index --no-deps --no-compile --t
 
 @pytest.fixture(scope="module")
 def check():
-    spec = importlib.util.spec_from_file_location("gpu_check", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("benchmarks/gpu_check.py")
 
 
 @pytest.mark.slow

@@ -71,7 +71,7 @@ def load_run_model(folder: Path):
     """
     from snnquant._io import load_checkpoint
     from snnquant.cli._run_folder import verify_manifest
-    from snnquant.cli.train import build_network, quantize
+    from snnquant.cli.network import build_network, quantize
 
     try:
         config = verify_manifest(folder)["configuration"]

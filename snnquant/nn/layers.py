@@ -244,8 +244,8 @@ class _QuantLayerMixin:
         return y if self.bias is None else y + self._channels(self.bias)
 
     def _quant_extra_repr(self) -> str:
-        wb = getattr(self.weight_quant, "num_bits", None)
-        bb = getattr(self.bias_quant, "num_bits", None)
+        wb = None if self.weight_quant is None else self.weight_quant.num_bits
+        bb = None if self.bias_quant is None else self.bias_quant.num_bits
         return f", weight_bits={wb}, bias_bits={bb}"
 
 
