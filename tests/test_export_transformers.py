@@ -8,61 +8,26 @@ layer spiking, fold_batchnorm, to_integer on a captured run; then IntegerSNN equ
 fake-quantized model at every layer, step and sample, the file round trip keeps it, the C model
 (strict flags, UBSan) equals IntegerSNN at every step, and to_nir refuses the first operation
 NIR has no node for, by name."""
+import json
+import os
 import warnings
 
 import pytest
 import torch
-import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 
-from conftest import neuron_outputs
+from conftest import load_script, neuron_outputs
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import (ExportError, FoldWarning, GatherOp, IntegerSNN, MatMulOp, ReduceOp, ScaleOp,
                              fold_batchnorm, load_integer, save_integer, to_integer, to_nir)
 from test_export_c import build, run_c
 
-T, N = 4, 3
-
-
-def _zoo():
-    from spikingjelly.activation_based.model import (ms_resnet, qkformer, spike_driven_transformer,
-                                                     spikformer)
-    return {
-        # tau = 2 (the paper's 4/3 is not a power of two: to_integer(leak_bits=...) or refused)
-        "ms_resnet": (lambda: ms_resnet.MSResNet(
-            T=T, num_classes=10, layers=(1, 1, 1), base_channels=16, stem_kernel_size=3,
-            stem_stride=1, tau=2.0), (3, 16, 16)),
-        "spikformer": (lambda: spikformer.Spikformer(
-            T=T, img_size_h=16, img_size_w=16, patch_size=4, num_classes=10, embed_dims=32,
-            num_heads=2, depths=1), (3, 16, 16)),
-        "spike_driven_transformer": (lambda: spike_driven_transformer.SpikeDrivenTransformer(
-            T=T, num_classes=10, embed_dims=32, num_heads=2, depths=1), (3, 32, 32)),
-        "qkformer": (lambda: qkformer.QKFormer(
-            T=T, num_classes=10, embed_dims=32, num_heads=(1, 2, 2), depths=(1, 1, 1)),
-            (3, 32, 32)),
-    }
-
-
-NAMES = ["ms_resnet", "spikformer", "spike_driven_transformer", "qkformer"]
-
-
-def _spiking(net: nn.Module) -> nn.Module:
-    """Kaiming-normal weights and ``momentum=None`` BatchNorms: the training-mode pass sets the
-    running statistics to that batch's, which keeps every layer spiking (with the zoo's own
-    initialisation, std 0.02, and momentum 0.1, deep layers fall silent and check nothing);
-    MS-ResNet's zero-initialised BatchNorms get gamma 0.5 so that its blocks add something, and
-    every BatchNorm beta 1, so that attention's products of three spike tensors reach the
-    attention neurons' threshold (at beta 0 Spikformer's attention neurons stay silent)."""
-    for m in net.modules():
-        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Linear)):
-            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
-        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.momentum = None
-            if m.affine and not bool(m.weight.any()):
-                nn.init.constant_(m.weight, 0.5)
-            if m.affine:    # half of the normalised inputs above the threshold
-                nn.init.constant_(m.bias, 1.0)
-    return net
+ZOO = load_script("benchmarks/zoo_deploy.py")
+T, N = ZOO.T, 3
+NAMES = {"ms_resnet": "ms_resnet.MSResNet", "max_resnet": "ms_resnet.MaxResNet",
+         "spikformer": "spikformer.Spikformer",
+         "spike_driven_transformer": "spike_driven_transformer.SpikeDrivenTransformer",
+         "qkformer": "qkformer.QKFormer"}
 
 
 _CACHE = {}
@@ -72,13 +37,13 @@ def deployed(name):
     """``(folded model, spike input, description)``, built once per network."""
     if name not in _CACHE:
         torch.manual_seed(0)
-        build, shape = _zoo()[name]
+        build, shape, _ = ZOO.networks()[NAMES[name]]
         g = torch.Generator().manual_seed(1)
         x = (torch.rand((T, N) + shape, generator=g) > 0.5).float()
         # with the example input every BatchNorm trains folded (torch.fx stops at the shape
         # checks of the attention blocks' forward)
-        q, report = quantize_model(_spiking(build()), QuantConfig(weight_bits=4, v_bits=8),
-                                   example_input=x)
+        q, report = quantize_model(ZOO.keep_spiking(build()),
+                                   QuantConfig(weight_bits=4, v_bits=8), example_input=x)
         assert report.folded
         sjf.reset_net(q)
         q.train()(x)
@@ -90,7 +55,7 @@ def deployed(name):
     return _CACHE[name]
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", sorted(NAMES))
 def test_zoo_network_runs_exactly_in_integers(name):
     model, x, desc = deployed(name)
     out, layers = IntegerSNN(desc)(x.long(), record=True)
@@ -106,7 +71,7 @@ def test_zoo_network_runs_exactly_in_integers(name):
     assert out.unique().numel() > 2
     # what each network needed
     kinds = {type(op).__name__ for op in desc.ops}
-    if name == "ms_resnet":
+    if name in ("ms_resnet", "max_resnet"):
         assert desc.output_time_mean and any(
             type(desc.ops[desc.op_inputs(i)[0]]).__name__ == "JoinOp"
             and type(op).__name__ == "SynapseOp" for i, op in enumerate(desc.ops))
@@ -119,7 +84,7 @@ def test_zoo_network_runs_exactly_in_integers(name):
         assert {"ReduceOp", "MatMulOp"} <= kinds and desc.output_time_mean
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", sorted(NAMES))
 def test_zoo_network_file_round_trip(name, tmp_path):
     _, x, desc = deployed(name)
     path = tmp_path / f"{name}.safetensors"
@@ -131,7 +96,7 @@ def test_zoo_network_file_round_trip(name, tmp_path):
     assert torch.equal(a, b) and all(torch.equal(la[k], lb[k]) for k in la)
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", sorted(NAMES))
 def test_zoo_network_in_c_equals_integer_snn(name, tmp_path):
     """The C model's per-step output equals IntegerSNN's last layer at every step and sample
     (a network averaged over time: its steps, which the caller sums)."""
@@ -161,3 +126,44 @@ def test_to_nir_refuses_a_mean_over_time():
     _, x, desc = deployed("ms_resnet")
     with pytest.raises(ExportError, match=r"output is a mean over time steps"):
         to_nir(desc, tuple(x.shape[2:]))
+
+
+def test_the_deploy_guides_zoo_table_is_what_the_script_measures():
+    """One row of ``benchmarks/results/zoo_deploy.json`` (the table the deploy guide includes),
+    measured again: the committed table is what the code does."""
+    with open(os.path.join(ZOO.RESULTS, "zoo_deploy.json")) as f:
+        rows = {r["network"]: r for r in json.load(f)["rows"]}
+    assert set(rows) == set(ZOO.networks())
+    name = "spikformer.Spikformer"
+    again = ZOO.measure(name, *ZOO.networks()[name])
+    assert {k: v for k, v in again.items() if k != "seconds"} == \
+        {k: v for k, v in rows[name].items() if k != "seconds"}
+
+
+def test_an_edited_description_of_the_new_operations_is_refused_by_name():
+    import copy
+    from snnquant.export import DescriptionError, check_network
+    _, x, desc = deployed("spikformer")
+    kinds = {GatherOp: None, ReduceOp: None, MatMulOp: None, ScaleOp: None}
+    for i, op in enumerate(desc.ops):
+        if type(op) in kinds and kinds[type(op)] is None and (
+                not isinstance(op, GatherOp) or op.index is not None):
+            kinds[type(op)] = i
+    bad = copy.deepcopy(desc)
+    bad.ops[kinds[GatherOp]].index[0] = -1
+    with pytest.raises(DescriptionError, match=rf"operation {kinds[GatherOp]} .*has index=.*>= 0"):
+        check_network(bad)
+    bad = copy.deepcopy(desc)
+    bad.ops[kinds[MatMulOp]].out_frac_bits += 1
+    with pytest.raises(DescriptionError, match=rf"operation {kinds[MatMulOp]} .*out_frac_bits=.*"
+                                               rf"it must be the operands'"):
+        check_network(bad)
+    bad = copy.deepcopy(desc)
+    bad.ops[kinds[ReduceOp]].count += 1       # the shapes say otherwise
+    with pytest.raises(DescriptionError, match=rf"operation {kinds[ReduceOp]} .*not "
+                                               rf"{bad.ops[kinds[ReduceOp]].count} values"):
+        IntegerSNN(bad)(x.long())
+    bad = copy.deepcopy(desc)
+    bad.ops[kinds[ScaleOp]].exponent = 99
+    with pytest.raises(DescriptionError, match=rf"operation {kinds[ScaleOp]} .*exponent=99"):
+        check_network(bad)

@@ -29,7 +29,8 @@ from .description import JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, 
 
 __all__ = ["Instr", "NeuronProgram", "neuron_program", "SynapseRescale", "OPCODES",
            "c_literal", "c_rhe_helper", "SynapseBounds", "synapse_bounds", "pool_range",
-           "join_range", "join_bound", "adaptive_windows"]
+           "join_range", "join_bound", "reduce_range", "matmul_range", "scale_range",
+           "adaptive_windows"]
 
 Arg = Union[str, int]
 Interval = Tuple[int, int]
