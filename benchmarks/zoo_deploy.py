@@ -20,8 +20,8 @@ network:
 * NIR: ``to_nir``: the number of nodes, or the refusal.
 
 Prints a Markdown table and writes ``benchmarks/results/zoo_deploy.json`` and ``.md``, and the
-table the deploy guide includes, ``benchmarks/results/zoo_deploy_table.rst``. About six minutes
-on one core (the full-width VGG-11's 128 MB of C most of it)::
+table the deploy guide includes, ``benchmarks/results/zoo_deploy_table.rst``. About fifteen minutes
+on one core (gcc compiling the full-width VGG-11's 128 MB of C takes ten of them)::
 
     python benchmarks/zoo_deploy.py
     python benchmarks/zoo_deploy.py --only spikformer   # one network (nothing written)
