@@ -14,11 +14,14 @@ import warnings
 
 import pytest
 import torch
+import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
+from spikingjelly.activation_based import layer, neuron
 
 from conftest import load_script, neuron_outputs
 from snnquant import QuantConfig, quantize_model
-from snnquant.export import (ExportError, FoldWarning, GatherOp, IntegerSNN, MatMulOp, ReduceOp, ScaleOp,
+from snnquant.export import (ExportError, FoldWarning, GatherOp, IntegerSNN,
+                             compare_integer, MatMulOp, ReduceOp, ScaleOp,
                              fold_batchnorm, load_integer, save_integer, to_integer, to_nir)
 from test_export_c import build, run_c
 
@@ -167,3 +170,59 @@ def test_an_edited_description_of_the_new_operations_is_refused_by_name():
     bad.ops[kinds[ScaleOp]].exponent = 99
     with pytest.raises(DescriptionError, match=rf"operation {kinds[ScaleOp]} .*exponent=99"):
         check_network(bad)
+
+
+class _Tail(nn.Module):
+    """A spiking layer ``h`` then ``tail(self, h, x)``: the forms a review found mishandled."""
+
+    def __init__(self, tail):
+        super().__init__()
+        self.fc1, self.sn1 = layer.Linear(16, 16), neuron.IFNode(v_threshold=0.5)
+        self.fc2, self.fc3 = layer.Linear(16, 6), layer.Linear(16, 6)
+        self.tail = tail
+
+    def forward(self, x):
+        return self.tail(self, self.sn1(self.fc1(x)), x)
+
+
+def _tail_export(tail, **kw):
+    torch.manual_seed(0)
+    net = _Tail(tail)
+    sjf.set_step_mode(net, "m")
+    q, _ = quantize_model(net, QuantConfig(weight_bits=4, v_bits=8))
+    x = (torch.rand(T, 2, 16, generator=torch.Generator().manual_seed(3)) > 0.3).float()
+    sjf.reset_net(q)
+    q.train()(x)
+    q.eval()
+    return q, x, to_integer(q, example_input=x, input_max=1, **kw)
+
+
+def test_a_network_ending_in_a_flattened_token_mean_outputs_its_fraction():
+    """mean over 4 values then flatten: the output has 2 fractional bits (it was typed 0/1
+    spikes, divided by 1 and cast to int8)."""
+    q, x, desc = _tail_export(lambda m, h, x: h.reshape(T, 2, 4, 4).mean(-1).flatten(2))
+    assert desc.output_kind == "current" and desc.output_divisor == 4
+    assert compare_integer(q, x, desc).output == 1.0
+
+
+@pytest.mark.parametrize("tail, message", [
+    (lambda m, h, x: m.fc2(h.mean(0)) + m.fc3(h.mean(0)), "it joins a mean over time steps"),
+    (lambda m, h, x: h.mean(0) * h, "it joins a mean over time steps"),
+    (lambda m, h, x: m.fc2(h.mean(0).unsqueeze(1)), "a layout operation after a mean over time"),
+    (lambda m, h, x: m.fc2(x.mean(0)) + m.fc3(h).mean(0), "it averages the network input"),
+    (lambda m, h, x: h + h[..., :1], r"it adds values of the shapes \[\(16,\), \(1,\)\]"),
+    (lambda m, h, x: h * h[:, :, None, None],   # [T, N, 16] * [T, N, 1, 1, 16]: [T, N, T, N, 16]
+     r"samples of the shapes \[\(16,\), \(1, 1, 16\)\], of different ranks"),
+    (lambda m, h, x: m.fc2(h / 3), "it divides by 3, which is not a positive power of two"),
+])
+def test_what_the_review_found_is_refused_by_name(tail, message):
+    with pytest.raises(ExportError, match=message):
+        _tail_export(tail)
+
+
+def test_a_value_read_before_and_after_its_mean_over_time_stays_per_step():
+    """The mean over time is a value of its own: another reader of the averaged tensor still
+    runs per step (the mean used to relabel the tensor itself)."""
+    q, x, desc = _tail_export(lambda m, h, x: (h.mean(0), m.fc3(h))[1])
+    assert not desc.output_time_mean
+    assert compare_integer(q, x, desc).output == 1.0

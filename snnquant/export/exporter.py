@@ -875,6 +875,10 @@ class _GraphBuilder:
         found by running it on the example shapes: a :class:`_View` (or a tuple of them)."""
         data = node.args[0] if node.args else None
         view = self._view(name, module, node, at, data)
+        if self.values[view.src].time_mean:
+            self._fail_at(name, module, node, "a layout operation after a mean over time steps "
+                                              "is not supported; only synaptic layers may "
+                                              "follow a mean over time")
         full = data.meta.get("shape") if isinstance(data, torch.fx.Node) else None
         if full is None or len(full) < lead:
             self._fail_at(name, module, node, "its input's shape is not known: pass "
@@ -942,8 +946,13 @@ class _GraphBuilder:
         if target in _LAYOUT_FUNCTIONS or target is operator.getitem:
             return self.layout(name, module, node, at, lead)
         if target in _ADD_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
-            return self.join(label, (name, module, node), "add",
-                             [self._arg(name, module, node, at, i) for i in (0, 1)])
+            srcs = [self._arg(name, module, node, at, i) for i in (0, 1)]
+            shapes = [self.shapes.get(j) for j in srcs]
+            if None not in shapes and shapes[0] != shapes[1]:
+                self._fail_at(name, module, node, f"it adds values of the shapes {shapes} "
+                                                  f"(a broadcast); the integer export adds values "
+                                                  f"of one shape")
+            return self.join(label, (name, module, node), "add", srcs)
         if target in _MUL_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
             constants = [a for a in node.args if isinstance(a, (int, float))]
             if constants:
@@ -958,7 +967,8 @@ class _GraphBuilder:
             return self.join(label, (name, module, node), "and", srcs)
         if target in _TRUEDIV_FUNCTIONS and len(node.args) == 2 and not node.kwargs \
                 and isinstance(node.args[1], (int, float)) and node.args[1] != 0:
-            return self.scale(name, module, node, at, 1 / node.args[1])
+            return self.scale(name, module, node, at, 1 / node.args[1],
+                              f"divides by {node.args[1]!r}")
         if what in ("sum", "mean"):
             return self.reduce(name, module, node, at, lead, what)
         if target in _MATMUL_FUNCTIONS and len(node.args) == 2 and not node.kwargs:
@@ -981,6 +991,10 @@ class _GraphBuilder:
         """The two operands of an elementwise operation, broadcast to one shape (a gather)."""
         views = [self._view(name, module, node, at, node.args[i]) for i in (0, 1)]
         shapes = [tuple(v.index.shape) for v in views]
+        if len(shapes[0]) != len(shapes[1]):
+            self._fail_at(name, module, node, f"its operands have samples of the shapes {shapes}, "
+                                              f"of different ranks: PyTorch would align them "
+                                              f"with the time and batch dimensions")
         try:
             shape = tuple(torch.broadcast_shapes(*shapes))
         except RuntimeError as err:
@@ -993,11 +1007,12 @@ class _GraphBuilder:
                                          self._node_label(name, node.args[i])))
         return out
 
-    def scale(self, name, module, node, at, factor):
+    def scale(self, name, module, node, at, factor, what=None):
         """``x * c`` for a constant ``c = 2^k``: a :class:`ScaleOp` (``c = 1``: nothing)."""
         k = pow2_exponent(abs(float(factor))) if factor else None
         if k is None or factor < 0:
-            self._fail_at(name, module, node, f"it multiplies by {factor!r}, which is not a "
+            what = what or f"multiplies by {factor!r}"
+            self._fail_at(name, module, node, f"it {what}, which is not a "
                                               f"positive power of two, so the product is not an "
                                               f"exact integer on a binary grid; use a power of "
                                               f"two (e.g. 0.125 for 1/sqrt(64)) or fold the "
@@ -1037,13 +1052,25 @@ class _GraphBuilder:
         if dims == [0] and self.multi and lead == 2 and what == "mean" and not keepdim:
             if v.time_mean:
                 self._fail_at(name, module, node, "it averages over time twice")
-            self.time_steps = int(full[0])
-            out = len(self.ops) - 1
-            if src != out:
-                self._fail_at(name, module, node, "a mean over time must follow the operation "
-                                                  "just before it")
-            self.values[src] = dataclasses.replace(v, time_mean=True)
-            return src
+            steps = self.time_steps = int(full[0])
+            mag = v.magnitude(self.input_max) if src != NETWORK_INPUT else None
+            if mag is None:
+                self._fail_at(name, module, node, "it averages the network input (or a value "
+                                                  "bounded only by it) over time; average the "
+                                                  "output of a layer")
+            if mag * steps > 1 << self.p:
+                self._fail_at(name, module, node, f"the sum over {steps} time steps of values "
+                                                  f"up to {mag} can reach {mag * steps}, more "
+                                                  f"than 2^{self.p}: the {self.dtype} mean is "
+                                                  f"not exact")
+            # its own value (an identity: integers and grid unchanged, run per step), so that
+            # other readers of the averaged tensor still read it per step
+            value = dataclasses.replace(v, time_mean=True, binary=False)
+            out = self._emit(ScaleOp(name=self._node_label(name, node), exponent=0), value,
+                             (src,))
+            if src in self.shapes:
+                self.shapes[out] = self.shapes[src]
+            return out
         if any(d < lead for d in dims):
             self._fail_at(name, module, node, f"it reduces the time or batch dimension "
                                               f"(dim={dim!r} of shape {tuple(full)}); only a mean "
@@ -1083,6 +1110,10 @@ class _GraphBuilder:
                                               f"with two dimensions or more, got {shapes} "
                                               f"(pass to_integer(..., example_input=x))")
         inner = int(shapes[0][-1])
+        if len(shapes[0]) != len(shapes[1]):
+            self._fail_at(name, module, node, f"its operands have samples of the shapes {shapes}, "
+                                              f"of different ranks: PyTorch would align them "
+                                              f"with the time and batch dimensions")
         if shapes[1][-2] != inner:
             self._fail_at(name, module, node, f"the shapes {shapes} do not multiply")
         mags = [v.magnitude(self.input_max) for v in vals]
@@ -1110,6 +1141,9 @@ class _GraphBuilder:
         vals = [self.values[i] for i in srcs]
         where = [("the network input" if i == NETWORK_INPUT else repr(self.ops[i].name))
                  for i in srcs]
+        if any(v.time_mean for v in vals):
+            refuse("it joins a mean over time steps; the integer export runs every operation "
+                   "per step, so only synaptic layers may follow a mean over time")
         if kind != "add":
             bad = [w for w, v in zip(where, vals) if not v.binary]
             if bad:
@@ -1294,8 +1328,10 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     if input_max is None:
         input_max = min(allowed_input, (1 << 31) - 1) if allowed_input is not None else (1 << 31) - 1
     last = graph.values[out]
-    if last.domain == "current" or (not last.binary and isinstance(
-            ops[out], (GatherOp, ReduceOp, MatMulOp, ScaleOp))):
+    if last.domain == "current" or (not last.binary and not (
+            isinstance(ops[out], PoolOp) and ops[out].kind == "sum") and not isinstance(
+            ops[out], (FlattenOp, JoinOp))) or (
+            isinstance(ops[out], FlattenOp) and last.frac > 0):
         output_kind, output_frac = "current", last.frac
     else:
         output_kind, output_frac = "spikes", 0
