@@ -46,6 +46,7 @@ from .._io import atomic_write_files
 from .description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork, JoinOp,
                           MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
                           check_input_shape)
+from .integer_ops import narrowest_int
 from .program import (SynapseRescale, adaptive_windows, c_literal, c_rhe_helper, join_bound,
                       join_range, matmul_range, neuron_program, pool_range, reduce_range,
                       scale_range, synapse_bounds)
@@ -66,19 +67,18 @@ _C_KEYWORDS = {
     "union", "unsigned", "void", "volatile", "while", "_Bool", "_Complex", "_Imaginary",
 }
 
-_TYPES = [("uint8_t", 0, 255, 1), ("int8_t", -128, 127, 1), ("int16_t", -(1 << 15), (1 << 15) - 1, 2),
-          ("int32_t", -(1 << 31), (1 << 31) - 1, 4), ("int64_t", -(1 << 63), (1 << 63) - 1, 8)]
-_TYPES_BYTES = {name: size for name, _, _, size in _TYPES}
+_C_TYPES = {torch.uint8: "uint8_t", torch.int8: "int8_t", torch.int16: "int16_t",
+            torch.int32: "int32_t", torch.int64: "int64_t"}
+_TYPES_BYTES = {name: dtype.itemsize for dtype, name in _C_TYPES.items()}
 
 
 def _ctype(lo: int, hi: int, signed: bool = False) -> Tuple[str, int]:
-    """Narrowest C integer type (name, bytes) that holds every integer in ``[lo, hi]``."""
-    for name, tlo, thi, size in _TYPES:
-        if signed and name == "uint8_t":
-            continue
-        if tlo <= lo and hi <= thi:
-            return name, size
-    raise ExportError(f"no C integer type holds [{lo}, {hi}]")
+    """Narrowest C integer type (name, bytes) that holds every integer in ``[lo, hi]``
+    (``uint8_t`` too unless ``signed``)."""
+    dtype = narrowest_int(lo, hi, unsigned=not signed)
+    if dtype is None:
+        raise ExportError(f"no C integer type holds [{lo}, {hi}]")
+    return _C_TYPES[dtype], dtype.itemsize
 
 
 _lit = c_literal

@@ -51,7 +51,7 @@ import torch.nn as nn
 from ..nn import registry
 from ..utils import copy_model, is_multi_step, model_walk
 from ..capture import CaptureError, capture, connect_functions, is_sequence, node_origin
-from .integer_ops import pow2_exponent
+from .integer_ops import narrowest_int, pow2_exponent
 from .program import adaptive_windows
 
 from .description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork, JoinOp,
@@ -96,14 +96,6 @@ def _frac_bits(x: float) -> int:
 
 def _as_dtype_float(value: float, dtype: torch.dtype) -> float:
     return float(torch.tensor(float(value), dtype=dtype))
-
-
-def _int_dtype_for(lo: int, hi: int) -> torch.dtype:
-    for dt in (torch.int8, torch.int16, torch.int32):
-        info = torch.iinfo(dt)
-        if info.min <= lo and hi <= info.max:
-            return dt
-    return torch.int64
 
 
 # --------------------------------------------------------------------------------------------------
@@ -256,7 +248,8 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
         conv = dict(stride=tuple(int(v) for v in layer.stride), padding=padding,
                     dilation=tuple(int(v) for v in layer.dilation), groups=int(layer.groups))
     op = SynapseOp(
-        name=name, kind=kind, weight=q.to(_int_dtype_for(q_lo, q_hi)), weight_bits=bits,
+        name=name, kind=kind, weight=q.to(narrowest_int(q_lo, q_hi) or torch.int64),
+        weight_bits=bits,
         weight_scale=torch.tensor(steps, dtype=torch.float64),
         multiplier=torch.tensor([m for m, _ in parts], dtype=torch.int64),
         shift=torch.tensor(shift, dtype=torch.int64), bias=bias_int,

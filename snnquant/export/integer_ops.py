@@ -1,4 +1,5 @@
-r"""Integer helpers of the export: the one rounding rule, and bit packing of low-bit weights.
+r"""Integer helpers of the export: the one rounding rule, the narrowest integer type for a range,
+and bit packing of low-bit weights.
 
 :func:`round_half_even_shift` is the only rounding the integer network uses. It is the integer
 form of ``torch.round`` (round half to even) applied to :math:`d / 2^k`, which is what the
@@ -18,6 +19,29 @@ __all__ = ["round_half_even_shift", "pack_int", "unpack_int", "fits_packed", "po
 #: Bit widths whose weights are also stored packed, several values to a byte (1 bit: the signs
 #: of binary weights, -1 or +1).
 PACKABLE_BITS = (1, 2, 4)
+
+#: The signed integer types a value range may be stored in, narrowest first.
+_SIGNED_DTYPES = (torch.int8, torch.int16, torch.int32, torch.int64)
+
+
+def narrowest_int(lo: int, hi: int, narrowest: torch.dtype = torch.int8, unsigned: bool = False):
+    """The narrowest integer dtype that holds every integer in ``[lo, hi]``, or ``None`` when not
+    even ``int64`` does: the one rule by which the exporter, the simulator, the C code and the NIR
+    import size their integers.
+
+    Args:
+        lo, hi: the range (Python ints).
+        narrowest: the narrowest signed dtype considered (``torch.int16`` skips ``int8``).
+        unsigned: consider ``torch.uint8`` first.
+    """
+    candidates = _SIGNED_DTYPES[_SIGNED_DTYPES.index(narrowest):]
+    if unsigned:
+        candidates = (torch.uint8,) + candidates
+    for dtype in candidates:
+        info = torch.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return dtype
+    return None
 
 
 def round_half_even_shift(d, k: int, out=None):

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 from .description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
                           SynapseOp)
+from .integer_ops import narrowest_int
 from .nir_schema import SCHEMA_VERSION, import_nir, voting_weight
 from .validation import check_network
 
@@ -318,7 +319,7 @@ def _synapse(name, node, meta, nir) -> SynapseOp:
         raise NIRImportError(f"node {name!r}: a synapse must be Affine, Linear, Conv1d or "
                              f"Conv2d, got {type(node).__name__}")
     return SynapseOp(name=str(meta.get("snnquant_name", name)), kind=kind,
-                     weight=w_int.to(_int_dtype(int(w_int.min()), int(w_int.max()))),
+                     weight=w_int.to(narrowest_int(int(w_int.min()), int(w_int.max()))),
                      weight_bits=bits,
                      weight_scale=scale.double(),
                      multiplier=torch.as_tensor(_ints(meta["weight_multiplier"]), dtype=torch.int64),
@@ -684,15 +685,6 @@ def _node_meta(name: str, node) -> Tuple[dict, str]:
         raise _bad(name, "snnquant_op", role, "is unknown (synapse, neuron, pool, flatten, join, "
                                               "part or scale)")
     return meta, role
-
-
-def _int_dtype(lo: int, hi: int) -> torch.dtype:
-    """The smallest integer dtype that holds ``[lo, hi]``."""
-    for dtype in (torch.int8, torch.int16, torch.int32, torch.int64):
-        info = torch.iinfo(dtype)
-        if info.min <= lo and hi <= info.max:
-            return dtype
-    raise AssertionError("unreachable: values were checked to fit int64")
 
 
 def _size(shape) -> int:

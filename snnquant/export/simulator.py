@@ -27,15 +27,13 @@ import torch.nn.functional as F
 from .description import (NETWORK_INPUT, DescriptionError, FlattenOp, GatherOp, IntegerNetwork,
                           JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp)
 from . import compiled_neuron, integer_ops
-from .integer_ops import round_half_even_shift
+from .integer_ops import narrowest_int, round_half_even_shift
 from .program import (SynapseRescale, adaptive_windows, join_range, matmul_range, neuron_program,
                       pool_range, reduce_range, scale_range, synapse_bounds)
 from .validation import check_network
 
 __all__ = ["IntegerSNN", "op_shapes", "SYNAPSE_ARITHMETIC", "float32_sums_are_exact"]
 
-_INT32_LIMIT = 1 << 31
-_INT16_LIMIT = 1 << 15
 #: every integer of magnitude up to 2^24 is a float32
 _FLOAT32_LIMIT = 1 << 24
 #: neuron layers with this many neuron-steps in a call (or more) run compiled: the one-time build
@@ -49,9 +47,7 @@ SYNAPSE_ARITHMETIC = ("auto", "integer")
 def _dtype_for(magnitude: int, narrowest: torch.dtype = torch.int32) -> torch.dtype:
     """``int16`` (only where ``narrowest`` allows it) or ``int32`` when every value (and every
     intermediate) stays below :math:`2^{15}` or :math:`2^{31}`, else ``int64``."""
-    if narrowest == torch.int16 and magnitude < _INT16_LIMIT:
-        return torch.int16
-    return torch.int32 if magnitude < _INT32_LIMIT else torch.int64
+    return narrowest_int(-magnitude, magnitude, narrowest) or torch.int64
 
 
 def float32_sums_are_exact() -> bool:
