@@ -13,10 +13,10 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn as nn
 
-from ..utils import copy_model
+from ..utils import copy_model, is_multi_step
 
 from .description import IntegerNetwork
-from .exporter import is_multi_step, to_integer
+from .exporter import to_integer
 from .simulator import IntegerSNN
 
 __all__ = ["IntegerAgreement", "SilentNetworkWarning", "compare_integer", "integer_agreement",

@@ -49,7 +49,9 @@ import torch
 import torch.nn as nn
 
 from ..nn import registry
-from ..utils import copy_model, is_multi_step, model_walk
+from ..utils import copy_model
+from ..utils import is_multi_step as _is_multi_step
+from ..utils import model_walk as _model_walk
 from ..capture import CaptureError, capture, connect_functions, is_sequence, node_origin
 from .integer_ops import narrowest_int, pow2_exponent
 from .program import adaptive_windows
@@ -58,7 +60,19 @@ from .description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, Integ
                           MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
                           check_input_shape)
 
-__all__ = ["to_integer", "model_walk", "is_multi_step"]
+__all__ = ["to_integer"]
+
+
+def __getattr__(name):
+    # Deprecated: model_walk and is_multi_step live in snnquant.utils; reached only by the old
+    # spelling `from snnquant.export.exporter import is_multi_step`.
+    if name in ("model_walk", "is_multi_step"):
+        import warnings
+        warnings.warn(f"snnquant.export.exporter.{name} is deprecated: import it from "
+                      f"snnquant.utils (from snnquant.utils import {name})", DeprecationWarning,
+                      stacklevel=2)
+        return _model_walk if name == "model_walk" else _is_multi_step
+    raise AttributeError(f"module 'snnquant.export.exporter' has no attribute {name!r}")
 
 _MANTISSA_BITS = {torch.float32: 24, torch.float64: 53}
 _INT64_LIMIT_BITS = 62
@@ -609,7 +623,7 @@ class _GraphBuilder:
     def __init__(self, work, dtype, p, input_max, leak_bits, input_shape, captured):
         self.work, self.dtype, self.p, self.captured = work, dtype, p, captured
         self.input_max, self.leak_bits, self.input_shape = input_max, leak_bits, input_shape
-        self.multi = is_multi_step(work)
+        self.multi = _is_multi_step(work)
         self.ops, self.notes = [], []
         self.values = {NETWORK_INPUT: _Value("event", 0, ("input", 1))}
         self.allowed_input = None
@@ -636,7 +650,7 @@ class _GraphBuilder:
     # ---- modules ----------------------------------------------------------------------------
     def module(self, name, module, lead, src) -> int:
         if is_sequence(module):
-            for child_name, child, child_lead in model_walk(module):
+            for child_name, child, child_lead in _model_walk(module):
                 src = self.module(f"{name}.{child_name}" if name else child_name, child,
                                   child_lead, src)
             return src
@@ -1269,7 +1283,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     captured = capture(work, example_input)
     if input_shape is None and isinstance(example_input, torch.Tensor):
         # one sample's shape, which an adaptive pool's divisor depends on
-        input_shape = tuple(example_input.shape[2 if is_multi_step(work) else 1:])
+        input_shape = tuple(example_input.shape[2 if _is_multi_step(work) else 1:])
     graph = _GraphBuilder(work, reference_dtype, p, input_max, leak_bits, input_shape, captured)
     out = graph.build()
     ops, notes = graph.ops, graph.notes
