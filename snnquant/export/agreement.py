@@ -15,9 +15,9 @@ import torch.nn as nn
 
 from ..utils import copy_model, is_multi_step
 
-from .description import IntegerNetwork
+from .ir.description import IntegerNetwork
 from .exporter import to_integer
-from .simulator import IntegerSNN
+from .backends.simulator import IntegerSNN
 
 __all__ = ["IntegerAgreement", "SilentNetworkWarning", "compare_integer", "integer_agreement",
            "run_float_reference"]

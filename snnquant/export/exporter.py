@@ -53,12 +53,12 @@ from ..utils import copy_model
 from ..utils import is_multi_step as _is_multi_step
 from ..utils import model_walk as _model_walk
 from ..capture import CaptureError, capture, connect_functions, is_sequence, node_origin
-from .integer_ops import narrowest_int, pow2_exponent
-from .program import adaptive_windows
+from .ir.integer_ops import narrowest_int, pow2_exponent
+from .ir.program import adaptive_windows
 
-from .description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork, JoinOp,
-                          MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
-                          check_input_shape)
+from .ir.description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork,
+                              JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
+                              check_input_shape)
 
 __all__ = ["to_integer"]
 

@@ -258,7 +258,7 @@ def nir_out_of_bounds(graph, data: torch.Tensor):
         ``(layers, in_bounds)``: the saturating layers in words (name and % of neuron steps),
         and a bool tensor ``[N]``, True for the samples that stay in bounds everywhere.
     """
-    from .nir_import import simulate_nir
+    from .backends.nir_import import simulate_nir
     if not isinstance(data, torch.Tensor) or data.dim() < 2:
         got = tuple(data.shape) if isinstance(data, torch.Tensor) else type(data).__name__
         raise ValueError(f"data must be a tensor [T, N, ...], got {got}")
