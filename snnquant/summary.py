@@ -120,7 +120,7 @@ def summary(model: nn.Module, example_input: Optional[torch.Tensor] = None, *,
             total_synops=sum(r["synops"] or 0.0 for r in rows),
             num_samples=int(example_input.shape[1]))
     if integer is not None:
-        from .export.c_runtime import c_memory
+        from .export.backends.c_runtime import c_memory
         mem = c_memory(integer, None if example_input is None else tuple(example_input.shape[2:]))
         extra.update(c_rom_bytes=mem.rom_bytes, c_ram_bytes=mem.ram_bytes)
     return Summary(rows, total_params, sum(r["fp32_bytes"] for r in rows),

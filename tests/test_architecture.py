@@ -162,7 +162,12 @@ def test_moved_names_stay_importable():
     from snnquant.nn.quantizers import LSQQuantizer, check_bits  # noqa: F401
     from snnquant.summary import Summary, summary
     assert s1 is summary and snnquant.summary is summary and snnquant.Summary is Summary
-    from snnquant.export.exporter import is_multi_step as e1
+    with pytest.warns(DeprecationWarning, match=r"from snnquant.utils import is_multi_step"):
+        from snnquant.export.exporter import is_multi_step as e1
+    with pytest.warns(DeprecationWarning, match=r"from snnquant.utils import model_walk"):
+        from snnquant.export.exporter import model_walk
+    assert model_walk is snnquant.utils.model_walk
+    assert snnquant.export.exporter.__all__ == ["to_integer"]
     assert e1 is snnquant.is_multi_step and snnquant.copy_model is snnquant.utils.copy_model
     from snnquant.functional import _validation
     # one bit-width check with one signature (the functional-side check_bits(fn, name, value) is gone)

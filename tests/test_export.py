@@ -205,8 +205,8 @@ def test_int32_where_the_bounds_allow_gives_the_int64_results(monkeypatch):
     with RecordDtypes() as rec:
         out, layers = IntegerSNN(desc)(x_int, record=True)
     assert any("convolution" in f and d in (torch.int16, torch.int32) for f, d in rec.dtypes)
-    monkeypatch.setattr(simulator_module, "_INT32_LIMIT", 0)
-    monkeypatch.setattr(simulator_module, "_INT16_LIMIT", 0)
+    monkeypatch.setattr(simulator_module, "_dtype_for", lambda magnitude, narrowest=None:
+                        torch.int64)
     with RecordDtypes() as rec:
         out64, layers64 = IntegerSNN(desc)(x_int, record=True)
     assert not any(d in (torch.int16, torch.int32) for _, d in rec.dtypes)

@@ -135,3 +135,23 @@ def test_nir_out_of_bounds_finds_the_samples_that_saturate():
     assert layers == [] and bool(in_bounds.all())
     with pytest.raises(ValueError, match="data must be a tensor"):
         nir_out_of_bounds(to_nir(q, (16,)), [1, 2])
+
+
+@pytest.mark.parametrize("decay_input", [True, False])
+def test_report_reads_the_leak_of_lif_and_parametric_lif(decay_input):
+    # input -1 every step on a [-2, 1.75] grid, tau = 2: with decay_input the membrane settles at
+    # -1 (never saturates), without it at -2 (saturates); PLIF with w = 0 (tau = 2) reads the same
+    from snnquant.nn import QuantLIFNode, QuantParametricLIFNode
+    x = torch.zeros(8, 2, 1)
+    x[:, 0] = 1.0
+    rows = []
+    for node in (QuantLIFNode(tau=2.0, decay_input=decay_input, step_mode="m",
+                              v_quant=UniformQuantizer(4, step=0.25)),
+                 QuantParametricLIFNode(init_tau=2.0, decay_input=decay_input, step_mode="m",
+                                        v_quant=UniformQuantizer(4, step=0.25))):
+        fc = layer.Linear(1, 1, bias=False, step_mode="m")
+        fc.weight.data.fill_(-1.0)
+        (row,) = saturation_report(nn.Sequential(fc, node), x).layers
+        rows.append(row)
+    assert (rows[0].at_min > 0) == (not decay_input)
+    assert rows[0].at_min == rows[1].at_min and rows[0].at_max == rows[1].at_max == 0.0

@@ -295,3 +295,27 @@ def test_spikes_overwrite_currents_only_that_nothing_else_reads(monkeypatch):
     ref, ref_layers, _ = _run(desc, x, "integer")
     assert torch.equal(layers["first"], layers["second"]) and int(layers["first"].sum()) > 0
     assert torch.equal(out, ref) and all(torch.equal(layers[k], ref_layers[k]) for k in layers)
+
+
+def test_one_narrowest_integer_rule_for_every_reader():
+    """narrowest_int sizes the exporter's weights, the simulator's registers, the C types and the
+    NIR import's weights; the simulator's symmetric bound and C's uint8_t come from it."""
+    from snnquant.export import ExportError
+    from snnquant.export.backends import c_runtime, simulator
+    from snnquant.export.ir.integer_ops import narrowest_int
+
+    assert narrowest_int(-128, 127) == torch.int8 and narrowest_int(0, 128) == torch.int16
+    assert narrowest_int(0, 255, unsigned=True) == torch.uint8
+    assert narrowest_int(-1, 255, unsigned=True) == torch.int16
+    assert narrowest_int(0, 1, narrowest=torch.int16) == torch.int16
+    assert narrowest_int(-(1 << 63), (1 << 63) - 1) == torch.int64
+    assert narrowest_int(0, 1 << 63) is None
+    assert simulator._dtype_for((1 << 15) - 1, torch.int16) == torch.int16
+    assert simulator._dtype_for(1 << 15, torch.int16) == torch.int32
+    assert simulator._dtype_for(5) == torch.int32 and simulator._dtype_for(1 << 31) == torch.int64
+    assert simulator._dtype_for(1 << 70) == torch.int64
+    assert c_runtime._ctype(0, 255) == ("uint8_t", 1)
+    assert c_runtime._ctype(0, 255, signed=True) == ("int16_t", 2)
+    assert c_runtime._ctype(-(1 << 31), 0) == ("int32_t", 4)
+    with pytest.raises(ExportError, match=r"no C integer type holds \[0, 18446744073709551616\]"):
+        c_runtime._ctype(0, 1 << 64)

@@ -37,8 +37,10 @@ _PASSTHROUGH_FUNCTIONS = {operator.add, operator.iadd, torch.add, torch.flatten,
                           "flatten", "view", "reshape"}
 
 def is_synapse(m) -> bool:
-    """A synaptic layer BatchNorm folds into: ``Linear``, ``Conv1d`` or ``Conv2d``."""
-    return isinstance(m, (nn.Linear, nn.Conv1d, nn.Conv2d))
+    """A synaptic layer BatchNorm folds into: one of the registry's layer kinds (``Linear``,
+    ``Conv1d`` or ``Conv2d``, float or quantized)."""
+    from ..nn import registry
+    return registry.layer_kind(m) is not None
 
 
 def is_batchnorm(m) -> bool:

@@ -148,8 +148,8 @@ def _check_export(ns, desc, shape, out: Path) -> None:
     asked for, and that ``--out`` can be written."""
     from snnquant._io import check_writable
     from snnquant.export import c_memory
-    from snnquant.export.c_runtime import check_c_name
-    from snnquant.export.simulator import op_shapes
+    from snnquant.export.backends.c_runtime import check_c_name
+    from snnquant.export.backends.simulator import op_shapes
 
     try:
         check_c_name(ns.name)

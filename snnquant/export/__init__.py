@@ -15,22 +15,22 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 * :func:`to_c`: a bit-exact, portable C99 model of the integer network (``<name>.h``/``.c``).
 """
 
-from .description import (FORMAT_VERSION, NETWORK_INPUT, DescriptionError, ExportError, FlattenOp,
-                          GatherOp, IntegerNetwork, JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp,
-                          ScaleOp, SynapseOp, check_input_shape)
-from .integer_ops import pack_int, round_half_even_shift, unpack_int
+from .ir.description import (FORMAT_VERSION, NETWORK_INPUT, DescriptionError, ExportError,
+                              FlattenOp, GatherOp, IntegerNetwork, JoinOp, MatMulOp, NeuronOp,
+                              PoolOp, ReduceOp, ScaleOp, SynapseOp, check_input_shape)
+from .ir.integer_ops import pack_int, round_half_even_shift, unpack_int
 from .exporter import to_integer
-from .simulator import IntegerSNN
+from .backends.simulator import IntegerSNN
 from .agreement import IntegerAgreement, SilentNetworkWarning, compare_integer, integer_agreement
 from .fold import FoldedLayer, FoldReport, FoldWarning, fold_batchnorm
-from .files import load_integer, save_integer
-from .nir_graph import to_nir
+from .backends.files import load_integer, save_integer
+from .backends.nir_graph import to_nir
 from .saturation import (LayerSaturation, SaturationReport, SaturationWarning,
                          nir_out_of_bounds, saturation_report, widen_membrane_range)
-from .nir_import import NIRImportError, from_nir, simulate_nir
-from .c_runtime import CMemory, c_memory, to_c
-from .validation import check_network
-from .nir_consumers import ConsumerRegisterWarning, narrow_registers, shift_flatten_dims
+from .backends.nir_import import NIRImportError, from_nir, simulate_nir
+from .backends.c_runtime import CMemory, c_memory, to_c
+from .ir.validation import check_network
+from .backends.nir_consumers import ConsumerRegisterWarning, narrow_registers, shift_flatten_dims
 
 __all__ = [
     "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",

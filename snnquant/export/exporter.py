@@ -49,16 +49,30 @@ import torch
 import torch.nn as nn
 
 from ..nn import registry
-from ..utils import copy_model, is_multi_step, model_walk
+from ..utils import copy_model
+from ..utils import is_multi_step as _is_multi_step
+from ..utils import model_walk as _model_walk
 from ..capture import CaptureError, capture, connect_functions, is_sequence, node_origin
-from .integer_ops import pow2_exponent
-from .program import adaptive_windows
+from .ir.integer_ops import narrowest_int, pow2_exponent
+from .ir.program import adaptive_windows
 
-from .description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork, JoinOp,
-                          MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
-                          check_input_shape)
+from .ir.description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork,
+                              JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
+                              check_input_shape)
 
-__all__ = ["to_integer", "model_walk", "is_multi_step"]
+__all__ = ["to_integer"]
+
+
+def __getattr__(name):
+    # Deprecated: model_walk and is_multi_step live in snnquant.utils; reached only by the old
+    # spelling `from snnquant.export.exporter import is_multi_step`.
+    if name in ("model_walk", "is_multi_step"):
+        import warnings
+        warnings.warn(f"snnquant.export.exporter.{name} is deprecated: import it from "
+                      f"snnquant.utils (from snnquant.utils import {name})", DeprecationWarning,
+                      stacklevel=2)
+        return _model_walk if name == "model_walk" else _is_multi_step
+    raise AttributeError(f"module 'snnquant.export.exporter' has no attribute {name!r}")
 
 _MANTISSA_BITS = {torch.float32: 24, torch.float64: 53}
 _INT64_LIMIT_BITS = 62
@@ -96,14 +110,6 @@ def _frac_bits(x: float) -> int:
 
 def _as_dtype_float(value: float, dtype: torch.dtype) -> float:
     return float(torch.tensor(float(value), dtype=dtype))
-
-
-def _int_dtype_for(lo: int, hi: int) -> torch.dtype:
-    for dt in (torch.int8, torch.int16, torch.int32):
-        info = torch.iinfo(dt)
-        if info.min <= lo and hi <= info.max:
-            return dt
-    return torch.int64
 
 
 # --------------------------------------------------------------------------------------------------
@@ -256,7 +262,8 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
         conv = dict(stride=tuple(int(v) for v in layer.stride), padding=padding,
                     dilation=tuple(int(v) for v in layer.dilation), groups=int(layer.groups))
     op = SynapseOp(
-        name=name, kind=kind, weight=q.to(_int_dtype_for(q_lo, q_hi)), weight_bits=bits,
+        name=name, kind=kind, weight=q.to(narrowest_int(q_lo, q_hi) or torch.int64),
+        weight_bits=bits,
         weight_scale=torch.tensor(steps, dtype=torch.float64),
         multiplier=torch.tensor([m for m, _ in parts], dtype=torch.int64),
         shift=torch.tensor(shift, dtype=torch.int64), bias=bias_int,
@@ -616,7 +623,7 @@ class _GraphBuilder:
     def __init__(self, work, dtype, p, input_max, leak_bits, input_shape, captured):
         self.work, self.dtype, self.p, self.captured = work, dtype, p, captured
         self.input_max, self.leak_bits, self.input_shape = input_max, leak_bits, input_shape
-        self.multi = is_multi_step(work)
+        self.multi = _is_multi_step(work)
         self.ops, self.notes = [], []
         self.values = {NETWORK_INPUT: _Value("event", 0, ("input", 1))}
         self.allowed_input = None
@@ -643,7 +650,7 @@ class _GraphBuilder:
     # ---- modules ----------------------------------------------------------------------------
     def module(self, name, module, lead, src) -> int:
         if is_sequence(module):
-            for child_name, child, child_lead in model_walk(module):
+            for child_name, child, child_lead in _model_walk(module):
                 src = self.module(f"{name}.{child_name}" if name else child_name, child,
                                   child_lead, src)
             return src
@@ -1310,7 +1317,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     captured = capture(work, example_input)
     if input_shape is None and isinstance(example_input, torch.Tensor):
         # one sample's shape, which an adaptive pool's divisor depends on
-        input_shape = tuple(example_input.shape[2 if is_multi_step(work) else 1:])
+        input_shape = tuple(example_input.shape[2 if _is_multi_step(work) else 1:])
     graph = _GraphBuilder(work, reference_dtype, p, input_max, leak_bits, input_shape, captured)
     out = graph.build()
     ops, notes = graph.ops, graph.notes

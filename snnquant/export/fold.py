@@ -18,8 +18,8 @@ import torch.nn as nn
 from ..capture import FoldPlan, charged_neuron, is_synapse, plan_folding
 from ..utils import copy_model
 
-from .description import ExportError
-from .integer_ops import pow2_exponent
+from .ir.description import ExportError
+from .ir.integer_ops import pow2_exponent
 
 __all__ = ["fold_batchnorm", "FoldWarning", "FoldReport", "FoldedLayer"]
 

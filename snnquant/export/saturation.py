@@ -82,6 +82,20 @@ def _quantized_neurons(model: nn.Module):
             if getattr(m, "v_quant", None) is not None and hasattr(m, "v_threshold")]
 
 
+def _charge(module, prev, xs, vr_q):
+    """The float charge :math:`H` of a quantized neuron layer, its leak read as the registry's
+    neuron kind says (as :func:`~snnquant.export.to_integer` reads it)."""
+    from ..functional.neuron import neuron_charge
+    from ..nn import registry
+    kind = registry.neuron_kind(module)
+    if kind.leak is None:
+        return neuron_charge("if", prev, xs, None, None, True, vr_q)
+    if kind.leak == "sigmoid_w":
+        k = torch.sigmoid(module.w).to(xs.dtype)
+        return neuron_charge("plif", prev, xs, None, k, bool(module.decay_input), vr_q)
+    return neuron_charge("lif", prev, xs, module.tau, None, bool(module.decay_input), vr_q)
+
+
 @torch.no_grad()
 def saturation_report(model: nn.Module, data: torch.Tensor) -> SaturationReport:
     r"""Run ``model`` (eval mode, a copy) on ``data`` and count, per quantized neuron layer, the
@@ -115,7 +129,8 @@ def saturation_report(model: nn.Module, data: torch.Tensor) -> SaturationReport:
             quantizer has no uniform per-tensor grid (the layer is named).
     """
     from spikingjelly.activation_based import functional as sjf
-    from ..functional.neuron import membrane_reset_values, neuron_charge
+    from ..functional.neuron import membrane_reset_values
+    from ..nn import registry
     from ..utils import copy_model, is_multi_step
 
     if not isinstance(model, nn.Module):
@@ -133,6 +148,9 @@ def saturation_report(model: nn.Module, data: torch.Tensor) -> SaturationReport:
     if not neurons:
         raise ValueError("model has no quantized neuron (a neuron with a membrane quantizer)")
     for name, m in neurons:
+        if registry.neuron_kind(m) is None:
+            raise ValueError(f"layer {name!r}: {type(m).__name__} is not a neuron kind of "
+                             f"snnquant.nn.registry, so its charge is unknown here")
         grid = m.v_quant.grid()
         if grid is None or not grid.per_tensor or grid.step is None:
             raise ValueError(f"layer {name!r}: its membrane quantizer "
@@ -162,8 +180,7 @@ def saturation_report(model: nn.Module, data: torch.Tensor) -> SaturationReport:
             if v0 is None or v0.shape != xs.shape[1:]:
                 v0 = vr_q.expand_as(xs[0])
             prev = torch.cat([v0.unsqueeze(0).to(xs.dtype), vs[:-1].to(xs.dtype)])
-            k = torch.sigmoid(module._w()).to(xs.dtype) if module._kind == "plif" else None
-            h = neuron_charge(module._kind, prev, xs, module._tau(), k, module.decay_input_, vr_q)
+            h = _charge(module, prev, xs, vr_q)
             level = torch.clamp(torch.round(h / step), grid.qmin, grid.qmax)
             low, high = level == grid.qmin, level == grid.qmax
             c = counts[name]
@@ -241,7 +258,7 @@ def nir_out_of_bounds(graph, data: torch.Tensor):
         ``(layers, in_bounds)``: the saturating layers in words (name and % of neuron steps),
         and a bool tensor ``[N]``, True for the samples that stay in bounds everywhere.
     """
-    from .nir_import import simulate_nir
+    from .backends.nir_import import simulate_nir
     if not isinstance(data, torch.Tensor) or data.dim() < 2:
         got = tuple(data.shape) if isinstance(data, torch.Tensor) else type(data).__name__
         raise ValueError(f"data must be a tensor [T, N, ...], got {got}")

@@ -325,14 +325,21 @@ def pointer(tensor: Optional[torch.Tensor]) -> Optional[int]:
     return None if tensor is None else tensor.data_ptr()
 
 
+def tensor_arguments(x_seq, v_init, step, w, neuron) -> list:
+    """``[(name, tensor)]``: the tensor arguments of a kernel's keyword function (``w`` for
+    ``'plif'`` only), whose devices its public entry point checks before anything else."""
+    return [(name, tensor) for name, tensor in (("x_seq", x_seq), ("v_init", v_init),
+                                                ("step", step),
+                                                ("w", w if neuron == "plif" else None))
+            if isinstance(tensor, torch.Tensor)]
+
+
 def check_devices(check: Callable[[str, torch.Tensor], None], x_seq, v_init, step, w,
                   neuron) -> None:
     """Run ``check(name, tensor)`` on every tensor argument of a kernel's keyword function (``w``
     for ``'plif'`` only): the device check of the public entry points, before anything else."""
-    for name, tensor in (("x_seq", x_seq), ("v_init", v_init), ("step", step),
-                         ("w", w if neuron == "plif" else None)):
-        if isinstance(tensor, torch.Tensor):
-            check(name, tensor)
+    for name, tensor in tensor_arguments(x_seq, v_init, step, w, neuron):
+        check(name, tensor)
 
 
 def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, step, w: Optional[torch.Tensor],

@@ -55,8 +55,8 @@ from .._filelock import file_lock
 from .._io import atomic_write, remove_stale_temporaries
 from .._paths import user_cache_home
 from ..functional.neuron import NeuronParams
-from ._fused import (KernelCache, KernelConfig, KernelScalars, check_devices, pointer,
-                     run_fused)
+from ._fused import (KernelCache, KernelConfig, KernelScalars, pointer, run_fused,
+                     tensor_arguments)
 
 #: compiler flags of every build (``-march=native`` is added when the compiler accepts it); the
 #: test mode replaces ``-O3`` by ``-O1`` (see :data:`MODES`)
@@ -653,6 +653,25 @@ def require_cpp() -> str:
     return compiler
 
 
+def cpp_runnable(tensors):
+    """:func:`cpp_step` after the one check of what it needs, made by
+    :func:`snnquant.kernels.dispatch.select_backend` and :func:`cpp_quant_neuron_multi_step`
+    alike: every tensor on the CPU, a C++ compiler, a writable kernel cache folder (in this order).
+
+    Args:
+        tensors: ``[(argument name, tensor)]`` whose devices are checked.
+
+    Raises:
+        ValueError: a tensor not on the CPU.
+        CppCompilerUnavailableError, KernelCacheError: no compiler, or no cache folder.
+    """
+    for argument, tensor in tensors:
+        check_cpu(argument, tensor)
+    require_cpp()
+    require_cache()
+    return cpp_step
+
+
 def cpp_step(x_seq: torch.Tensor, v_init, step, w: Optional[torch.Tensor],
              params: NeuronParams):
     """The cpp backend's step function (see :func:`snnquant.kernels.dispatch.select_backend`,
@@ -706,7 +725,5 @@ def cpp_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, step,
         KernelCacheError: the kernel cache folder cannot be written.
         ValueError: a tensor not on the CPU, an unsupported surrogate or another bad argument.
     """
-    check_devices(check_cpu, x_seq, v_init, step, w, params.get("neuron"))
-    require_cpp()
-    require_cache()
-    return cpp_step(x_seq, v_init, step, w, NeuronParams(**params))
+    run = cpp_runnable(tensor_arguments(x_seq, v_init, step, w, params.get("neuron")))
+    return run(x_seq, v_init, step, w, NeuronParams(**params))

@@ -13,8 +13,8 @@ import numpy
 import torch
 
 from ..functional.neuron import NeuronParams
-from ._fused import (KernelCache, KernelConfig, KernelScalars, check_devices, kernel_source,
-                     pointer, run_fused)
+from ._fused import (KernelCache, KernelConfig, KernelScalars, kernel_source, pointer, run_fused,
+                     tensor_arguments)
 
 #: threads per block; one thread per neuron
 BLOCK_SIZE = 256
@@ -169,6 +169,24 @@ class CuPyLauncher:
         self._launch(config, 1, h_seq.device, N, args)
 
 
+def cupy_runnable(tensors):
+    """:func:`cupy_step` after the one check of what it needs, made by
+    :func:`snnquant.kernels.dispatch.select_backend` and :func:`fused_quant_neuron_multi_step`
+    alike: every tensor on CUDA, then CuPy.
+
+    Args:
+        tensors: ``[(argument name, tensor)]`` whose devices are checked.
+
+    Raises:
+        CUDATensorsRequiredError: a tensor not on CUDA.
+        CuPyUnavailableError: CuPy cannot be imported.
+    """
+    for argument, tensor in tensors:
+        check_cuda(argument, tensor)
+    import_cupy()
+    return cupy_step
+
+
 def cupy_step(x_seq: torch.Tensor, v_init, step, w: Optional[torch.Tensor],
               params: NeuronParams):
     """The cupy backend's step function: :func:`~snnquant.kernels._fused.run_fused` with the CuPy
@@ -245,6 +263,5 @@ def fused_quant_neuron_multi_step(x_seq: torch.Tensor, v_init, *, step,
         TypeError: an argument of the wrong type or dtype.
         CuPyUnavailableError: CuPy cannot be imported (an ImportError that says what to install).
     """
-    check_devices(check_cuda, x_seq, v_init, step, w, params.get("neuron"))
-    import_cupy()
-    return cupy_step(x_seq, v_init, step, w, NeuronParams(**params))
+    run = cupy_runnable(tensor_arguments(x_seq, v_init, step, w, params.get("neuron")))
+    return run(x_seq, v_init, step, w, NeuronParams(**params))

@@ -145,20 +145,15 @@ def select_backend(backend: str, x_seq: torch.Tensor, surrogate_function=None,
             backend needs is missing (the message says what to install or set).
     """
     name = resolve_backend(backend, x_seq, surrogate_function)
-    requested = backend == name
     if name == "cpp":
-        from .cpp_backend import check_cpu, cpp_step, require_cache, require_cpp
+        from .cpp_backend import cpp_runnable
 
-        check_cpu(argument, x_seq)
-        require_cpp()
-        require_cache()
-        return ResolvedBackend(name, cpp_step, requested)
+        return ResolvedBackend(name, cpp_runnable([(argument, x_seq)]), backend == name)
     if name == "cupy":
-        from .cupy_backend import check_cuda, cupy_step, import_cupy
+        from .cupy_backend import cupy_runnable
 
-        check_cuda(argument, x_seq)
-        import_cupy()
-        return ResolvedBackend(name, cupy_step, requested)
+        return ResolvedBackend(name, cupy_runnable([(argument, x_seq)]), backend == name)
     from ..functional.neuron import quant_neuron_sequence
 
     return ResolvedBackend(name, quant_neuron_sequence, False)
+
