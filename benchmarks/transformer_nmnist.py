@@ -15,7 +15,8 @@ example's frames cropped to 32 x 32 (``x[..., 1:33, 1:33]``: four stride-2 pooli
 * ``CSNN``: the example's network with the channel count whose weight bytes at this
   configuration are closest to the transformer's, trained and deployed the same way.
 
-Prints a table and writes ``benchmarks/results/transformer_nmnist[_real].json`` and ``.md``::
+Prints a table and writes ``benchmarks/results/transformer_nmnist[_real].json``, ``.md`` and
+``_table.rst`` (which the deploy guide includes)::
 
     OMP_NUM_THREADS=1 python benchmarks/transformer_nmnist.py \\
         --real-split ../shared/data/nmnist-real-1k --seeds 0 1 2 --epochs 20
@@ -29,7 +30,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import _nmnist_common as common  # noqa: E402
-from _tables import fmt  # noqa: E402
+from _tables import fmt, write_rst_table  # noqa: E402
 
 import torch  # noqa: E402
 import torch.nn as nn  # noqa: E402
@@ -173,6 +174,8 @@ def main():
                 f"Data: {common.data_label(args, args.root)}; {args.epochs} epochs, T = "
                 f"{bench.args.T}, median (min..max) over seeds "
                 f"{common.seeds_done(args, seed)}.\n\n{text}", args.out)
+            # the deploy guide includes it
+            write_rst_table(args.out, common.results_name(args, "transformer_nmnist"))
 
 
 if __name__ == "__main__":
