@@ -490,7 +490,7 @@ FLOORS = (
     ("nn",),
     ("utils",),
     ("capture",),
-    ("convert", "export", "measure"),
+    ("convert", "export", "measure", "targets"),
     ("summary", "calibrate", "sensitivity"),
 )
 #: The command line stands on top of everything (datasets included); no part imports it.

@@ -1,0 +1,110 @@
+r"""The integer arithmetic of bit-shift neurons (SynSense Xylo): bit-shift decays, event-ordered
+saturating accumulation and multi-spike firing, as pure functions on integer-valued tensors.
+
+Every function takes and returns floating-point tensors whose values are integers (float32 holds
+the 16-bit states exactly; the accumulation is computed in float64). The rules were read from
+SynSense's simulator ``xylosim`` 0.1.3 (the C++ core that Rockpool's ``XyloSim`` wraps) and are
+tested against it in ``tests/test_targets_xylo.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["bitshift_decay", "bitshift_decay_ste", "saturating_accumulate", "multi_spike_count"]
+
+
+def bitshift_decay(x: torch.Tensor, dash) -> torch.Tensor:
+    r"""One bit-shift decay step of an integer state.
+
+    .. math::
+
+        d(x) = x - \max(x \gg \mathrm{dash},\ 1) \quad (x > 0),\qquad
+        d(x) = x - (x \gg \mathrm{dash}) \quad (x \le 0)
+
+    where :math:`\gg` is the arithmetic right shift (:math:`\lfloor x / 2^{\mathrm{dash}}\rfloor`).
+    A positive state decays by at least 1 per step; a negative one reaches 0 through the floor of
+    the shift. ``dash = 0`` empties the state in one step. No gradient (see
+    :func:`bitshift_decay_ste`).
+
+    Args:
+        x: integer-valued state.
+        dash: the decay shift, an int or a tensor broadcastable to ``x`` (integer values >= 0).
+    """
+    shifted = torch.floor(x / torch.pow(2.0, torch.as_tensor(dash, dtype=x.dtype, device=x.device)))
+    shifted = torch.where((x > 0) & (shifted == 0), torch.ones_like(shifted), shifted)
+    return x - shifted
+
+
+def bitshift_decay_ste(x: torch.Tensor, dash) -> torch.Tensor:
+    r""":func:`bitshift_decay` with the gradient of the real decay it rounds.
+
+    Forward: :math:`d(x)`. Gradient: :math:`\partial d / \partial x = 1 - 2^{-\mathrm{dash}}`.
+    """
+    factor = 1.0 - torch.pow(2.0, -torch.as_tensor(dash, dtype=x.dtype, device=x.device))
+    smooth = x * factor
+    return smooth + (bitshift_decay(x.detach(), dash) - smooth.detach())
+
+
+def saturating_accumulate(state: torch.Tensor, counts: torch.Tensor, weight: torch.Tensor,
+                          lo: int, hi: int) -> torch.Tensor:
+    r"""Add weighted input events to a state one event at a time, saturating after each.
+
+    For each sample :math:`n` and target :math:`j`, the presynaptic sources :math:`i` are taken in
+    ascending order, each :math:`c_{ni}` times:
+
+    .. math::
+
+        a \leftarrow \mathrm{clamp}(a + w_{ji},\ lo,\ hi)
+
+    starting from :math:`a = \mathrm{state}_{nj}`. Repeated events of one source add one weight
+    of one sign, so they are one clamp of :math:`a + c_{ni} w_{ji}`. When no partial sum can
+    leave :math:`[lo, hi]` (checked from the sums of the positive and of the negative terms) the
+    result is the plain sum; only the other entries are accumulated source by source. No
+    gradient: the caller attaches one.
+
+    Args:
+        state: ``[N, out]`` integer-valued start values, within ``[lo, hi]``.
+        counts: ``[N, in]`` non-negative integer event counts.
+        weight: ``[out, in]`` integer weights (already shifted).
+        lo, hi: the saturation bounds.
+
+    Returns:
+        ``[N, out]`` float64 tensor.
+    """
+    state = state.detach().to(torch.float64)
+    counts = counts.detach().to(torch.float64)
+    weight = weight.detach().to(torch.float64)
+    total = state + counts @ weight.t()
+    up = state + counts @ weight.clamp(min=0).t()
+    down = state + counts @ weight.clamp(max=0).t()
+    need = (up > hi) | (down < lo)
+    if not bool(need.any()):
+        return total
+    rows, cols = need.nonzero(as_tuple=True)
+    acc = state[rows, cols]
+    terms = counts[rows] * weight[cols]  # [K, in]: each source's events, in source order
+    for i in range(terms.shape[1]):
+        acc = (acc + terms[:, i]).clamp(lo, hi)
+    out = total.clone()
+    out[rows, cols] = acc
+    return out
+
+
+def multi_spike_count(v: torch.Tensor, threshold, max_spikes: int) -> torch.Tensor:
+    r"""Spikes of a multi-spike neuron with subtractive reset.
+
+    .. math::
+
+        n = \min(\lfloor v / \theta \rfloor,\ n_{max}) \ \ (v \ge \theta),\qquad n = 0 \ \ (v < \theta)
+
+    and the caller subtracts :math:`n\theta` from the membrane. No gradient.
+
+    Args:
+        v: integer-valued membrane.
+        threshold: :math:`\theta` (> 0), an int or a tensor broadcastable to ``v``.
+        max_spikes: :math:`n_{max}`.
+    """
+    th = torch.as_tensor(threshold, dtype=v.dtype, device=v.device)
+    n = torch.floor(v / th).clamp(0, max_spikes)
+    return torch.where(v >= th, n, torch.zeros_like(n))

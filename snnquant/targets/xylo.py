@@ -1,0 +1,659 @@
+r"""SynSense Xylo Audio 2 (SYNS61201): its neuron arithmetic, its limits, training in that
+arithmetic, and export to the specification that Rockpool's ``XyloSim`` (SynSense's ``xylosim``
+simulator) and Rockpool's ``config_from_specification`` take.
+
+**The arithmetic** (read from ``xylosim`` 0.1.3, SynSense's C++ simulator, and tested against it
+in ``tests/test_targets_xylo.py``; the shapes and limits from Rockpool 3.1's
+``devices/xylo/syns61201``). A Xylo network is a layer of up to 16 input channels, a population
+of up to 1000 hidden neurons and up to 8 readout neurons. Each neuron has a synaptic current
+:math:`I` and a membrane :math:`V`, 16-bit signed integers. Per time step :math:`t`, for each
+neuron, with its weights :math:`w` (8-bit signed) shifted left by the layer's ``weight_shift``
+:math:`s`, its bit-shift decays :math:`d_I`, :math:`d_V` (:func:`~snnquant.functional.bitshift.
+bitshift_decay`), threshold :math:`\theta` and bias :math:`b`:
+
+* :math:`I \leftarrow d_I(A)`, where :math:`A` adds the step's input events to :math:`I` one event
+  at a time, in the order of the sources, saturating to :math:`[-2^{15}, 2^{15}-1]` after each
+  (:func:`~snnquant.functional.bitshift.saturating_accumulate`);
+* :math:`V \leftarrow \mathrm{sat}(V + \mathrm{sat}(\mathrm{sat}(I - \ell_V) + b))`, where
+  :math:`\ell_V = V - d_V(V)` is the membrane's leak and :math:`\mathrm{sat}` saturates to
+  :math:`[-2^{15}, 2^{15}-1]`: the change of the membrane saturates before it is added (a
+  membrane of :math:`-2^{15}` that receives :math:`I = 31744` goes to :math:`-1`, not to
+  :math:`d_V(-2^{15}) + I`);
+* :math:`n = \min(\lfloor V/\theta \rfloor, 31)` spikes if :math:`V \ge \theta` (hidden neurons;
+  a readout neuron fires at most 1), and :math:`V \leftarrow V - n\theta`.
+
+An input channel sends up to 15 events per step (Rockpool's ``XyloSamna.evolve``: "Up to 15 input
+events can be sent per bin"). Hidden-to-hidden (``weights_rec``) and hidden-to-readout events
+arrive one step after the spikes that send them. A hidden neuron's ``n`` spikes are ``n``
+events.
+
+**The network snnquant maps onto it**: a stack of :class:`XyloLIFLayer`: the first reads the input
+channels (``weights_in``), each next hidden layer reads the previous one through
+``weights_rec`` (one step later: ``delay=1``), and the last layer is the readout
+(``weights_out``, one step later, at most one spike per step). Every layer computes in Xylo's
+integers in training too (float tensors holding integers; straight-through gradients for the
+roundings and the surrogate gradient for the spikes), so the exported network computes what was
+trained.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+from spikingjelly.activation_based import base, layer as sj_layer, neuron, surrogate
+
+from .._io import atomic_write
+from ..functional.bitshift import (bitshift_decay_ste, multi_spike_count, saturating_accumulate)
+from ..functional.rounding import round as round_ste
+
+__all__ = ["XyloProfile", "XYLO_AUDIO2", "XyloLIFLayer", "Violation", "check_xylo",
+           "quantize_for_xylo", "XyloSpec", "to_xylo", "save_xylo", "load_xylo", "run_xylosim"]
+
+
+@dataclass(frozen=True)
+class XyloProfile:
+    """What a Xylo chip fixes: sizes, bit widths and ranges.
+
+    Attributes:
+        name: the chip (``'xylo-audio2'``: SYNS61201).
+        max_inputs: input channels (Rockpool ``xylo_mapper.le_16_input_channels``: 16).
+        max_hidden: hidden neurons (Rockpool ``xylo_mapper.mapper(max_hidden_neurons=1000)``).
+        max_outputs: readout neurons (``mapper(max_output_neurons=8)``).
+        weight_bits: signed weight width (``config_from_specification`` casts to ``int8``).
+        state_bits: synaptic current and membrane width (16, signed).
+        threshold_range: thresholds (the mapper's ``threshold_dtype`` ``int16``; a threshold
+            below 1 would fire on a membrane of 0, so the range starts at 1).
+        dash_range: bit-shift decays (4-bit registers: 0 to 15).
+        weight_shift_range: weight left shifts (0 to 7).
+        max_input_events: events an input channel sends per step (15).
+        max_hidden_spikes: spikes a hidden neuron emits per step (31).
+        max_output_spikes: spikes a readout neuron emits per step (1).
+    """
+
+    name: str = "xylo-audio2"
+    max_inputs: int = 16
+    max_hidden: int = 1000
+    max_outputs: int = 8
+    weight_bits: int = 8
+    state_bits: int = 16
+    threshold_range: tuple = (1, 2 ** 15 - 1)
+    dash_range: tuple = (0, 15)
+    weight_shift_range: tuple = (0, 7)
+    max_input_events: int = 15
+    max_hidden_spikes: int = 31
+    max_output_spikes: int = 1
+
+    @property
+    def state_range(self) -> tuple:
+        """The saturation bounds of the synaptic current and the membrane."""
+        return (-(2 ** (self.state_bits - 1)), 2 ** (self.state_bits - 1) - 1)
+
+    @property
+    def weight_range(self) -> tuple:
+        """The integer weight range."""
+        return (-(2 ** (self.weight_bits - 1)), 2 ** (self.weight_bits - 1) - 1)
+
+
+#: Xylo Audio 2 (SYNS61201), the chip Rockpool's ``devices.xylo.syns61201`` and ``xylosim.v2``
+#: simulate.
+XYLO_AUDIO2 = XyloProfile()
+
+
+def _check_int(name: str, value, lo: int, hi: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return int(value)
+
+
+class XyloLIFLayer(base.MemoryModule):
+    r"""A layer of Xylo neurons with their input weights, computing in Xylo's integers.
+
+    Forward, per step (all values integers held in float tensors; see :mod:`snnquant.targets.xylo`
+    for the rules), with the input event counts :math:`c` (delayed by ``delay`` steps), the
+    integer weights :math:`W = \mathrm{clamp}(\mathrm{round}(w / \Delta), -128, 127)` of the
+    latent float weights :math:`w` and the power-of-two step :math:`\Delta`:
+
+    .. math::
+
+        I &\leftarrow d_I(\mathrm{sat\_acc}(I,\ c,\ W \cdot 2^{s}))\\
+        V &\leftarrow \mathrm{sat}(V + \mathrm{sat}(\mathrm{sat}(I - (V - d_V(V))) + b))\\
+        n &= \min(\lfloor V / \theta \rfloor, n_{max})\,[V \ge \theta],\qquad V \leftarrow V - n\theta
+
+    Gradients: the weight rounding, the decays' floors and the saturating accumulation pass the
+    gradient of the real values they round (:math:`\partial W/\partial w = 1/\Delta` inside the
+    range, 0 outside; :math:`\partial d(x)/\partial x = 1 - 2^{-\mathrm{dash}}`;
+    :math:`\partial A/\partial I = 1`, :math:`\partial A/\partial c = W 2^s`); each saturation
+    :math:`\mathrm{sat}` (to :math:`[-2^{15}, 2^{15}-1]`) passes 1 inside and 0 outside; the spike count has the surrogate gradient
+    :math:`\partial n/\partial V = \sigma'((V - \theta)/\theta)/\theta` of ``surrogate_function``
+    :math:`\sigma`.
+
+    Args:
+        in_features, out_features: sizes.
+        threshold: :math:`\theta`, an int in the profile's ``threshold_range``.
+        dash_syn, dash_mem: :math:`d_I`, :math:`d_V` shifts (ints in ``dash_range``).
+        weight_step: :math:`\Delta`, a power of two: float weight = integer weight times it.
+        weight_shift: :math:`s` (int in ``weight_shift_range``).
+        max_spikes: :math:`n_{max}`: 31 for a hidden layer, 1 for the readout.
+        delay: 0 for the layer reading the input channels, 1 for a layer reading another layer.
+        bias: whether the layer has a membrane bias :math:`b` (learned; integer, 16-bit).
+        input_max: the largest event count an input may carry (15 for the input channels, the
+            previous layer's ``max_spikes`` otherwise); larger, negative or fractional counts are
+            refused with a ``ValueError``.
+        profile: the chip's :class:`XyloProfile`.
+        surrogate_function: a SpikingJelly surrogate (default ``surrogate.Sigmoid()``).
+        step_mode: ``'s'`` or ``'m'`` (SpikingJelly's contract: ``[N, in]`` or ``[T, N, in]``).
+    """
+
+    def __init__(self, in_features: int, out_features: int, threshold: int, dash_syn: int = 1,
+                 dash_mem: int = 1, weight_step: float = 2.0 ** -7, weight_shift: int = 0,
+                 max_spikes: int = 31, delay: int = 0, bias: bool = False,
+                 input_max: Optional[int] = None, profile: XyloProfile = XYLO_AUDIO2,
+                 surrogate_function=None, step_mode: str = "s"):
+        super().__init__()
+        self.profile = profile
+        self.in_features = _check_int("in_features", in_features, 1, 2 ** 31)
+        self.out_features = _check_int("out_features", out_features, 1, 2 ** 31)
+        self.threshold = _check_int("threshold", threshold, *profile.threshold_range)
+        self.dash_syn = _check_int("dash_syn", dash_syn, *profile.dash_range)
+        self.dash_mem = _check_int("dash_mem", dash_mem, *profile.dash_range)
+        self.weight_shift = _check_int("weight_shift", weight_shift, *profile.weight_shift_range)
+        self.max_spikes = _check_int("max_spikes", max_spikes, 1, profile.max_hidden_spikes)
+        self.delay = _check_int("delay", delay, 0, 1)
+        self.input_max = _check_int("input_max", profile.max_input_events if input_max is None
+                                    else input_max, 1, 2 ** 15)
+        if not (isinstance(weight_step, (int, float)) and weight_step > 0
+                and math.log2(weight_step).is_integer()):
+            raise ValueError(f"weight_step must be a power of two, got {weight_step!r}")
+        self.weight_step = float(weight_step)
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        bound = 1.0 / math.sqrt(in_features)
+        nn.init.uniform_(self.weight, -bound, bound)
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
+        self.surrogate_function = surrogate_function or surrogate.Sigmoid()
+        self.step_mode = step_mode
+        self.register_memory("isyn", 0.0)
+        self.register_memory("vmem", 0.0)
+        self.register_memory("last_input", None)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features}, {self.out_features}, threshold={self.threshold}, "
+                f"dash_syn={self.dash_syn}, dash_mem={self.dash_mem}, "
+                f"weight_step=2**{int(math.log2(self.weight_step))}, "
+                f"weight_shift={self.weight_shift}, max_spikes={self.max_spikes}, "
+                f"delay={self.delay}, bias={self.bias is not None}, step_mode={self.step_mode}")
+
+    # ---- the integers the chip holds -------------------------------------------------------------
+    def integer_weight(self) -> torch.Tensor:
+        """:math:`W`, the 8-bit integer weights (float tensor with the rounding's gradient)."""
+        lo, hi = self.profile.weight_range
+        return round_ste(self.weight / self.weight_step).clamp(lo, hi)
+
+    def integer_bias(self) -> Optional[torch.Tensor]:
+        """:math:`b`, the integer membrane bias (or ``None``)."""
+        if self.bias is None:
+            return None
+        lo, hi = self.profile.state_range
+        return round_ste(self.bias).clamp(lo, hi)
+
+    # ---- dynamics ------------------------------------------------------------------------------
+    def _check_counts(self, x: torch.Tensor) -> None:
+        bad = (x < 0) | (x > self.input_max) | (x != torch.floor(x))
+        if bool(bad.any()):
+            value = x[bad].flatten()[0].item()
+            raise ValueError(f"{type(self).__name__}: input event counts must be integers in "
+                             f"[0, {self.input_max}] (the chip sends no more per step), got "
+                             f"{value}")
+
+    def _step(self, c: torch.Tensor, w_shifted: torch.Tensor, b) -> torch.Tensor:
+        lo, hi = self.profile.state_range
+        if not isinstance(self.isyn, torch.Tensor):
+            shape = (c.shape[0], self.out_features)
+            self.isyn = torch.zeros(shape, dtype=c.dtype, device=c.device)
+            self.vmem = torch.zeros(shape, dtype=c.dtype, device=c.device)
+        smooth = self.isyn + c @ w_shifted.t()
+        exact = saturating_accumulate(self.isyn, c, w_shifted, lo, hi).to(smooth.dtype)
+        acc = smooth + (exact - smooth.detach())
+        self.isyn = bitshift_decay_ste(acc, self.dash_syn)
+        leak = self.vmem - bitshift_decay_ste(self.vmem, self.dash_mem)
+        delta = (self.isyn - leak).clamp(lo, hi)
+        if b is not None:
+            delta = (delta + b).clamp(lo, hi)
+        v = (self.vmem + delta).clamp(lo, hi)
+        th = float(self.threshold)
+        x = (v - th) / th
+        first = self.surrogate_function(x)
+        n = first + (multi_spike_count(v.detach(), th, self.max_spikes) - first.detach())
+        self.vmem = v - n * th
+        return n
+
+    def _weights(self):
+        return self.integer_weight() * (2.0 ** self.weight_shift), self.integer_bias()
+
+    def single_step_forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_counts(x)
+        if self.delay:
+            previous = self.last_input if self.last_input is not None else torch.zeros_like(x)
+            self.last_input = x.detach() if not torch.is_grad_enabled() else x
+            x = previous
+        w, b = self._weights()
+        return self._step(x, w, b)
+
+    def multi_step_forward(self, x_seq: torch.Tensor) -> torch.Tensor:
+        self._check_counts(x_seq)
+        if self.delay:
+            first = self.last_input if self.last_input is not None else torch.zeros_like(x_seq[0])
+            self.last_input = x_seq[-1]
+            x_seq = torch.cat([first.unsqueeze(0), x_seq[:-1]])
+        w, b = self._weights()
+        return torch.stack([self._step(x_seq[t], w, b) for t in range(x_seq.shape[0])])
+
+
+# ---- limits -------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Violation:
+    """One way a network exceeds a chip's limits.
+
+    Attributes:
+        layer: the layer's name in the model (``''`` for the whole network).
+        limit: what the chip allows (e.g. ``'hidden neurons <= 1000'``).
+        value: what the network has.
+    """
+
+    layer: str
+    limit: str
+    value: object
+
+    def __str__(self) -> str:
+        return f"{self.layer or '<network>'}: {self.limit}, got {self.value}"
+
+
+def _xylo_layers(model: nn.Module) -> List[tuple]:
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, XyloLIFLayer)]
+    others = [n for n, m in model.named_modules()
+              if n and not isinstance(m, (XyloLIFLayer, nn.Sequential, nn.Identity))
+              and not any(n.startswith(x + ".") for x, _ in layers)]
+    if others:
+        raise ValueError(f"model: a Xylo network holds only XyloLIFLayer modules in one "
+                         f"nn.Sequential (quantize_for_xylo builds it); found {others}")
+    return layers
+
+
+def check_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> List[Violation]:
+    """Every way ``model`` (a stack of :class:`XyloLIFLayer`) exceeds ``profile``'s limits.
+
+    Checked: at least one hidden layer and a readout; input channels, hidden neurons and readout
+    neurons against the chip's counts; the first layer without delay and every later one with a
+    delay of one step; hidden layers with ``max_spikes`` 31 and the readout with 1; each layer's
+    ``input_max`` equal to what its source sends; one ``weight_shift`` for all hidden layers after
+    the first (the chip has one for ``weights_rec``); every layer's profile being ``profile``.
+    Thresholds, decays, shifts and the weight range are checked when a layer is built.
+
+    Args:
+        model: the network.
+        profile: the chip (default: the layers' own profile).
+
+    Returns:
+        The list of :class:`Violation` (empty when the network fits), each naming the layer, the
+        limit and the value.
+    """
+    layers = _xylo_layers(model)
+    if not layers:
+        return [Violation("", "at least one hidden XyloLIFLayer and a readout", "no XyloLIFLayer")]
+    profile = profile or layers[0][1].profile
+    found = []
+    if len(layers) < 2:
+        found.append(Violation("", "at least one hidden layer before the readout",
+                               f"{len(layers)} layer"))
+    hidden, readout = layers[:-1], layers[-1]
+    name0, first = layers[0]
+    if first.in_features > profile.max_inputs:
+        found.append(Violation(name0, f"input channels <= {profile.max_inputs}", first.in_features))
+    n_hidden = sum(m.out_features for _, m in hidden)
+    if n_hidden > profile.max_hidden:
+        found.append(Violation("", f"hidden neurons <= {profile.max_hidden}", n_hidden))
+    if readout[1].out_features > profile.max_outputs:
+        found.append(Violation(readout[0], f"readout neurons <= {profile.max_outputs}",
+                               readout[1].out_features))
+    previous = None
+    for i, (name, m) in enumerate(layers):
+        if m.profile != profile:
+            found.append(Violation(name, f"profile {profile.name}", m.profile.name))
+        want_delay = 0 if i == 0 else 1
+        if m.delay != want_delay:
+            found.append(Violation(name, f"delay == {want_delay}", m.delay))
+        want_spikes = profile.max_output_spikes if i == len(layers) - 1 else profile.max_hidden_spikes
+        if m.max_spikes != want_spikes:
+            found.append(Violation(name, f"max_spikes == {want_spikes}", m.max_spikes))
+        want_input = profile.max_input_events if previous is None else previous.max_spikes
+        if m.input_max != want_input:
+            found.append(Violation(name, f"input_max == {want_input}", m.input_max))
+        if previous is not None and m.in_features != previous.out_features:
+            found.append(Violation(name, f"in_features == {previous.out_features} (the previous "
+                                         f"layer's out_features)", m.in_features))
+        previous = m
+    shifts = {m.weight_shift for _, m in hidden[1:]}
+    if len(shifts) > 1:
+        found.append(Violation("", "one weight_shift for the hidden layers after the first "
+                                   "(weights_rec)", sorted(shifts)))
+    return found
+
+
+def _refuse(found: List[Violation], what: str) -> None:
+    if found:
+        raise ValueError(f"{what}: the network does not fit the chip:\n  "
+                         + "\n  ".join(str(v) for v in found))
+
+
+# ---- from a SpikingJelly network ----------------------------------------------------------------
+def _pow2_step(w: torch.Tensor, hi: int) -> float:
+    m = float(w.detach().abs().max())
+    if m == 0.0:
+        return 1.0
+    return 2.0 ** math.ceil(math.log2(m / hi))
+
+
+def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash_syn: int = 1,
+                      surrogate_function=None, step_mode: str = "m") -> nn.Sequential:
+    r"""A SpikingJelly network of ``Linear`` + neuron pairs as a stack of :class:`XyloLIFLayer`
+    that trains in Xylo's arithmetic.
+
+    ``model`` is an ``nn.Sequential`` of ``nn.Linear`` (or SpikingJelly ``layer.Linear``) layers,
+    each followed by a ``neuron.LIFNode`` or ``neuron.IFNode`` (``nn.Flatten`` /
+    ``layer.Flatten`` and ``nn.Identity`` are allowed before the first layer and skipped); the
+    last pair becomes the readout. Each pair becomes one layer with:
+
+    * the weights on a power-of-two step :math:`\Delta = 2^{\lceil \log_2(\max|w| / 127)\rceil}`
+      (the float weights move over; ``weight_shift`` 0), the ``Linear`` bias as the membrane
+      bias in units of :math:`\Delta` (Xylo adds it to the membrane, not the current);
+    * the threshold :math:`\theta = \mathrm{round}(V_{th} / \Delta)` (at least 1);
+    * ``dash_mem`` :math:`= \mathrm{round}(\log_2 \tau)` for a LIF (its decay
+      :math:`1 - 1/\tau` becomes :math:`1 - 2^{-\mathrm{dash}}`), 15 for an IF (the slowest
+      decay the chip has); ``dash_syn`` as given (the chip's synaptic current has no
+      "instantaneous" setting: ``dash_syn`` 0 would empty it before it reaches the membrane).
+
+    The dynamics differ from the float network's (a current-based neuron, multi-spike hidden
+    neurons, one step of delay per layer), so the result is meant to be trained (or fine-tuned):
+    every step of training is then the chip's arithmetic.
+
+    Args:
+        model: the network (not modified).
+        profile: the chip.
+        dash_syn: the synaptic decay of every layer.
+        surrogate_function: surrogate of the spikes (default ``surrogate.Sigmoid()``).
+        step_mode: of the layers.
+
+    Raises:
+        ValueError: naming the module, for a module that is not one of the above, a neuron with
+            a reset other than soft (``v_reset=None``: the chip subtracts the threshold), a
+            ``decay_input=False`` LIF... and listing every limit the result exceeds
+            (:func:`check_xylo`).
+    """
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"model must be an nn.Sequential, got {type(model).__name__}")
+    lo, hi = profile.weight_range
+    pairs, pending, started = [], None, False
+    for name, m in model.named_children():
+        if isinstance(m, (nn.Flatten, sj_layer.Flatten, nn.Identity)) and not started:
+            continue
+        if isinstance(m, nn.Linear) and pending is None:
+            pending, started = (name, m), True
+        elif type(m) in (neuron.LIFNode, neuron.IFNode) and pending is not None:
+            if m.v_reset is not None:
+                raise ValueError(f"model.{name}: Xylo resets by subtracting the threshold; "
+                                 f"build the neuron with v_reset=None, got v_reset={m.v_reset}")
+            if isinstance(m, neuron.LIFNode) and not m.decay_input:
+                raise ValueError(f"model.{name}: decay_input=False has no Xylo equivalent")
+            pairs.append((pending, (name, m)))
+            pending = None
+        else:
+            raise ValueError(f"model.{name}: a Xylo network is Linear + LIFNode/IFNode pairs; "
+                             f"{type(m).__name__} here has no place on the chip")
+    if pending is not None or not pairs:
+        raise ValueError("model: a Xylo network is Linear + LIFNode/IFNode pairs, ending with a "
+                         "neuron")
+    layers, previous = [], None
+    for i, ((lname, lin), (nname, neu)) in enumerate(pairs):
+        last = i == len(pairs) - 1
+        step = _pow2_step(lin.weight, hi)
+        if isinstance(neu, neuron.LIFNode):
+            dash_mem = min(max(round(math.log2(float(neu.tau))), profile.dash_range[0]),
+                           profile.dash_range[1])
+        else:
+            dash_mem = profile.dash_range[1]
+        th = max(1, round(float(neu.v_threshold) / step))
+        if th > profile.threshold_range[1]:
+            raise ValueError(f"model.{nname}: v_threshold {neu.v_threshold} is {th} weight steps "
+                             f"of model.{lname}, beyond the chip's threshold range "
+                             f"{profile.threshold_range}")
+        new = XyloLIFLayer(lin.in_features, lin.out_features, threshold=th, dash_syn=dash_syn,
+                           dash_mem=dash_mem, weight_step=step, weight_shift=0,
+                           max_spikes=profile.max_output_spikes if last else profile.max_hidden_spikes,
+                           delay=0 if i == 0 else 1, bias=lin.bias is not None,
+                           input_max=profile.max_input_events if previous is None
+                           else previous.max_spikes,
+                           profile=profile, surrogate_function=surrogate_function,
+                           step_mode=step_mode)
+        with torch.no_grad():
+            new.weight.copy_(lin.weight.clamp(lo * step, hi * step))
+            if lin.bias is not None:
+                new.bias.copy_(lin.bias / step)
+        layers.append(new)
+        previous = new
+    out = nn.Sequential(*layers)
+    _refuse(check_xylo(out, profile), "quantize_for_xylo")
+    return out
+
+
+# ---- the specification ----------------------------------------------------------------------------
+_SPEC_ARRAYS = ("weights_in", "weights_rec", "weights_out", "dash_mem", "dash_mem_out",
+                "dash_syn", "dash_syn_out", "threshold", "threshold_out", "bias", "bias_out")
+_SPEC_INTS = ("weight_shift_in", "weight_shift_rec", "weight_shift_out")
+
+
+@dataclass
+class XyloSpec:
+    """A Xylo network as the keyword arguments of Rockpool's
+    ``devices.xylo.syns61201.XyloSim.from_specification`` (and, with ``bias`` renamed
+    ``bias_hidden``, of ``config_from_specification``): integer arrays, hidden neurons first
+    layer first.
+
+    Attributes:
+        weights_in: ``[Nin, Nhidden]`` int8.
+        weights_rec: ``[Nhidden, Nhidden]`` int8 (the hidden layers after the first).
+        weights_out: ``[Nhidden, Nout]`` int8.
+        dash_mem, dash_syn, threshold, bias: per hidden neuron.
+        dash_mem_out, dash_syn_out, threshold_out, bias_out: per readout neuron.
+        weight_shift_in, weight_shift_rec, weight_shift_out: the three weight shifts.
+        hidden_sizes: the hidden layers' sizes (how the hidden population is split).
+        profile: the chip's name.
+    """
+
+    weights_in: np.ndarray
+    weights_rec: np.ndarray
+    weights_out: np.ndarray
+    dash_mem: np.ndarray
+    dash_mem_out: np.ndarray
+    dash_syn: np.ndarray
+    dash_syn_out: np.ndarray
+    threshold: np.ndarray
+    threshold_out: np.ndarray
+    bias: np.ndarray
+    bias_out: np.ndarray
+    weight_shift_in: int
+    weight_shift_rec: int
+    weight_shift_out: int
+    hidden_sizes: List[int] = field(default_factory=list)
+    profile: str = XYLO_AUDIO2.name
+
+    def as_kwargs(self) -> dict:
+        """The keyword arguments of Rockpool's ``XyloSim.from_specification``."""
+        kw = {k: getattr(self, k) for k in _SPEC_ARRAYS + _SPEC_INTS}
+        if not (self.bias.any() or self.bias_out.any()):
+            kw["bias"] = kw["bias_out"] = None
+        return kw
+
+
+def to_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> XyloSpec:
+    """The :class:`XyloSpec` of a stack of :class:`XyloLIFLayer` (after :func:`check_xylo`).
+
+    Raises:
+        ValueError: listing every limit the network exceeds.
+    """
+    _refuse(check_xylo(model, profile), "to_xylo")
+    layers = [m for _, m in _xylo_layers(model)]
+    hidden, readout = layers[:-1], layers[-1]
+    sizes = [m.out_features for m in hidden]
+    n_h = sum(sizes)
+    starts = np.cumsum([0] + sizes)
+
+    def ints(m):
+        with torch.no_grad():
+            w = m.integer_weight().cpu().numpy().astype(np.int8)
+            b = (m.integer_bias().cpu().numpy().astype(np.int64) if m.bias is not None
+                 else np.zeros(m.out_features, np.int64))
+        return w, b
+
+    w_in = np.zeros((hidden[0].in_features, n_h), np.int8)
+    w_rec = np.zeros((n_h, n_h), np.int8)
+    bias = np.zeros(n_h, np.int64)
+    for k, m in enumerate(hidden):
+        w, b = ints(m)
+        cols = slice(starts[k], starts[k + 1])
+        if k == 0:
+            w_in[:, cols] = w.T
+        else:
+            w_rec[starts[k - 1]:starts[k], cols] = w.T
+        bias[cols] = b
+    w_o, b_o = ints(readout)
+    w_out = np.zeros((n_h, readout.out_features), np.int8)
+    w_out[starts[-2]:, :] = w_o.T
+
+    def per_neuron(attr, ms):
+        return np.concatenate([np.full(m.out_features, getattr(m, attr), np.int64) for m in ms])
+
+    return XyloSpec(
+        weights_in=w_in, weights_rec=w_rec, weights_out=w_out,
+        dash_mem=per_neuron("dash_mem", hidden), dash_mem_out=per_neuron("dash_mem", [readout]),
+        dash_syn=per_neuron("dash_syn", hidden), dash_syn_out=per_neuron("dash_syn", [readout]),
+        threshold=per_neuron("threshold", hidden),
+        threshold_out=per_neuron("threshold", [readout]),
+        bias=bias, bias_out=b_o,
+        weight_shift_in=hidden[0].weight_shift,
+        weight_shift_rec=hidden[1].weight_shift if len(hidden) > 1 else 0,
+        weight_shift_out=readout.weight_shift, hidden_sizes=sizes,
+        profile=readout.profile.name)
+
+
+def _digest(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def save_xylo(spec: XyloSpec, path) -> None:
+    """Write ``spec`` to ``path`` as JSON (integers only), atomically, with the SHA-256 of its
+    content under ``"sha256"``.
+    """
+    if not isinstance(spec, XyloSpec):
+        raise TypeError(f"spec must be a XyloSpec, got {type(spec).__name__}")
+    payload = {k: np.asarray(getattr(spec, k)).tolist() for k in _SPEC_ARRAYS}
+    payload.update({k: int(getattr(spec, k)) for k in _SPEC_INTS})
+    payload.update(hidden_sizes=[int(s) for s in spec.hidden_sizes], profile=spec.profile,
+                   format="snnquant-xylo", format_version=1)
+    payload["sha256"] = _digest(payload)
+    atomic_write(path, json.dumps(payload, sort_keys=True))
+
+
+def load_xylo(path) -> XyloSpec:
+    """Read a file written by :func:`save_xylo`, after verifying its checksum.
+
+    Raises:
+        ValueError: naming the file, when it is not such a file or its content changed.
+    """
+    path_s = os.fspath(path)
+    try:
+        with open(path_s) as f:
+            payload = json.load(f)
+        digest = payload.pop("sha256")
+        ok = payload.get("format") == "snnquant-xylo"
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise ValueError(f"{path_s}: not a snnquant Xylo specification ({exc})") from None
+    if not ok or payload.get("format_version") != 1:
+        raise ValueError(f"{path_s}: not a snnquant Xylo specification of format_version 1")
+    if _digest(payload) != digest:
+        raise ValueError(f"{path_s}: the content does not match its checksum (changed or corrupt)")
+    dtypes = {"weights_in": np.int8, "weights_rec": np.int8, "weights_out": np.int8}
+    arrays = {k: np.asarray(payload[k], dtypes.get(k, np.int64)) for k in _SPEC_ARRAYS}
+    return XyloSpec(**arrays, **{k: payload[k] for k in _SPEC_INTS},
+                    hidden_sizes=payload["hidden_sizes"], profile=payload["profile"])
+
+
+# ---- the vendor's simulator ---------------------------------------------------------------------
+def _rockpool_xylosim():
+    """Rockpool's ``XyloSim`` class for Xylo Audio 2.
+
+    Rockpool 3.1's ``rockpool.devices.xylo`` package imports ``samna`` (SynSense's device
+    driver, not on the package index) at import time, for hardware modules that have nothing to
+    do with the simulator. The modules the simulator needs (``syns61201.xylo_sim`` and the
+    ``syns61300.xylo_sim`` it extends) import only Rockpool, numpy and ``xylosim``, so they are
+    imported here with their packages' ``__init__`` files skipped.
+    """
+    import importlib
+    import sys
+    import types
+
+    try:
+        import rockpool.devices as devices
+    except ImportError as exc:
+        raise ImportError("run_xylosim needs Rockpool and xylosim: pip install "
+                          "'snnquant[xylo]'") from exc
+    root = os.path.join(os.path.dirname(devices.__file__), "xylo")
+    for name, folder in (("rockpool.devices.xylo", root),
+                         ("rockpool.devices.xylo.syns61300", os.path.join(root, "syns61300")),
+                         ("rockpool.devices.xylo.syns61201", os.path.join(root, "syns61201"))):
+        if name not in sys.modules:
+            shell = types.ModuleType(name)
+            shell.__path__ = [folder]
+            sys.modules[name] = shell
+    return importlib.import_module("rockpool.devices.xylo.syns61201.xylo_sim").XyloSim
+
+
+def run_xylosim(spec: XyloSpec, raster) -> dict:
+    """Run ``spec`` on SynSense's simulator through Rockpool's ``XyloSim.from_specification``.
+
+    Args:
+        spec: the network.
+        raster: input event counts ``[T, Nin]`` or ``[N, T, Nin]`` (integers, 0 to 15); each
+            sample starts from a reset state.
+
+    Returns:
+        ``{"output": [N, T, Nout] readout spikes, "hidden": [N, T, Nhidden] hidden spike counts}``
+        (int64 arrays; ``N`` absent when ``raster`` was 2-D).
+    """
+    sim_cls = _rockpool_xylosim()
+    x = np.asarray(raster)
+    single = x.ndim == 2
+    if single:
+        x = x[None]
+    if x.ndim != 3 or x.shape[2] != spec.weights_in.shape[0]:
+        raise ValueError(f"raster must be [T, {spec.weights_in.shape[0]}] or "
+                         f"[N, T, {spec.weights_in.shape[0]}], got shape {np.shape(raster)}")
+    if (x < 0).any() or (x > XYLO_AUDIO2.max_input_events).any() or (x != np.round(x)).any():
+        raise ValueError("raster: event counts must be integers in [0, 15]")
+    sim = sim_cls.from_specification(**spec.as_kwargs())
+    outs, hids = [], []
+    for sample in x.astype(np.int64):
+        sim.reset_state()
+        out, _, rec = sim(sample, record=True)
+        outs.append(np.asarray(out, np.int64))
+        hids.append(np.asarray(rec["Spikes"], np.int64))
+    out, hid = np.stack(outs), np.stack(hids)
+    return {"output": out[0], "hidden": hid[0]} if single else {"output": out, "hidden": hid}
