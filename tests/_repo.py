@@ -17,3 +17,14 @@ def needs(*names: str):
     return pytest.mark.skipif(
         bool(missing), reason=f"{', '.join(missing)} not beside tests/ (an installed package with "
                               f"a copy of the tests): these tests read the repository's files")
+
+
+def shared_recordings():
+    """The shared real N-MNIST recordings (``nmnist-real-1k``: ``$SNNQUANT_SHARED_DATA``, then
+    ``../shared/data`` beside the repository), or ``None`` where this machine has none."""
+    import os
+    for base in (os.environ.get("SNNQUANT_SHARED_DATA"), ROOT.parent / "shared" / "data",
+                 "/work/shared/data"):
+        if base and (pathlib.Path(base) / "nmnist-real-1k" / "Train").is_dir():
+            return pathlib.Path(base) / "nmnist-real-1k"
+    return None

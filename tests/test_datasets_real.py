@@ -11,18 +11,10 @@ import numpy as np
 import pytest
 
 import snnquant.datasets as D
+from _repo import shared_recordings
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def _shared_recordings():
-    for base in (os.environ.get("SNNQUANT_SHARED_DATA"), REPO.parent / "shared" / "data", "/work/shared/data"):
-        if base and (pathlib.Path(base) / "nmnist-real-1k" / "Train").is_dir():
-            return pathlib.Path(base) / "nmnist-real-1k"
-    return None
-
-
-REAL = _shared_recordings()
+REAL = shared_recordings()
 needs_real = pytest.mark.skipif(
     REAL is None, reason="the shared real N-MNIST recordings (../shared/data/nmnist-real-1k or "
     "$SNNQUANT_SHARED_DATA/nmnist-real-1k) are not on this machine"

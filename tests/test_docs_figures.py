@@ -23,6 +23,8 @@ CITED = {
     ("shd.rst", "1.9"): "the SHD paper's spread",
     ("deploy.rst", "99.98"): "a bound the guide states, checked by the export tests",
     ("nmnist.rst", "99.5"): "SpikingJelly's full-precision N-MNIST result",
+    ("xylo.rst", "92.1"): "the NIR paper (Pedersen et al., 2024), Xylo",
+    ("xylo.rst", "85.7"): "the NIR paper (Pedersen et al., 2024), Xylo",
     ("ptq.rst", "0.6"): "events changed between two OpenBLAS kernels (a measurement of the data)",
 }
 PERCENT = re.compile(r"(?<![\d.])(\d+\.\d+)(?= ?%)")

@@ -10,6 +10,8 @@ import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
+from _repo import ROOT, shared_recordings
+from conftest import load_script
 from snnquant.functional.bitshift import (bitshift_decay, multi_spike_count,
                                           saturating_accumulate)
 from snnquant.targets import (XYLO_AUDIO2, XyloLIFLayer, check_xylo, load_xylo,
@@ -265,3 +267,27 @@ def test_file_round_trip_and_corruption(tmp_path):
     path.write_text("not json")
     with pytest.raises(ValueError, match="not a snnquant Xylo specification"):
         load_xylo(path)
+
+
+REAL = shared_recordings()
+
+
+@pytest.mark.skipif(REAL is None, reason="the shared real N-MNIST recordings "
+                    "(../shared/data/nmnist-real-1k) are not on this machine")
+@pytest.mark.skipif(not (ROOT / "benchmarks").is_dir(), reason="benchmarks/ not beside tests/")
+def test_network_trained_on_the_real_split_equals_xylosim(tmp_path, monkeypatch):
+    """The benchmark's network (16 -> 256 -> 128 -> 8, digits 0-7 of the real 800/200 split),
+    trained 2 epochs in float then 2 in Xylo's arithmetic: SynSense's simulator reproduces every
+    readout spike of every test sample, so its accuracy is the trained network's."""
+    _vendor()
+    bench_mod = load_script("benchmarks/xylo_nmnist.py")
+    split = load_script("benchmarks/accuracy_nmnist_real.py")
+    root = tmp_path / "split"
+    split.lay_out_split(REAL, root, quick=False)
+    monkeypatch.setenv("SNNQUANT_DATA", str(tmp_path / "cache"))
+    bench = bench_mod.common.Bench(2, str(root), T=32)
+    row = bench_mod.run_seed(bench, 0, 2, 1e-2, 1e-3)
+    assert row["test_samples"] > 150
+    assert row["converted_agreement"] == 100.0 and row["trained_agreement"] == 100.0
+    assert row["trained_on_xylosim"] == row["trained_model"]
+    assert row["trained_on_xylosim"] > 2 * 100 / 8  # it learned: twice the chance level

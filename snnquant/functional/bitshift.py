@@ -9,6 +9,8 @@ tested against it in ``tests/test_targets_xylo.py``.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = ["bitshift_decay", "bitshift_decay_ste", "saturating_accumulate", "multi_spike_count"]
@@ -60,8 +62,10 @@ def saturating_accumulate(state: torch.Tensor, counts: torch.Tensor, weight: tor
     starting from :math:`a = \mathrm{state}_{nj}`. Repeated events of one source add one weight
     of one sign, so they are one clamp of :math:`a + c_{ni} w_{ji}`. When no partial sum can
     leave :math:`[lo, hi]` (checked from the sums of the positive and of the negative terms) the
-    result is the plain sum; only the other entries are accumulated source by source. No
-    gradient: the caller attaches one.
+    result is the plain sum. For the other entries, each source is the function
+    :math:`a \mapsto \mathrm{clamp}(a + b, l, h)`; two such functions compose into one of the same
+    form, so the sources are composed pairwise in :math:`\lceil \log_2 \mathrm{in} \rceil`
+    vectorised rounds. No gradient: the caller attaches one.
 
     Args:
         state: ``[N, out]`` integer-valued start values, within ``[lo, hi]``.
@@ -82,10 +86,24 @@ def saturating_accumulate(state: torch.Tensor, counts: torch.Tensor, weight: tor
     if not bool(need.any()):
         return total
     rows, cols = need.nonzero(as_tuple=True)
-    acc = state[rows, cols]
-    terms = counts[rows] * weight[cols]  # [K, in]: each source's events, in source order
-    for i in range(terms.shape[1]):
-        acc = (acc + terms[:, i]).clamp(lo, hi)
+    b = counts[rows] * weight[cols]  # [K, in]: each source's events, in source order
+    low = torch.full_like(b, float(lo))
+    high = torch.full_like(b, float(hi))
+    # f_i(a) = clamp(a + b_i, low_i, high_i); compose neighbours (f then g) in a tree:
+    # clamp(clamp(a + b1, l1, h1) + b2, l2, h2) = clamp(a + b1 + b2, min(max(l1 + b2, l2), h2),
+    #                                                               max(min(h1 + b2, h2), l2))
+    while b.shape[1] > 1:
+        if b.shape[1] % 2:  # pad with the identity (b = 0, no bounds)
+            pad = b.new_zeros(b.shape[0], 1)
+            b = torch.cat([b, pad], 1)
+            low = torch.cat([low, pad - math.inf], 1)
+            high = torch.cat([high, pad + math.inf], 1)
+        b1, b2 = b[:, 0::2], b[:, 1::2]
+        l1, l2, h1, h2 = low[:, 0::2], low[:, 1::2], high[:, 0::2], high[:, 1::2]
+        low = torch.minimum(torch.maximum(l1 + b2, l2), h2)
+        high = torch.maximum(torch.minimum(h1 + b2, h2), l2)
+        b = b1 + b2
+    acc = torch.minimum(torch.maximum(state[rows, cols] + b[:, 0], low[:, 0]), high[:, 0])
     out = total.clone()
     out[rows, cols] = acc
     return out
