@@ -265,7 +265,7 @@ def test_file_round_trip_and_corruption(tmp_path):
     with pytest.raises(ValueError, match="does not match its checksum"):
         load_xylo(path)
     path.write_text("not json")
-    with pytest.raises(ValueError, match="not a snnquant Xylo specification"):
+    with pytest.raises(ValueError, match="not a snnquant snnquant-xylo file"):
         load_xylo(path)
 
 

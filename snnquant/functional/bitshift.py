@@ -1,10 +1,13 @@
-r"""The integer arithmetic of bit-shift neurons (SynSense Xylo): bit-shift decays, event-ordered
-saturating accumulation and multi-spike firing, as pure functions on integer-valued tensors.
+r"""The integer arithmetic of neuromorphic chips' neurons, as pure functions on integer-valued
+tensors: SynSense Xylo's bit-shift decays, event-ordered saturating accumulation and multi-spike
+firing; Loihi's fixed-point decays rounded toward zero and its wrapped 24-bit current (as Lava's
+``fixed_pt`` models compute them).
 
 Every function takes and returns floating-point tensors whose values are integers (float32 holds
 the 16-bit states exactly; the accumulation is computed in float64). The rules were read from
-SynSense's simulator ``xylosim`` 0.1.3 (the C++ core that Rockpool's ``XyloSim`` wraps) and are
-tested against it in ``tests/test_targets_xylo.py``.
+SynSense's simulator ``xylosim`` 0.1.3 (the C++ core that Rockpool's ``XyloSim`` wraps) and from
+Lava 0.10's ``lava/proc/lif/models.py``, and are tested against them in
+``tests/test_targets_xylo.py`` and ``tests/test_targets_loihi.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,8 @@ import math
 
 import torch
 
-__all__ = ["bitshift_decay", "bitshift_decay_ste", "saturating_accumulate", "multi_spike_count"]
+__all__ = ["bitshift_decay", "bitshift_decay_ste", "saturating_accumulate", "multi_spike_count",
+           "truncated_decay", "truncated_decay_ste", "wrap_signed"]
 
 
 def bitshift_decay(x: torch.Tensor, dash) -> torch.Tensor:
@@ -126,3 +130,35 @@ def multi_spike_count(v: torch.Tensor, threshold, max_spikes: int) -> torch.Tens
     th = torch.as_tensor(threshold, dtype=v.dtype, device=v.device)
     n = torch.floor(v / th).clamp(0, max_spikes)
     return torch.where(v >= th, n, torch.zeros_like(n))
+
+
+def truncated_decay(x: torch.Tensor, multiplier, shift: int = 12) -> torch.Tensor:
+    r"""A fixed-point decay rounded toward zero (Loihi's, as Lava's ``fixed_pt`` LIF computes it).
+
+    .. math::
+
+        d(x) = \mathrm{sign}(x)\,\lfloor |x\,m| / 2^{s} \rfloor
+
+    with the multiplier :math:`m` (Lava: :math:`2^{12} - d_u - 1` for the current,
+    :math:`2^{12} - d_v` for the voltage) and :math:`s` = ``shift``. Computed in float64 (exact
+    for :math:`|x\,m| < 2^{53}`). No gradient (see :func:`truncated_decay_ste`).
+    """
+    prod = x.detach().to(torch.float64) * float(multiplier)
+    return (torch.sign(prod) * torch.floor(prod.abs() / 2.0 ** shift)).to(x.dtype)
+
+
+def truncated_decay_ste(x: torch.Tensor, multiplier, shift: int = 12) -> torch.Tensor:
+    r""":func:`truncated_decay` with the gradient of the real decay:
+    :math:`\partial d/\partial x = m / 2^{s}`."""
+    smooth = x * (float(multiplier) / 2.0 ** shift)
+    return smooth + (truncated_decay(x, multiplier, shift) - smooth.detach())
+
+
+def wrap_signed(x: torch.Tensor, bits: int) -> torch.Tensor:
+    r"""Lava's wrap of a ``bits``-bit state: :math:`x - 2^{b}` where :math:`x > 2^{b-1}`,
+    :math:`x + 2^{b}` where :math:`x \le -2^{b-1}`, else :math:`x` (one wrap, as Lava's
+    ``AbstractPyLifModelFixed.subthr_dynamics`` does). The gradient is 1."""
+    half = 2.0 ** (bits - 1)
+    shift = torch.where(x > half, torch.full_like(x, -2 * half),
+                        torch.where(x <= -half, torch.full_like(x, 2 * half), torch.zeros_like(x)))
+    return x + shift.detach()

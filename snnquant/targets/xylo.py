@@ -38,8 +38,6 @@ trained.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -48,11 +46,11 @@ from typing import List, Optional
 import numpy as np
 import torch
 import torch.nn as nn
-from spikingjelly.activation_based import base, layer as sj_layer, neuron, surrogate
+from spikingjelly.activation_based import layer as sj_layer, neuron
 
-from .._io import atomic_write
 from ..functional.bitshift import (bitshift_decay_ste, multi_spike_count, saturating_accumulate)
-from ..functional.rounding import round as round_ste
+from ._layer import (ChipLayer, Violation, check_int, chip_layers, pow2_step, read_checked_json,
+                     refuse, write_checked_json)
 
 __all__ = ["XyloProfile", "XYLO_AUDIO2", "XyloLIFLayer", "Violation", "check_xylo",
            "quantize_for_xylo", "XyloSpec", "to_xylo", "save_xylo", "load_xylo", "run_xylosim"]
@@ -107,15 +105,7 @@ class XyloProfile:
 XYLO_AUDIO2 = XyloProfile()
 
 
-def _check_int(name: str, value, lo: int, hi: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
-    return int(value)
-
-
-class XyloLIFLayer(base.MemoryModule):
+class XyloLIFLayer(ChipLayer):
     r"""A layer of Xylo neurons with their input weights, computing in Xylo's integers.
 
     Forward, per step (all values integers held in float tensors; see :mod:`snnquant.targets.xylo`
@@ -159,31 +149,18 @@ class XyloLIFLayer(base.MemoryModule):
                  max_spikes: int = 31, delay: int = 0, bias: bool = False,
                  input_max: Optional[int] = None, profile: XyloProfile = XYLO_AUDIO2,
                  surrogate_function=None, step_mode: str = "s"):
-        super().__init__()
+        super().__init__(in_features, out_features, weight_step, profile.weight_range,
+                         profile.state_range if bias else None, delay,
+                         profile.max_input_events if input_max is None else input_max,
+                         surrogate_function, step_mode)
         self.profile = profile
-        self.in_features = _check_int("in_features", in_features, 1, 2 ** 31)
-        self.out_features = _check_int("out_features", out_features, 1, 2 ** 31)
-        self.threshold = _check_int("threshold", threshold, *profile.threshold_range)
-        self.dash_syn = _check_int("dash_syn", dash_syn, *profile.dash_range)
-        self.dash_mem = _check_int("dash_mem", dash_mem, *profile.dash_range)
-        self.weight_shift = _check_int("weight_shift", weight_shift, *profile.weight_shift_range)
-        self.max_spikes = _check_int("max_spikes", max_spikes, 1, profile.max_hidden_spikes)
-        self.delay = _check_int("delay", delay, 0, 1)
-        self.input_max = _check_int("input_max", profile.max_input_events if input_max is None
-                                    else input_max, 1, 2 ** 15)
-        if not (isinstance(weight_step, (int, float)) and weight_step > 0
-                and math.log2(weight_step).is_integer()):
-            raise ValueError(f"weight_step must be a power of two, got {weight_step!r}")
-        self.weight_step = float(weight_step)
-        self.weight = nn.Parameter(torch.empty(out_features, in_features))
-        bound = 1.0 / math.sqrt(in_features)
-        nn.init.uniform_(self.weight, -bound, bound)
-        self.bias = nn.Parameter(torch.zeros(out_features)) if bias else None
-        self.surrogate_function = surrogate_function or surrogate.Sigmoid()
-        self.step_mode = step_mode
+        self.threshold = check_int("threshold", threshold, *profile.threshold_range)
+        self.dash_syn = check_int("dash_syn", dash_syn, *profile.dash_range)
+        self.dash_mem = check_int("dash_mem", dash_mem, *profile.dash_range)
+        self.weight_shift = check_int("weight_shift", weight_shift, *profile.weight_shift_range)
+        self.max_spikes = check_int("max_spikes", max_spikes, 1, profile.max_hidden_spikes)
         self.register_memory("isyn", 0.0)
         self.register_memory("vmem", 0.0)
-        self.register_memory("last_input", None)
 
     def extra_repr(self) -> str:
         return (f"{self.in_features}, {self.out_features}, threshold={self.threshold}, "
@@ -192,27 +169,8 @@ class XyloLIFLayer(base.MemoryModule):
                 f"weight_shift={self.weight_shift}, max_spikes={self.max_spikes}, "
                 f"delay={self.delay}, bias={self.bias is not None}, step_mode={self.step_mode}")
 
-    # ---- the integers the chip holds -------------------------------------------------------------
-    def integer_weight(self) -> torch.Tensor:
-        """:math:`W`, the 8-bit integer weights (float tensor with the rounding's gradient)."""
-        lo, hi = self.profile.weight_range
-        return round_ste(self.weight / self.weight_step).clamp(lo, hi)
-
-    def integer_bias(self) -> Optional[torch.Tensor]:
-        """:math:`b`, the integer membrane bias (or ``None``)."""
-        if self.bias is None:
-            return None
-        lo, hi = self.profile.state_range
-        return round_ste(self.bias).clamp(lo, hi)
-
-    # ---- dynamics ------------------------------------------------------------------------------
-    def _check_counts(self, x: torch.Tensor) -> None:
-        bad = (x < 0) | (x > self.input_max) | (x != torch.floor(x))
-        if bool(bad.any()):
-            value = x[bad].flatten()[0].item()
-            raise ValueError(f"{type(self).__name__}: input event counts must be integers in "
-                             f"[0, {self.input_max}] (the chip sends no more per step), got "
-                             f"{value}")
+    def _chip_weight(self, w: torch.Tensor) -> torch.Tensor:
+        return w * (2.0 ** self.weight_shift)
 
     def _step(self, c: torch.Tensor, w_shifted: torch.Tensor, b) -> torch.Tensor:
         lo, hi = self.profile.state_range
@@ -230,62 +188,14 @@ class XyloLIFLayer(base.MemoryModule):
             delta = (delta + b).clamp(lo, hi)
         v = (self.vmem + delta).clamp(lo, hi)
         th = float(self.threshold)
-        x = (v - th) / th
-        first = self.surrogate_function(x)
-        n = first + (multi_spike_count(v.detach(), th, self.max_spikes) - first.detach())
+        n = self._fire(v, multi_spike_count(v.detach(), th, self.max_spikes), th)
         self.vmem = v - n * th
         return n
 
-    def _weights(self):
-        return self.integer_weight() * (2.0 ** self.weight_shift), self.integer_bias()
-
-    def single_step_forward(self, x: torch.Tensor) -> torch.Tensor:
-        self._check_counts(x)
-        if self.delay:
-            previous = self.last_input if self.last_input is not None else torch.zeros_like(x)
-            self.last_input = x.detach() if not torch.is_grad_enabled() else x
-            x = previous
-        w, b = self._weights()
-        return self._step(x, w, b)
-
-    def multi_step_forward(self, x_seq: torch.Tensor) -> torch.Tensor:
-        self._check_counts(x_seq)
-        if self.delay:
-            first = self.last_input if self.last_input is not None else torch.zeros_like(x_seq[0])
-            self.last_input = x_seq[-1]
-            x_seq = torch.cat([first.unsqueeze(0), x_seq[:-1]])
-        w, b = self._weights()
-        return torch.stack([self._step(x_seq[t], w, b) for t in range(x_seq.shape[0])])
-
 
 # ---- limits -------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Violation:
-    """One way a network exceeds a chip's limits.
-
-    Attributes:
-        layer: the layer's name in the model (``''`` for the whole network).
-        limit: what the chip allows (e.g. ``'hidden neurons <= 1000'``).
-        value: what the network has.
-    """
-
-    layer: str
-    limit: str
-    value: object
-
-    def __str__(self) -> str:
-        return f"{self.layer or '<network>'}: {self.limit}, got {self.value}"
-
-
 def _xylo_layers(model: nn.Module) -> List[tuple]:
-    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, XyloLIFLayer)]
-    others = [n for n, m in model.named_modules()
-              if n and not isinstance(m, (XyloLIFLayer, nn.Sequential, nn.Identity))
-              and not any(n.startswith(x + ".") for x, _ in layers)]
-    if others:
-        raise ValueError(f"model: a Xylo network holds only XyloLIFLayer modules in one "
-                         f"nn.Sequential (quantize_for_xylo builds it); found {others}")
-    return layers
+    return chip_layers(model, XyloLIFLayer, "Xylo")
 
 
 def check_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> List[Violation]:
@@ -346,20 +256,6 @@ def check_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> List[
         found.append(Violation("", "one weight_shift for the hidden layers after the first "
                                    "(weights_rec)", sorted(shifts)))
     return found
-
-
-def _refuse(found: List[Violation], what: str) -> None:
-    if found:
-        raise ValueError(f"{what}: the network does not fit the chip:\n  "
-                         + "\n  ".join(str(v) for v in found))
-
-
-# ---- from a SpikingJelly network ----------------------------------------------------------------
-def _pow2_step(w: torch.Tensor, hi: int) -> float:
-    m = float(w.detach().abs().max())
-    if m == 0.0:
-        return 1.0
-    return 2.0 ** math.ceil(math.log2(m / hi))
 
 
 def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash_syn: int = 1,
@@ -424,7 +320,7 @@ def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash
     layers, previous = [], None
     for i, ((lname, lin), (nname, neu)) in enumerate(pairs):
         last = i == len(pairs) - 1
-        step = _pow2_step(lin.weight, hi)
+        step = pow2_step(lin.weight, hi)
         if isinstance(neu, neuron.LIFNode):
             dash_mem = min(max(round(math.log2(float(neu.tau))), profile.dash_range[0]),
                            profile.dash_range[1])
@@ -450,7 +346,7 @@ def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash
         layers.append(new)
         previous = new
     out = nn.Sequential(*layers)
-    _refuse(check_xylo(out, profile), "quantize_for_xylo")
+    refuse(check_xylo(out, profile), "quantize_for_xylo")
     return out
 
 
@@ -509,7 +405,7 @@ def to_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> XyloSpec
     Raises:
         ValueError: listing every limit the network exceeds.
     """
-    _refuse(check_xylo(model, profile), "to_xylo")
+    refuse(check_xylo(model, profile), "to_xylo")
     layers = [m for _, m in _xylo_layers(model)]
     hidden, readout = layers[:-1], layers[-1]
     sizes = [m.out_features for m in hidden]
@@ -554,10 +450,6 @@ def to_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> XyloSpec
         profile=readout.profile.name)
 
 
-def _digest(payload: dict) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
-
-
 def save_xylo(spec: XyloSpec, path) -> None:
     """Write ``spec`` to ``path`` as JSON (integers only), atomically, with the SHA-256 of its
     content under ``"sha256"``.
@@ -566,10 +458,8 @@ def save_xylo(spec: XyloSpec, path) -> None:
         raise TypeError(f"spec must be a XyloSpec, got {type(spec).__name__}")
     payload = {k: np.asarray(getattr(spec, k)).tolist() for k in _SPEC_ARRAYS}
     payload.update({k: int(getattr(spec, k)) for k in _SPEC_INTS})
-    payload.update(hidden_sizes=[int(s) for s in spec.hidden_sizes], profile=spec.profile,
-                   format="snnquant-xylo", format_version=1)
-    payload["sha256"] = _digest(payload)
-    atomic_write(path, json.dumps(payload, sort_keys=True))
+    payload.update(hidden_sizes=[int(s) for s in spec.hidden_sizes], profile=spec.profile)
+    write_checked_json(path, payload, "snnquant-xylo")
 
 
 def load_xylo(path) -> XyloSpec:
@@ -578,18 +468,7 @@ def load_xylo(path) -> XyloSpec:
     Raises:
         ValueError: naming the file, when it is not such a file or its content changed.
     """
-    path_s = os.fspath(path)
-    try:
-        with open(path_s) as f:
-            payload = json.load(f)
-        digest = payload.pop("sha256")
-        ok = payload.get("format") == "snnquant-xylo"
-    except (ValueError, KeyError, AttributeError, TypeError) as exc:
-        raise ValueError(f"{path_s}: not a snnquant Xylo specification ({exc})") from None
-    if not ok or payload.get("format_version") != 1:
-        raise ValueError(f"{path_s}: not a snnquant Xylo specification of format_version 1")
-    if _digest(payload) != digest:
-        raise ValueError(f"{path_s}: the content does not match its checksum (changed or corrupt)")
+    payload = read_checked_json(path, "snnquant-xylo")
     dtypes = {"weights_in": np.int8, "weights_rec": np.int8, "weights_out": np.int8}
     arrays = {k: np.asarray(payload[k], dtypes.get(k, np.int64)) for k in _SPEC_ARRAYS}
     return XyloSpec(**arrays, **{k: payload[k] for k in _SPEC_INTS},

@@ -1,0 +1,184 @@
+"""What every chip layer shares: latent float weights on a power-of-two grid of signed integers,
+an optional integer bias, the input delay, the input check, the step modes, and the pieces the
+chips' checks and conversions share (:class:`Violation`, the int check, the power-of-two step)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import List, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+from spikingjelly.activation_based import base, surrogate
+
+from .._io import atomic_write
+from ..functional.rounding import round as round_ste
+
+
+def check_int(name: str, value, lo: int, hi: int) -> int:
+    """``value`` as an int, or a ``TypeError``/``ValueError`` naming ``name`` and the value."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {value!r}")
+    if not lo <= value <= hi:
+        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return int(value)
+
+
+def pow2_step(w: torch.Tensor, hi: int) -> float:
+    r"""The power-of-two step :math:`2^{\lceil \log_2(\max|w| / hi)\rceil}` (1 for zero weights)."""
+    m = float(w.detach().abs().max())
+    if m == 0.0:
+        return 1.0
+    return 2.0 ** math.ceil(math.log2(m / hi))
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One way a network exceeds a chip's limits.
+
+    Attributes:
+        layer: the layer's name in the model (``''`` for the whole network).
+        limit: what the chip allows (e.g. ``'hidden neurons <= 1000'``).
+        value: what the network has.
+    """
+
+    layer: str
+    limit: str
+    value: object
+
+    def __str__(self) -> str:
+        return f"{self.layer or '<network>'}: {self.limit}, got {self.value}"
+
+
+def refuse(found: List[Violation], what: str) -> None:
+    """Raise a ``ValueError`` listing ``found`` (nothing when it is empty)."""
+    if found:
+        raise ValueError(f"{what}: the network does not fit the chip:\n  "
+                         + "\n  ".join(str(v) for v in found))
+
+
+def chip_layers(model: nn.Module, cls: type, chip: str) -> List[tuple]:
+    """``(name, layer)`` of every ``cls`` in ``model``; a ``ValueError`` naming any other module."""
+    layers = [(n, m) for n, m in model.named_modules() if isinstance(m, cls)]
+    others = [n for n, m in model.named_modules()
+              if n and not isinstance(m, (cls, nn.Sequential, nn.Identity))
+              and not any(n.startswith(x + ".") for x, _ in layers)]
+    if others:
+        raise ValueError(f"model: a {chip} network holds only {cls.__name__} modules in one "
+                         f"nn.Sequential; found {others}")
+    return layers
+
+
+class ChipLayer(base.MemoryModule):
+    """Base of a chip's layer: weights and neurons in one module, stepping in the chip's integers.
+
+    Subclasses define ``_step(c, w, b)`` (one step from the delayed input ``c``, the integer
+    weights ``w`` as the chip applies them and the integer bias ``b`` or ``None``) and
+    ``_chip_weight(w)`` (the integer weights as the chip applies them).
+    """
+
+    def __init__(self, in_features: int, out_features: int, weight_step: float,
+                 weight_range: tuple, bias_range: Optional[tuple], delay: int, input_max: int,
+                 surrogate_function, step_mode: str):
+        super().__init__()
+        self.in_features = check_int("in_features", in_features, 1, 2 ** 31)
+        self.out_features = check_int("out_features", out_features, 1, 2 ** 31)
+        self.delay = check_int("delay", delay, 0, 1)
+        self.input_max = check_int("input_max", input_max, 1, 2 ** 15)
+        if not (isinstance(weight_step, (int, float)) and not isinstance(weight_step, bool)
+                and weight_step > 0 and math.log2(weight_step).is_integer()):
+            raise ValueError(f"weight_step must be a power of two, got {weight_step!r}")
+        self.weight_step = float(weight_step)
+        self.weight_range = weight_range
+        self.bias_range = bias_range
+        self.weight = nn.Parameter(torch.empty(out_features, in_features))
+        bound = 1.0 / math.sqrt(in_features)
+        nn.init.uniform_(self.weight, -bound, bound)
+        self.bias = nn.Parameter(torch.zeros(out_features)) if bias_range is not None else None
+        self.surrogate_function = surrogate_function or surrogate.Sigmoid()
+        self.step_mode = step_mode
+        self.register_memory("last_input", None)
+
+    def integer_weight(self) -> torch.Tensor:
+        r""":math:`W = \mathrm{clamp}(\mathrm{round}(w/\Delta), w_{min}, w_{max})`, the integer
+        weights (a float tensor; the rounding passes the gradient straight through inside the
+        range, 0 outside)."""
+        return round_ste(self.weight / self.weight_step).clamp(*self.weight_range)
+
+    def integer_bias(self) -> Optional[torch.Tensor]:
+        """The integer bias (rounded, straight-through; ``None`` without a bias)."""
+        if self.bias is None:
+            return None
+        return round_ste(self.bias).clamp(*self.bias_range)
+
+    def _check_counts(self, x: torch.Tensor) -> None:
+        bad = (x < 0) | (x > self.input_max) | (x != torch.floor(x))
+        if bool(bad.any()):
+            value = x[bad].flatten()[0].item()
+            raise ValueError(f"{type(self).__name__}: input event counts must be integers in "
+                             f"[0, {self.input_max}] (what the chip carries per step), got "
+                             f"{value}")
+
+    def _fire(self, v: torch.Tensor, count: torch.Tensor, threshold: float) -> torch.Tensor:
+        """Spikes with the exact ``count`` forward and the surrogate gradient
+        :math:`\\sigma'((V - \\theta)/\\theta)/\\theta` backward."""
+        first = self.surrogate_function((v - threshold) / threshold)
+        return first + (count - first.detach())
+
+    def _chip_weight(self, w: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def _step(self, c: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
+        raise NotImplementedError
+
+    def single_step_forward(self, x: torch.Tensor) -> torch.Tensor:
+        self._check_counts(x)
+        if self.delay:
+            previous = self.last_input if self.last_input is not None else torch.zeros_like(x)
+            self.last_input = x
+            x = previous
+        return self._step(x, self._chip_weight(self.integer_weight()), self.integer_bias())
+
+    def multi_step_forward(self, x_seq: torch.Tensor) -> torch.Tensor:
+        self._check_counts(x_seq)
+        if self.delay:
+            first = self.last_input if self.last_input is not None else torch.zeros_like(x_seq[0])
+            self.last_input = x_seq[-1]
+            x_seq = torch.cat([first.unsqueeze(0), x_seq[:-1]])
+        w, b = self._chip_weight(self.integer_weight()), self.integer_bias()
+        return torch.stack([self._step(x_seq[t], w, b) for t in range(x_seq.shape[0])])
+
+
+def _digest(payload: dict) -> str:
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def write_checked_json(path, payload: dict, fmt: str) -> None:
+    """Write ``payload`` (JSON types only) to ``path`` atomically, with ``"format"`` = ``fmt``,
+    ``"format_version"`` 1 and the SHA-256 of the content under ``"sha256"``."""
+    payload = dict(payload, format=fmt, format_version=1)
+    payload["sha256"] = _digest(payload)
+    atomic_write(path, json.dumps(payload, sort_keys=True))
+
+
+def read_checked_json(path, fmt: str) -> dict:
+    """The payload of a file written by :func:`write_checked_json` with ``fmt``, after verifying
+    its checksum; a ``ValueError`` naming the file otherwise."""
+    path_s = os.fspath(path)
+    what = f"a snnquant {fmt} file of format_version 1"
+    try:
+        with open(path_s) as f:
+            payload = json.load(f)
+        digest = payload.pop("sha256")
+    except (ValueError, KeyError, AttributeError, TypeError) as exc:
+        raise ValueError(f"{path_s}: not {what} ({exc})") from None
+    if payload.get("format") != fmt or payload.get("format_version") != 1:
+        raise ValueError(f"{path_s}: not {what}")
+    if _digest(payload) != digest:
+        raise ValueError(f"{path_s}: the content does not match its checksum (changed or corrupt)")
+    return payload

@@ -1,0 +1,395 @@
+r"""Intel Loihi 2 through Lava: the fixed-point LIF and Dense arithmetic of Lava's ``fixed_pt``
+process models, training in it, and export to Lava processes checked on Lava's CPU simulation.
+
+**The arithmetic** (Lava 0.10, ``lava/proc/lif/models.py`` ``AbstractPyLifModelFixed`` and
+``PyLifModelBitAcc``, ``lava/proc/dense/models.py`` ``AbstractPyDenseModelBitAcc``,
+``lava/utils/weightutils.py``; tested against Lava's own run in ``tests/test_targets_loihi.py``).
+Per step, for a ``Dense`` layer with Lava weights :math:`w` (``num_weight_bits=8``, mixed signs:
+even integers in :math:`[-256, 254]`, i.e. :math:`w = 2W` with an 8-bit :math:`W`), weight
+exponent :math:`e`, and its ``LIF`` neurons with current :math:`u`, voltage :math:`v` (24-bit),
+decays :math:`d_u, d_v` (12-bit), threshold mantissa :math:`\vartheta` (17-bit), bias
+:math:`b` (``bias_mant << bias_exp``):
+
+* ``Dense`` sends the activation it computed on the previous step, :math:`a = (w\,s) \ll e`
+  (:math:`\gg -e`, an arithmetic shift, for :math:`e < 0`), from the spikes :math:`s` it received
+  then: every layer delivers one step later;
+* :math:`u \leftarrow \mathrm{wrap}_{24}(\mathrm{sign}(u)\lfloor |u (4096 - d_u - 1)| / 4096
+  \rfloor + (a \ll 6))` (``ds_offset`` = 1; one wrap modulo :math:`2^{24}`);
+* :math:`v \leftarrow \mathrm{clip}(\mathrm{sign}(v)\lfloor |v (4096 - d_v)| / 4096 \rfloor + u
+  + b,\ -2^{23} + 1,\ 2^{23} - 1)`;
+* spike where :math:`v > \vartheta \ll 6`, then :math:`v \leftarrow 0` (:math:`u` is kept).
+
+Lava's docstring states that ``PyLifModelBitAcc`` "mimics Loihi behaviour bit-by-bit"; it runs on
+the CPU with ``Loihi2SimCfg(select_tag="fixed_pt")``. Refractory periods and axonal delays (which
+that model lacks) are not used.
+
+**The network snnquant maps onto it**: a stack of :class:`LoihiLIFLayer` (a ``Dense`` and its
+``LIF``), spikes in, spikes out, each layer one step of delay. Lava needs Python <= 3.10
+(lava-nc 0.10); :func:`run_lava` runs the exported network in such a Python
+(``SNNQUANT_LAVA_PYTHON`` or its ``python`` argument) through ``snnquant/targets/lava_runner.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+import torch
+import torch.nn as nn
+from spikingjelly.activation_based import layer as sj_layer, neuron
+
+from ..functional.bitshift import truncated_decay_ste, wrap_signed
+from ._layer import (ChipLayer, Violation, check_int, chip_layers, pow2_step, read_checked_json,
+                     refuse, write_checked_json)
+
+__all__ = ["LoihiProfile", "LOIHI2", "LoihiLIFLayer", "check_loihi", "quantize_for_loihi",
+           "LoihiSpec", "to_loihi", "save_loihi", "load_loihi", "run_lava"]
+
+
+@dataclass(frozen=True)
+class LoihiProfile:
+    """What Loihi 2 (as Lava's fixed-point models compute it) fixes.
+
+    Attributes:
+        name: ``'loihi2'``.
+        weight_bits: the signed weight width :math:`W` (Lava's weight :math:`2W`,
+            ``num_weight_bits=8`` with mixed signs).
+        weight_exp_range: ``Dense``'s ``weight_exp``.
+        decay_range: ``du``, ``dv`` (12-bit unsigned, ``PyLifModelBitAcc``'s docstring).
+        vth_range: the threshold mantissa (17-bit unsigned).
+        bias_range: ``bias_mant`` (13-bit signed).
+        bias_exp_range: ``bias_exp`` (3-bit unsigned): the bias is ``bias_mant << bias_exp``.
+        state_bits: :math:`u` and :math:`v` (24).
+        max_neurons: neurons of one Loihi 2 chip (Intel's Loihi 2 brief: about one million, 128
+            cores of up to 8,192).
+    """
+
+    name: str = "loihi2"
+    weight_bits: int = 8
+    weight_exp_range: tuple = (-8, 7)
+    decay_range: tuple = (0, 4095)
+    vth_range: tuple = (0, 2 ** 17 - 1)
+    bias_range: tuple = (-4096, 4095)
+    bias_exp_range: tuple = (0, 7)
+    state_bits: int = 24
+    max_neurons: int = 128 * 8192
+
+    @property
+    def weight_range(self) -> tuple:
+        """The range of :math:`W`."""
+        return (-(2 ** (self.weight_bits - 1)), 2 ** (self.weight_bits - 1) - 1)
+
+
+#: Loihi 2 through Lava 0.10's fixed-point CPU models.
+LOIHI2 = LoihiProfile()
+
+
+class LoihiLIFLayer(ChipLayer):
+    r"""A Lava ``Dense`` + ``LIF`` pair computing in Lava's fixed point, in training too.
+
+    Forward, per step (see :mod:`snnquant.targets.loihi` for the rules), with the input spikes
+    :math:`s` of the previous step, :math:`W` the 8-bit integer weights of the latent float
+    weights on the power-of-two step :math:`\Delta`:
+
+    .. math::
+
+        a &= (2W s) \ll e\\
+        u &\leftarrow \mathrm{wrap}_{24}(\mathrm{sign}(u)\lfloor |u(4095 - d_u)| / 4096\rfloor
+            + 64 a)\\
+        v &\leftarrow \mathrm{clip}(\mathrm{sign}(v)\lfloor |v(4096 - d_v)| / 4096\rfloor + u + b,
+            \ -2^{23}+1,\ 2^{23}-1)\\
+        S &= [v > 64\vartheta],\qquad v \leftarrow v(1 - S)
+
+    Gradients: the roundings pass the gradient of the real values (:math:`\partial W/\partial w =
+    1/\Delta` inside the range; the decays :math:`(4095 - d_u)/4096` and
+    :math:`(4096 - d_v)/4096`; the right shift of a negative ``weight_exp`` :math:`2^{e}`); the
+    wrap and the clip pass 1 (the clip 0 outside); the spike has the surrogate gradient
+    :math:`\sigma'((v - 64\vartheta)/(64\vartheta))/(64\vartheta)`.
+
+    Args:
+        in_features, out_features: sizes.
+        vth: :math:`\vartheta` (int, 17-bit).
+        du, dv: decays (ints, 0 to 4095).
+        weight_step: :math:`\Delta`, a power of two.
+        weight_exp: :math:`e` (int, -8 to 7).
+        bias: whether the neurons have a bias :math:`b` = ``bias_mant << bias_exp`` (the
+            mantissa learned, integer).
+        bias_exp: the layer's ``bias_exp`` (0 to 7).
+        profile: :data:`LOIHI2`.
+        surrogate_function: default ``surrogate.Sigmoid()``.
+        step_mode: ``'s'`` or ``'m'``; the input is 0/1 spikes (``[N, in]`` or ``[T, N, in]``).
+    """
+
+    def __init__(self, in_features: int, out_features: int, vth: int, du: int = 4095,
+                 dv: int = 2048, weight_step: float = 2.0 ** -7, weight_exp: int = 0,
+                 bias: bool = False, bias_exp: int = 0, profile: LoihiProfile = LOIHI2,
+                 surrogate_function=None, step_mode: str = "s"):
+        super().__init__(in_features, out_features, weight_step, profile.weight_range,
+                         profile.bias_range if bias else None, 1, 1, surrogate_function,
+                         step_mode)
+        self.profile = profile
+        self.vth = check_int("vth", vth, *profile.vth_range)
+        self.du = check_int("du", du, *profile.decay_range)
+        self.dv = check_int("dv", dv, *profile.decay_range)
+        self.weight_exp = check_int("weight_exp", weight_exp, *profile.weight_exp_range)
+        self.bias_exp = check_int("bias_exp", bias_exp, *profile.bias_exp_range)
+        self.register_memory("u", 0.0)
+        self.register_memory("v", 0.0)
+
+    def extra_repr(self) -> str:
+        return (f"{self.in_features}, {self.out_features}, vth={self.vth}, du={self.du}, "
+                f"dv={self.dv}, weight_step=2**{int(math.log2(self.weight_step))}, "
+                f"weight_exp={self.weight_exp}, bias={self.bias is not None}, "
+                f"step_mode={self.step_mode}")
+
+    def _chip_weight(self, w: torch.Tensor) -> torch.Tensor:
+        return 2.0 * w.to(torch.float64)
+
+    def _step(self, c: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
+        half = 2.0 ** (self.profile.state_bits - 1)
+        if not isinstance(self.u, torch.Tensor):
+            shape = (c.shape[0], self.out_features)
+            self.u = torch.zeros(shape, dtype=torch.float64, device=c.device)
+            self.v = torch.zeros(shape, dtype=torch.float64, device=c.device)
+        a = c.to(torch.float64) @ w.t()
+        if self.weight_exp >= 0:
+            a = a * 2.0 ** self.weight_exp
+        else:
+            smooth = a * 2.0 ** self.weight_exp
+            a = smooth + (torch.floor(a.detach() * 2.0 ** self.weight_exp) - smooth.detach())
+        u = truncated_decay_ste(self.u, 4096 - self.du - 1) + 64.0 * a
+        self.u = wrap_signed(u, self.profile.state_bits)
+        v = truncated_decay_ste(self.v, 4096 - self.dv) + self.u
+        if b is not None:
+            v = v + b.to(torch.float64) * 2.0 ** self.bias_exp
+        v = v.clamp(-half + 1, half - 1)
+        th = 64.0 * self.vth
+        s = self._fire(v, (v.detach() > th).to(v.dtype), max(th, 1.0))
+        self.v = v * (1.0 - s)
+        return s.to(c.dtype)
+
+
+def _loihi_layers(model: nn.Module) -> List[tuple]:
+    return chip_layers(model, LoihiLIFLayer, "Loihi")
+
+
+def check_loihi(model: nn.Module, profile: Optional[LoihiProfile] = None) -> List[Violation]:
+    """Every way ``model`` (a stack of :class:`LoihiLIFLayer`) exceeds ``profile``'s limits:
+    a layer's profile, consecutive sizes, the chip's neuron count. Thresholds, decays, weight
+    exponents and weight and bias ranges are checked when a layer is built.
+
+    Returns:
+        The list of :class:`Violation` (empty when the network fits).
+    """
+    layers = _loihi_layers(model)
+    if not layers:
+        return [Violation("", "at least one LoihiLIFLayer", "none")]
+    profile = profile or layers[0][1].profile
+    found, previous = [], None
+    for name, m in layers:
+        if m.profile != profile:
+            found.append(Violation(name, f"profile {profile.name}", m.profile.name))
+        if previous is not None and m.in_features != previous.out_features:
+            found.append(Violation(name, f"in_features == {previous.out_features} (the previous "
+                                         f"layer's out_features)", m.in_features))
+        previous = m
+    neurons = sum(m.out_features for _, m in layers)
+    if neurons > profile.max_neurons:
+        found.append(Violation("", f"neurons <= {profile.max_neurons}", neurons))
+    return found
+
+
+def quantize_for_loihi(model: nn.Module, profile: LoihiProfile = LOIHI2,
+                       surrogate_function=None, step_mode: str = "m") -> nn.Sequential:
+    r"""A SpikingJelly network of ``Linear`` + ``LIFNode``/``IFNode`` pairs as a stack of
+    :class:`LoihiLIFLayer` that trains in Lava's fixed point.
+
+    Each pair becomes one layer with the weights on the power-of-two step
+    :math:`\Delta = 2^{\lceil\log_2(\max|w|/127)\rceil}` (``weight_exp`` 0), ``du`` = 4095 (the
+    current lasts one step, as SpikingJelly's neurons take their input), and, for a LIF with
+    :math:`\tau` (``decay_input=True``), ``dv`` :math:`= \mathrm{round}(4096/\tau)` and
+    :math:`\vartheta = \mathrm{round}(2\tau V_{th}/\Delta)` (Lava integrates the whole input
+    where SpikingJelly integrates :math:`X/\tau`: the voltage is :math:`128\tau/\Delta` times
+    SpikingJelly's); for an IF ``dv`` = 0 and :math:`\vartheta = \mathrm{round}(2V_{th}/\Delta)`;
+    the ``Linear`` bias :math:`b` becomes :math:`128 b / \Delta` current units, as ``bias_mant``
+    with the smallest ``bias_exp`` that fits the 13-bit mantissa. The
+    result computes a different network (one step of delay per layer, Lava's roundings and
+    reset): train (or fine-tune) it.
+
+    Raises:
+        ValueError: naming the module, for any other module, a reset other than to 0
+            (``v_reset=0.0``), ``decay_input=False``, a threshold or bias beyond Lava's ranges,
+            and listing every limit the result exceeds.
+    """
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"model must be an nn.Sequential, got {type(model).__name__}")
+    lo, hi = profile.weight_range
+    pairs, pending, started = [], None, False
+    for name, m in model.named_children():
+        if isinstance(m, (nn.Flatten, sj_layer.Flatten, nn.Identity)) and not started:
+            continue
+        if isinstance(m, nn.Linear) and pending is None:
+            pending, started = (name, m), True
+        elif type(m) in (neuron.LIFNode, neuron.IFNode) and pending is not None:
+            if m.v_reset != 0.0:
+                raise ValueError(f"model.{name}: Lava's LIF resets the voltage to 0; build the "
+                                 f"neuron with v_reset=0.0, got v_reset={m.v_reset}")
+            if isinstance(m, neuron.LIFNode) and not m.decay_input:
+                raise ValueError(f"model.{name}: decay_input=False has no Lava equivalent")
+            pairs.append((pending, (name, m)))
+            pending = None
+        else:
+            raise ValueError(f"model.{name}: a Loihi network is Linear + LIFNode/IFNode pairs; "
+                             f"{type(m).__name__} here has no place in it")
+    if pending is not None or not pairs:
+        raise ValueError("model: a Loihi network is Linear + LIFNode/IFNode pairs, ending with a "
+                         "neuron")
+    layers = []
+    for (lname, lin), (nname, neu) in pairs:
+        step = pow2_step(lin.weight, hi)
+        tau = float(neu.tau) if isinstance(neu, neuron.LIFNode) else 1.0
+        dv = round(4096 / tau) if isinstance(neu, neuron.LIFNode) else 0
+        vth = round(2 * tau * float(neu.v_threshold) / step)
+        if not profile.vth_range[0] <= vth <= profile.vth_range[1]:
+            raise ValueError(f"model.{nname}: v_threshold {neu.v_threshold} is vth={vth} for the "
+                             f"weight step of model.{lname}, beyond {profile.vth_range}")
+        bias_exp = 0
+        if lin.bias is not None:
+            big = float(lin.bias.detach().abs().max()) * 128 / step
+            bias_exp = max(0, math.ceil(math.log2(big / profile.bias_range[1]))) if big else 0
+            if bias_exp > profile.bias_exp_range[1]:
+                raise ValueError(f"model.{lname}: bias {big * step / 128:g} is {big:.0f} current "
+                                 f"units, beyond bias_mant {profile.bias_range[1]} << "
+                                 f"{profile.bias_exp_range[1]}")
+        new = LoihiLIFLayer(lin.in_features, lin.out_features, vth=vth, du=4095,
+                            dv=min(dv, profile.decay_range[1]), weight_step=step, weight_exp=0,
+                            bias=lin.bias is not None, bias_exp=bias_exp, profile=profile,
+                            surrogate_function=surrogate_function, step_mode=step_mode)
+        with torch.no_grad():
+            new.weight.copy_(lin.weight.clamp(lo * step, hi * step))
+            if lin.bias is not None:
+                new.bias.copy_(lin.bias * 128 / step / 2.0 ** new.bias_exp)
+        layers.append(new)
+    out = nn.Sequential(*layers)
+    refuse(check_loihi(out, profile), "quantize_for_loihi")
+    return out
+
+
+@dataclass
+class LoihiSpec:
+    """A Loihi network as the arguments of Lava's ``Dense`` and ``LIF`` processes, one entry per
+    layer: ``weights`` (``[out, in]`` Lava weights :math:`2W`, int16), ``weight_exp``, ``du``,
+    ``dv``, ``vth``, ``bias_mant`` (``[out]``) and ``bias_exp`` (``[out]``, the layer's).
+    """
+
+    layers: List[dict] = field(default_factory=list)
+    profile: str = LOIHI2.name
+
+
+def to_loihi(model: nn.Module, profile: Optional[LoihiProfile] = None) -> LoihiSpec:
+    """The :class:`LoihiSpec` of a stack of :class:`LoihiLIFLayer` (after :func:`check_loihi`)."""
+    refuse(check_loihi(model, profile), "to_loihi")
+    out = []
+    for _, m in _loihi_layers(model):
+        with torch.no_grad():
+            w = (2 * m.integer_weight()).cpu().numpy().astype(np.int16)
+            b = (m.integer_bias().cpu().numpy().astype(np.int16) if m.bias is not None
+                 else np.zeros(m.out_features, np.int16))
+        out.append({"weights": w, "weight_exp": m.weight_exp, "du": m.du, "dv": m.dv,
+                    "vth": m.vth, "bias_mant": b,
+                    "bias_exp": np.full(m.out_features, m.bias_exp, np.int16)})
+    return LoihiSpec(out, profile=_loihi_layers(model)[0][1].profile.name)
+
+
+_ARRAYS = ("weights", "bias_mant", "bias_exp")
+_INTS = ("weight_exp", "du", "dv", "vth")
+
+
+def save_loihi(spec: LoihiSpec, path) -> None:
+    """Write ``spec`` to ``path`` as JSON (integers only), atomically, with its SHA-256."""
+    if not isinstance(spec, LoihiSpec):
+        raise TypeError(f"spec must be a LoihiSpec, got {type(spec).__name__}")
+    layers = [{**{k: np.asarray(l[k]).tolist() for k in _ARRAYS},
+               **{k: int(l[k]) for k in _INTS}} for l in spec.layers]
+    write_checked_json(path, {"layers": layers, "profile": spec.profile}, "snnquant-loihi")
+
+
+def load_loihi(path) -> LoihiSpec:
+    """Read a file written by :func:`save_loihi`, after verifying its checksum.
+
+    Raises:
+        ValueError: naming the file, when it is not such a file or its content changed.
+    """
+    payload = read_checked_json(path, "snnquant-loihi")
+    layers = [{**{k: np.asarray(l[k], np.int16) for k in _ARRAYS}, **{k: l[k] for k in _INTS}}
+              for l in payload["layers"]]
+    return LoihiSpec(layers, profile=payload["profile"])
+
+
+def lava_python(python: Optional[str] = None) -> Optional[str]:
+    """The Python that runs Lava: ``python`` when given (``''`` for none), else
+    ``$SNNQUANT_LAVA_PYTHON``; ``None`` when neither names one."""
+    exe = python if python is not None else os.environ.get("SNNQUANT_LAVA_PYTHON")
+    return exe or None
+
+
+def run_lava(spec: LoihiSpec, raster, python: Optional[str] = None, timeout: float = 3600) -> dict:
+    """Run ``spec`` on Lava's fixed-point CPU simulation (``Loihi2SimCfg(select_tag="fixed_pt")``).
+
+    Args:
+        spec: the network.
+        raster: 0/1 input spikes ``[T, n_in]`` or ``[N, T, n_in]``; each sample runs from a reset
+            state.
+        python: a Python with ``lava-nc`` installed (Lava needs Python <= 3.10); default
+            ``$SNNQUANT_LAVA_PYTHON``.
+        timeout: seconds.
+
+    Returns:
+        ``{"layers": [[N, T, n_k] spikes of each layer]}`` (``N`` absent for a 2-D raster): the
+        first ``T`` steps of each layer, as :class:`LoihiLIFLayer` computes them over ``T``
+        steps (every layer delivers one step later, so the last layers' later spikes need
+        steps beyond ``T``, which Lava runs and this drops).
+
+    Raises:
+        RuntimeError: without a Lava Python, or when Lava fails (its output in the message).
+    """
+    exe = lava_python(python)
+    if exe is None:
+        raise RuntimeError("run_lava needs a Python with Lava (lava-nc needs Python <= 3.10): "
+                           "pass python= or set SNNQUANT_LAVA_PYTHON; see the Loihi guide")
+    x = np.asarray(raster)
+    single = x.ndim == 2
+    if single:
+        x = x[None]
+    n_in = spec.layers[0]["weights"].shape[1]
+    if x.ndim != 3 or x.shape[2] != n_in:
+        raise ValueError(f"raster must be [T, {n_in}] or [N, T, {n_in}], got shape "
+                         f"{np.shape(raster)}")
+    if not np.isin(x, (0, 1)).all():
+        raise ValueError("raster: Lava's Dense takes 0/1 spikes")
+    runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "lava_runner.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")
+        arrays = {"raster": x.astype(np.int8), "n_layers": len(spec.layers)}
+        for k, l in enumerate(spec.layers):
+            arrays.update({f"w{k}": np.asarray(l["weights"], np.int32),
+                           f"weight_exp{k}": l["weight_exp"], f"du{k}": l["du"],
+                           f"dv{k}": l["dv"], f"vth{k}": l["vth"],
+                           f"bias_mant{k}": np.asarray(l["bias_mant"], np.int32),
+                           f"bias_exp{k}": np.asarray(l["bias_exp"], np.int32)})
+        np.savez(src, **arrays)
+        done = subprocess.run([exe, runner, src, dst], capture_output=True, text=True,
+                              timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"Lava ({exe}) failed:\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
+        with np.load(dst) as out:
+            t = x.shape[1]
+            layers = [out[f"s{k}"][:, :t].astype(np.int64) for k in range(len(spec.layers))]
+    return {"layers": [l[0] for l in layers] if single else layers}
+
+
