@@ -43,6 +43,24 @@ def neuron_outputs(model, x):
     return y, outputs
 
 
+def assert_spikes_equal(desc, model, x):
+    """Run :class:`~snnquant.export.IntegerSNN` on ``desc`` and ``model`` (the folded float
+    network) on the spike input ``x`` and assert that every neuron layer of the model is one of
+    ``desc``'s, spikes at least once, and spikes identically in both at every step and sample;
+    returns ``(integer output, float output)``."""
+    import torch
+    from snnquant.export import IntegerSNN
+
+    out, layers = IntegerSNN(desc)(x.long(), record=True)
+    y, spikes = neuron_outputs(model, x)
+    assert sorted(desc.neuron_names) == sorted(spikes)
+    silent = [k for k, s in spikes.items() if float(s.sum()) == 0]
+    assert not silent, f"layers that never spike check nothing: {silent}"
+    for layer_name, s in spikes.items():
+        assert torch.equal(layers[layer_name].float(), s), layer_name
+    return out, y
+
+
 def csnn(channels=8, head_batchnorm=False):
     """SpikingJelly's N-MNIST style CSNN (conv-BN-LIF-maxpool blocks, a linear LIF read-out,
     multi-step); with ``head_batchnorm`` the read-out is ``Linear(bias=False) -> BatchNorm1d``."""

@@ -4,6 +4,8 @@ docstring, the order of the guides and the installation page."""
 import pathlib
 import re
 
+import pytest
+
 import snnquant
 
 from _repo import needs
@@ -103,3 +105,61 @@ def test_every_default_a_page_names_is_the_code_default():
     assert found >= 5
     assert defaults["finetune_epochs"] == 0  # the nmnist and deploy guides say so in prose too
     assert defaults["freeze_bn_epochs"] == defaults["epochs"] // 4
+
+
+# --------------------------------------------------------------------------------------------------
+# issue 36 §4: the architecture page names the files as they are
+
+
+def _architecture_sections():
+    """``{heading: text}`` of docs/architecture.rst, in order, the part before the first heading
+    under ``""``."""
+    lines = (ROOT / "docs" / "architecture.rst").read_text().splitlines()
+    sections, heading = {"": []}, ""
+    for i, line in enumerate(lines):
+        if i + 1 < len(lines) and re.fullmatch(r"-{3,}", lines[i + 1]) and line.strip() \
+                and len(lines[i + 1]) >= len(line):
+            heading = line
+            sections[heading] = []
+        elif not re.fullmatch(r"-{3,}", line):
+            sections[heading].append(line)
+    return {k: "\n".join(v) for k, v in sections.items()}
+
+
+def _current(path):
+    """``path`` exists and is not one of the thin modules that keep an old path importable
+    (``export/description.py`` and the like, which alias ``sys.modules``)."""
+    return path.exists() and not (path.is_file() and "sys.modules[__name__] =" in path.read_text())
+
+
+def _exists_in_the_repository(name):
+    """A path the page names: relative to snnquant/ or to the repository (``export/ir/``,
+    ``tests/test_architecture.py``), or a bare file name that some folder of snnquant/ holds."""
+    if "/" in name.rstrip("/"):
+        return _current(ROOT / "snnquant" / name) or _current(ROOT / name)
+    return any(_current(p) for p in (ROOT / "snnquant").rglob(name.rstrip("/")))
+
+
+def test_every_file_the_architecture_page_names_exists():
+    text = (ROOT / "docs" / "architecture.rst").read_text()
+    # a file:line (SpikingJelly's spikformer.py:523) points into another package
+    names = set(re.findall(r"[\w/]*\w\.(?:py|cu|h)\b(?!:\d)", text))
+    names |= set(re.findall(r"``([\w/]+/)``", text))
+    assert len(names) > 40, sorted(names)  # the scan found the page's files
+    missing = sorted(n for n in names if not _exists_in_the_repository(n))
+    assert not missing, missing
+
+
+@pytest.mark.parametrize("heading", ["Adding a neuron kind",
+                                     "Adding an operation to the integer export"])
+def test_the_adding_sections_list_each_file_once_with_its_current_path(heading):
+    sections = _architecture_sections()
+    headings = list(sections)
+    # the two recipes stand side by side
+    assert headings.index("Adding an operation to the integer export") == \
+        headings.index("Adding a neuron kind") + 1
+    steps = re.findall(r"^\d+\. ``([\w/.]+)``", sections[heading], flags=re.M)
+    assert len(steps) >= 6, steps
+    assert len(steps) == len(set(steps)), steps
+    for path in steps:
+        assert _current(ROOT / "snnquant" / path), path

@@ -8,7 +8,7 @@ from spikingjelly.activation_based.model import (parametric_lif_net, sew_resnet,
                                                  spiking_vgg)
 
 import snnquant.nn as qnn
-from conftest import neuron_outputs
+from conftest import assert_spikes_equal
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import (FORMAT_VERSION, NETWORK_INPUT, ExportError, IntegerNetwork,
                              IntegerSNN, JoinOp, PoolOp, compare_integer, fold_batchnorm, load_integer, save_integer,
@@ -75,13 +75,7 @@ def _deployable(name, transform=None):
 def test_zoo_network_runs_exactly_in_integers(name):
     model, x, shape = _deployable(name, _active)
     desc = to_integer(model, input_shape=shape)
-    out, layers = IntegerSNN(desc)(x.to(torch.int64), record=True)
-    y, spikes = neuron_outputs(model, x)
-    assert sorted(desc.neuron_names) == sorted(spikes)
-    silent = [k for k, s in spikes.items() if float(s.sum()) == 0]
-    assert not silent, f"layers that never spike check nothing: {silent}"
-    for layer_name, s in spikes.items():
-        assert torch.equal(layers[layer_name].float(), s), layer_name
+    out, y = assert_spikes_equal(desc, model, x)
     if desc.output_kind == "current":  # the linear head
         assert torch.equal(out.double() * 2.0 ** -desc.output_frac_bits, y.double())
     else:  # NMNISTNet's VotingLayer: the sum of 10 spikes, the model rounds sum / 10

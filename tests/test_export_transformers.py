@@ -18,7 +18,7 @@ import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
-from conftest import load_script, neuron_outputs
+from conftest import assert_spikes_equal, load_script
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import (ExportError, FoldWarning, GatherOp, IntegerSNN,
                              compare_integer, MatMulOp, ReduceOp, ScaleOp,
@@ -61,13 +61,7 @@ def deployed(name):
 @pytest.mark.parametrize("name", sorted(NAMES))
 def test_zoo_network_runs_exactly_in_integers(name):
     model, x, desc = deployed(name)
-    out, layers = IntegerSNN(desc)(x.long(), record=True)
-    y, spikes = neuron_outputs(model, x)
-    assert sorted(desc.neuron_names) == sorted(spikes)
-    silent = [k for k, s in spikes.items() if float(s.sum()) == 0]
-    assert not silent, f"layers that never spike check nothing: {silent}"
-    for layer_name, s in spikes.items():
-        assert torch.equal(layers[layer_name].float(), s), layer_name
+    out, y = assert_spikes_equal(desc, model, x)
     assert desc.output_kind == "current" and desc.exact
     divisor = 2.0 ** desc.output_frac_bits * (T if desc.output_time_mean else 1)
     assert torch.equal((out.double() / divisor).float(), y)

@@ -700,7 +700,7 @@ class _Gen:
         self.reset_lines.append(f"for (j = 0; j < {n}; j++) {{\n        s->v{i}[j] = ({v_t}){_lit(op.v_init)};\n    }}")
         return (0, 1), out_t
 
-    # -- whole network --------------------------------------------------------------------------
+    # -- joins and elementwise, layout and reduction operations ---------------------------------
     def join(self, i: int, op: JoinOp, shape, in_ranges, in_ts, out_t_fixed):
         n = _numel(shape)
         out_range = join_range(op, in_ranges)
@@ -721,35 +721,35 @@ class _Gen:
             value = ("(int32_t)in0[j] * (int32_t)in1[j]" if op.kind == "and" else
                      "(int32_t)in0[j] * (1 - (int32_t)in1[j])")
         out_t = out_t_fixed or _ctype(*out_range)[0]
-        params = ", ".join(f"const {t} *in{k}" for k, t in enumerate(in_ts))
-        self.funcs.append(
-            f"/* {_quote(op.name)}: {op.kind} join, shifts {list(op.shifts)} */\n"
-            f"static void {self.name}_op{i}({params}, {out_t} *out)\n"
-            f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
-            f"        out[j] = ({out_t})({value});\n    }}\n}}")
+        self._elementwise(i, op, f"{op.kind} join, shifts {list(op.shifts)}", n,
+                          [f"const {t} *in{k}" for k, t in enumerate(in_ts)], out_t, f"({value})")
         return out_range, out_t
 
     def gather(self, i: int, op: GatherOp, n: int, in_range, in_t, out_t_fixed):
         """``out[j] = in[index[j]]`` (a layout operation with a table; a reshape is no call)."""
         table = self.const_array(f"g{i}", op.index)
         out_t = out_t_fixed or in_t
-        self.funcs.append(
-            f"/* {_quote(op.name)}: gather to {list(op.shape)} */\n"
-            f"static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)\n"
-            f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
-            f"        out[j] = ({out_t})in[{table}[j]];\n    }}\n}}")
+        self._elementwise(i, op, f"gather to {list(op.shape)}", n, [f"const {in_t} *in"], out_t,
+                          f"in[{table}[j]]")
         return in_range, out_t
 
     def scale(self, i: int, op: ScaleOp, n: int, in_range, in_t, out_t_fixed):
         """``out[j] = in[j] * 2^k`` (``k > 0``; a ``k <= 0`` is no call)."""
         out_range = scale_range(op, in_range)
         out_t = out_t_fixed or _ctype(*out_range)[0]
-        self.funcs.append(
-            f"/* {_quote(op.name)}: times 2^{op.exponent} */\n"
-            f"static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)\n"
-            f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
-            f"        out[j] = ({out_t})((int64_t)in[j] * {_lit(1 << op.exponent)});\n    }}\n}}")
+        self._elementwise(i, op, f"times 2^{op.exponent}", n, [f"const {in_t} *in"], out_t,
+                          f"((int64_t)in[j] * {_lit(1 << op.exponent)})")
         return out_range, out_t
+
+    def _elementwise(self, i: int, op, about: str, n: int, params: Sequence[str], out_t: str,
+                     value: str) -> None:
+        """Write operation ``i`` as one loop, ``out[j] = (out_t)value`` for ``j < n``; ``value``
+        is a C expression of ``j`` and the inputs ``params``."""
+        self.funcs.append(
+            f"/* {_quote(op.name)}: {about} */\n"
+            f"static void {self.name}_op{i}({', '.join(params)}, {out_t} *out)\n"
+            f"{{\n    int32_t j;\n    for (j = 0; j < {n}; j++) {{\n"
+            f"        out[j] = ({out_t}){value};\n    }}\n}}")
 
     @staticmethod
     def _strides(shape) -> List[int]:

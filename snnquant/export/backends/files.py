@@ -186,9 +186,9 @@ def load_integer(path: PathLike) -> IntegerNetwork:
         ValueError: naming the file, when it is not such a file, is corrupt (any changed byte of
             the header or the tensors, a truncation, appended bytes), or has a ``format_version``
             this snnquant does not read
-            (:data:`~snnquant.export.ir.description.READABLE_FORMAT_VERSIONS`: 1, 2 and 3; a
+            (:data:`~snnquant.export.ir.description.READABLE_FORMAT_VERSIONS`: 1 to 4; a
             version-1 file has no fixed-point leak and loads with every layer exact; a version-1
-            or -2 file is a sequence).
+            or -2 file is a sequence; the operations of spiking transformers need version 4).
 
     Files written by older snnquant versions (their ``"checksum"`` covers the tensors only) still
     load, with a ``UserWarning`` that their header is not verified: save them again.
