@@ -34,16 +34,16 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import _chip_common as common_chip  # noqa: E402
 import _nmnist_common as common  # noqa: E402
-from _tables import fmt, write_rst_table  # noqa: E402
+from _tables import fmt  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-import torch.nn as nn  # noqa: E402
 from spikingjelly.activation_based import functional as sjf  # noqa: E402
-from spikingjelly.activation_based import layer, neuron  # noqa: E402
 
-from snnquant.targets import XYLO_AUDIO2, check_xylo, quantize_for_xylo, run_xylosim, to_xylo  # noqa: E402
+from snnquant.targets import (XYLO_AUDIO2, check_xylo, quantize_for_xylo,  # noqa: E402
+                              run_xylosim, to_xylo)
 
 CLASSES = 8
 SIZES = (16, 256, 128, CLASSES)
@@ -57,61 +57,6 @@ def encode(frames: torch.Tensor):
     x = x.reshape(t, n, 4, 8, 4, 8).sum((3, 5)).reshape(t, n, 16)
     capped = int((x > XYLO_AUDIO2.max_input_events).sum())
     return x.clamp(max=XYLO_AUDIO2.max_input_events), capped
-
-
-def float_network(seed: int) -> nn.Sequential:
-    torch.manual_seed(seed)
-    mods = []
-    for i in range(len(SIZES) - 1):
-        mods += [layer.Linear(SIZES[i], SIZES[i + 1], step_mode="m"),
-                 neuron.LIFNode(tau=2.0, v_reset=None, step_mode="m")]
-    return nn.Sequential(*mods)
-
-
-def data(bench, split: str, seed: int):
-    """All batches of ``split`` with labels below CLASSES, encoded."""
-    args = bench.args_for(seed)
-    train_loader, test_loader = bench.ex.make_loaders(bench.train_set, bench.test_set, args, 0, 1,
-                                                      seed)
-    out, capped, total = [], 0, 0
-    for frames, y in (train_loader if split == "train" else test_loader):
-        keep = y < CLASSES
-        if not bool(keep.any()):
-            continue
-        x, c = encode(frames[keep].float().transpose(0, 1))
-        out.append((x, y[keep]))
-        capped += c
-        total += x.numel()
-    return out, capped / max(total, 1)
-
-
-def train(model, batches, epochs: int, lr: float, seed: int):
-    torch.manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr)
-    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
-    for epoch in range(epochs):
-        model.train()
-        order = torch.randperm(len(batches), generator=torch.Generator().manual_seed(seed + epoch))
-        for i in order.tolist():
-            x, y = batches[i]
-            sjf.reset_net(model)
-            loss = nn.functional.cross_entropy(model(x).sum(0), y)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-        sched.step()
-    return model
-
-
-def accuracy(model, batches) -> float:
-    model.eval()
-    right = total = 0
-    with torch.no_grad():
-        for x, y in batches:
-            sjf.reset_net(model)
-            right += int((model(x).sum(0).argmax(1) == y).sum())
-            total += len(y)
-    return 100.0 * right / total
 
 
 def on_chip(model, batches) -> dict:
@@ -134,8 +79,8 @@ def on_chip(model, batches) -> dict:
 
 
 def run_seed(bench, seed: int, epochs: int, lr_float: float, lr_chip: float) -> dict:
-    train_b, capped_train = data(bench, "train", seed)
-    test_b, capped_test = data(bench, "test", seed)
+    train_b, capped_train = common_chip.data(bench, "train", seed, encode, CLASSES)
+    test_b, capped_test = common_chip.data(bench, "test", seed, encode, CLASSES)
     t0 = time.time()
     seconds = {}
 
@@ -145,14 +90,15 @@ def run_seed(bench, seed: int, epochs: int, lr_float: float, lr_chip: float) -> 
         seconds[name] = round(time.time() - start, 1)
         return out
 
-    fnet = timed("train_float", train, float_network(seed), train_b, epochs, lr_float, seed)
-    acc_float = accuracy(fnet, test_b)
+    fnet = timed("train_float", common_chip.train, common_chip.float_network(seed, SIZES),
+                 train_b, epochs, lr_float, seed)
+    acc_float = common_chip.accuracy(fnet, test_b)
     converted = quantize_for_xylo(fnet)
     assert check_xylo(converted) == []
     ptq = timed("xylosim_converted", on_chip, converted, test_b)
-    chip_net = timed("train_chip", train, converted, train_b, epochs, lr_chip, seed)
+    chip_net = timed("train_chip", common_chip.train, converted, train_b, epochs, lr_chip, seed)
     trained = timed("xylosim_trained", on_chip, chip_net, test_b)
-    acc_model = accuracy(chip_net, test_b)
+    acc_model = common_chip.accuracy(chip_net, test_b)
     spec = to_xylo(chip_net)
     row = {"seed": seed, "float": acc_float, "converted_on_xylosim": ptq["accuracy"],
            "converted_agreement": ptq["agreement"], "trained_model": acc_model,
@@ -174,7 +120,8 @@ def table(rows, args) -> str:
     r0 = rows[0]
     lines = [
         f"N-MNIST digits 0-7 on Xylo Audio 2 ({common.data_label(args, args.root)}; 16 channels: "
-        f"4x4 regions, T={args.T}); {len(rows)} seeds, {args.epochs} epochs each; median (min..max)",
+        f"4x4 regions, T={args.T}); {len(rows)} seeds, {args.epochs} epochs each; "
+        f"median (min..max)",
         "",
         "| | accuracy (%) | spikes equal to xylosim (% of test samples) |",
         "|---|---|---|",
@@ -195,25 +142,7 @@ def table(rows, args) -> str:
 
 
 def main():
-    ap = common.common_args(__doc__, default_epochs=20)
-    ap.add_argument("-T", type=int, default=32)
-    ap.add_argument("--lr-float", type=float, default=1e-2)
-    ap.add_argument("--lr-chip", type=float, default=1e-3)
-    args = ap.parse_args()
-    if args.quick:
-        args.epochs, args.seeds = 1, args.seeds[:1]
-    args.root = common.data_root_of(args)
-    bench = common.Bench(args.epochs, args.root, T=args.T, quick=args.quick)
-    rows = [run_seed(bench, s, args.epochs, args.lr_float, args.lr_chip) for s in args.seeds]
-    text = table(rows, args)
-    print(text)
-    if args.quick:
-        return
-    name = common.results_name(args, "xylo_nmnist")
-    common.write_results(name, {"rows": rows, "T": args.T, "epochs": args.epochs,
-                                "seeds": args.seeds, "data_sha256": bench.data_sha256(),
-                                "lr_float": args.lr_float, "lr_chip": args.lr_chip}, text, args.out)
-    write_rst_table(args.out, name)
+    common_chip.main("xylo_nmnist", __doc__, 32, run_seed, table)
 
 
 if __name__ == "__main__":

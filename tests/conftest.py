@@ -82,3 +82,15 @@ def csnn(channels=8, head_batchnorm=False):
     )
     sjf.set_step_mode(net, "m")
     return net
+
+
+def real_split_bench(script, recordings, tmp_path, monkeypatch, epochs: int, T: int):
+    """``(module, bench)``: the benchmark ``script`` loaded (:func:`load_script`) and its
+    ``_nmnist_common.Bench`` on the fixed stratified 800/200 split of ``recordings`` (the shared
+    real N-MNIST), laid out under ``tmp_path``, with ``SNNQUANT_DATA`` there too."""
+    module = load_script(script)
+    split = load_script("benchmarks/accuracy_nmnist_real.py")
+    root = tmp_path / "split"
+    split.lay_out_split(recordings, root, quick=False)
+    monkeypatch.setenv("SNNQUANT_DATA", str(tmp_path / "cache"))
+    return module, module.common.Bench(epochs, str(root), T=T)

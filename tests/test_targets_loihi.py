@@ -15,6 +15,8 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
 import snnquant.targets.loihi as loihi_mod
+from _repo import ROOT, shared_recordings
+from conftest import real_split_bench
 from snnquant.functional.bitshift import truncated_decay, wrap_signed
 from snnquant.targets.loihi import (LoihiLIFLayer, check_loihi, lava_python, load_loihi,
                                     quantize_for_loihi, run_lava, save_loihi, to_loihi)
@@ -34,7 +36,8 @@ def test_truncated_decay_rounds_toward_zero():
 
 def test_wrap_signed_is_lavas_single_wrap():
     half = 2.0 ** 23
-    x = torch.tensor([half, half + 1, -half, -half + 1, 3 * half, -3 * half - 5], dtype=torch.float64)
+    x = torch.tensor([half, half + 1, -half, -half + 1, 3 * half, -3 * half - 5],
+                     dtype=torch.float64)
     assert wrap_signed(x, 24).tolist() == [half, -half + 1, half, -half + 1, half, -half - 5]
 
 
@@ -47,7 +50,7 @@ def _random_network(rng, saturate: bool, bias: bool):
                           vth=int(rng.integers(0, 20000 if saturate else 300)),
                           du=int(rng.integers(0, 4096)), dv=int(rng.integers(0, 4096)),
                           weight_step=1.0,
-                          weight_exp=int(rng.integers(3, 8)) if saturate else int(rng.integers(-3, 3)),
+                          weight_exp=int(rng.integers(3, 8) if saturate else rng.integers(-3, 3)),
                           bias=bias, step_mode="m")
         with torch.no_grad():
             m.weight.copy_(torch.from_numpy(rng.integers(-128, 128, m.weight.shape)).float())
@@ -177,3 +180,22 @@ def test_file_round_trip_and_corruption(tmp_path):
     path.write_text(json.dumps(payload))
     with pytest.raises(ValueError, match="does not match its checksum"):
         load_loihi(path)
+
+
+REAL = shared_recordings()
+
+
+@needs_lava
+@pytest.mark.skipif(REAL is None, reason="the shared real N-MNIST recordings "
+                    "(../shared/data/nmnist-real-1k) are not on this machine")
+@pytest.mark.skipif(not (ROOT / "benchmarks").is_dir(), reason="benchmarks/ not beside tests/")
+def test_network_trained_on_the_real_split_equals_lava(tmp_path, monkeypatch):
+    """The benchmark's network (578 -> 256 -> 10 on the real 800/200 split), trained 1 epoch in
+    float then 1 in Lava's arithmetic: Lava reproduces every output spike of every test sample."""
+    bench_mod, bench = real_split_bench("benchmarks/loihi_nmnist.py", REAL, tmp_path,
+                                        monkeypatch, 1, 8)
+    row = bench_mod.run_seed(bench, 0, 1, 1e-2, 1e-3)
+    assert row["test_samples"] == 200
+    assert row["trained_agreement"] == 100.0
+    assert row["trained_on_lava"] == row["trained_model"]
+    assert row["trained_on_lava"] > 2 * 100 / 10

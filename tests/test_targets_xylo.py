@@ -11,7 +11,7 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
 from _repo import ROOT, shared_recordings
-from conftest import load_script
+from conftest import real_split_bench
 from snnquant.functional.bitshift import (bitshift_decay, multi_spike_count,
                                           saturating_accumulate)
 from snnquant.targets import (XYLO_AUDIO2, XyloLIFLayer, check_xylo, load_xylo,
@@ -23,10 +23,11 @@ LO, HI = XYLO_AUDIO2.state_range
 def _vendor():
     pytest.importorskip("xylosim", reason="SynSense's xylosim is not installed "
                                           "(pip install 'snnquant[xylo]')")
-    pytest.importorskip("rockpool", reason="Rockpool is not installed (pip install 'snnquant[xylo]')")
+    pytest.importorskip("rockpool", reason="Rockpool is not installed "
+                                           "(pip install 'snnquant[xylo]')")
 
 
-# ---- the arithmetic, one rule at a time -------------------------------------------------------------
+# ---- the arithmetic, one rule at a time ---------------------------------------------------------
 def test_bitshift_decay_rules():
     x = torch.tensor([100., 3., 1., 0., -1., -3., -100., -32768., 32767.])
     # dash 2: x - (x >> 2), at least 1 for a positive x; floor shift for a negative one
@@ -68,7 +69,7 @@ def test_multi_spike_count():
     assert multi_spike_count(v, 7, 1).tolist() == [0., 0., 1., 1., 1., 0.]
 
 
-# ---- against SynSense's simulator -----------------------------------------------------------------
+# ---- against SynSense's simulator ---------------------------------------------------------------
 def _random_network(rng, saturate: bool, bias: bool):
     n_in = int(rng.integers(1, 17))
     dims = [n_in] + [int(rng.integers(1, 40)) for _ in range(int(rng.integers(1, 4)))] \
@@ -147,7 +148,7 @@ def test_spikes_equal_xylosim_on_random_networks(saturate, bias):
         assert hits >= 4, "the saturating networks did not reach the 16-bit bounds"
 
 
-# ---- from a SpikingJelly network, trained in the chip's arithmetic --------------------------------
+# ---- from a SpikingJelly network, trained in the chip's arithmetic ------------------------------
 def _float_net():
     torch.manual_seed(0)
     return nn.Sequential(layer.Flatten(step_mode="m"),
@@ -200,7 +201,7 @@ def test_training_in_the_chip_arithmetic_then_xylosim_equals_the_trained_network
     np.testing.assert_array_equal(trained, vendor["output"])
 
 
-# ---- limits and refusals --------------------------------------------------------------------------
+# ---- limits and refusals ------------------------------------------------------------------------
 def _layer(i, o, **kw):
     kw.setdefault("threshold", 100)
     return XyloLIFLayer(i, o, **kw)
@@ -280,12 +281,8 @@ def test_network_trained_on_the_real_split_equals_xylosim(tmp_path, monkeypatch)
     trained 2 epochs in float then 2 in Xylo's arithmetic: SynSense's simulator reproduces every
     readout spike of every test sample, so its accuracy is the trained network's."""
     _vendor()
-    bench_mod = load_script("benchmarks/xylo_nmnist.py")
-    split = load_script("benchmarks/accuracy_nmnist_real.py")
-    root = tmp_path / "split"
-    split.lay_out_split(REAL, root, quick=False)
-    monkeypatch.setenv("SNNQUANT_DATA", str(tmp_path / "cache"))
-    bench = bench_mod.common.Bench(2, str(root), T=32)
+    bench_mod, bench = real_split_bench("benchmarks/xylo_nmnist.py", REAL, tmp_path,
+                                        monkeypatch, 2, 32)
     row = bench_mod.run_seed(bench, 0, 2, 1e-2, 1e-3)
     assert row["test_samples"] > 150
     assert row["converted_agreement"] == 100.0 and row["trained_agreement"] == 100.0

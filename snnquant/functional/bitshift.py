@@ -118,7 +118,8 @@ def multi_spike_count(v: torch.Tensor, threshold, max_spikes: int) -> torch.Tens
 
     .. math::
 
-        n = \min(\lfloor v / \theta \rfloor,\ n_{max}) \ \ (v \ge \theta),\qquad n = 0 \ \ (v < \theta)
+        n = \min(\lfloor v / \theta \rfloor,\ n_{max}) \ \ (v \ge \theta),\qquad
+        n = 0 \ \ (v < \theta)
 
     and the caller subtracts :math:`n\theta` from the membrane. No gradient.
 

@@ -1,12 +1,20 @@
 """Chip profiles: train in a neuromorphic chip's own arithmetic, check its limits, export to its
-vendor's format.
+vendor's format, and run it on the vendor's simulator.
 
 * :mod:`snnquant.targets.xylo`: SynSense Xylo Audio 2 (SYNS61201), checked on SynSense's
   simulator (``xylosim``, through Rockpool's ``XyloSim``).
+* :mod:`snnquant.targets.loihi`: Intel Loihi 2 as Lava's fixed-point models compute it, checked
+  on Lava's CPU simulation (``Loihi2SimCfg(select_tag="fixed_pt")``).
 """
 
-from .xylo import (XYLO_AUDIO2, Violation, XyloLIFLayer, XyloProfile, XyloSpec, check_xylo,
-                   load_xylo, quantize_for_xylo, run_xylosim, save_xylo, to_xylo)
+from ._layer import Violation
+from .loihi import (LOIHI2, LoihiLIFLayer, LoihiProfile, LoihiSpec, check_loihi, load_loihi,
+                    quantize_for_loihi, run_lava, save_loihi, to_loihi)
+from .xylo import (XYLO_AUDIO2, XyloLIFLayer, XyloProfile, XyloSpec, check_xylo, load_xylo,
+                   quantize_for_xylo, run_xylosim, save_xylo, to_xylo)
 
-__all__ = ["XYLO_AUDIO2", "Violation", "XyloLIFLayer", "XyloProfile", "XyloSpec", "check_xylo",
-           "load_xylo", "quantize_for_xylo", "run_xylosim", "save_xylo", "to_xylo"]
+__all__ = ["Violation",
+           "LOIHI2", "LoihiLIFLayer", "LoihiProfile", "LoihiSpec", "check_loihi", "load_loihi",
+           "quantize_for_loihi", "run_lava", "save_loihi", "to_loihi",
+           "XYLO_AUDIO2", "XyloLIFLayer", "XyloProfile", "XyloSpec", "check_xylo", "load_xylo",
+           "quantize_for_xylo", "run_xylosim", "save_xylo", "to_xylo"]

@@ -117,13 +117,15 @@ class XyloLIFLayer(ChipLayer):
 
         I &\leftarrow d_I(\mathrm{sat\_acc}(I,\ c,\ W \cdot 2^{s}))\\
         V &\leftarrow \mathrm{sat}(V + \mathrm{sat}(\mathrm{sat}(I - (V - d_V(V))) + b))\\
-        n &= \min(\lfloor V / \theta \rfloor, n_{max})\,[V \ge \theta],\qquad V \leftarrow V - n\theta
+        n &= \min(\lfloor V / \theta \rfloor, n_{max})\,[V \ge \theta]\\
+        V &\leftarrow V - n\theta
 
     Gradients: the weight rounding, the decays' floors and the saturating accumulation pass the
     gradient of the real values they round (:math:`\partial W/\partial w = 1/\Delta` inside the
     range, 0 outside; :math:`\partial d(x)/\partial x = 1 - 2^{-\mathrm{dash}}`;
     :math:`\partial A/\partial I = 1`, :math:`\partial A/\partial c = W 2^s`); each saturation
-    :math:`\mathrm{sat}` (to :math:`[-2^{15}, 2^{15}-1]`) passes 1 inside and 0 outside; the spike count has the surrogate gradient
+    :math:`\mathrm{sat}` (to :math:`[-2^{15}, 2^{15}-1]`) passes 1 inside and 0 outside; the
+    spike count has the surrogate gradient
     :math:`\partial n/\partial V = \sigma'((V - \theta)/\theta)/\theta` of ``surrogate_function``
     :math:`\sigma`.
 
@@ -241,7 +243,8 @@ def check_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> List[
         want_delay = 0 if i == 0 else 1
         if m.delay != want_delay:
             found.append(Violation(name, f"delay == {want_delay}", m.delay))
-        want_spikes = profile.max_output_spikes if i == len(layers) - 1 else profile.max_hidden_spikes
+        want_spikes = (profile.max_output_spikes if i == len(layers) - 1
+                       else profile.max_hidden_spikes)
         if m.max_spikes != want_spikes:
             found.append(Violation(name, f"max_spikes == {want_spikes}", m.max_spikes))
         want_input = profile.max_input_events if previous is None else previous.max_spikes
@@ -333,7 +336,8 @@ def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash
                              f"{profile.threshold_range}")
         new = XyloLIFLayer(lin.in_features, lin.out_features, threshold=th, dash_syn=dash_syn,
                            dash_mem=dash_mem, weight_step=step, weight_shift=0,
-                           max_spikes=profile.max_output_spikes if last else profile.max_hidden_spikes,
+                           max_spikes=(profile.max_output_spikes if last
+                                       else profile.max_hidden_spikes),
                            delay=0 if i == 0 else 1, bias=lin.bias is not None,
                            input_max=profile.max_input_events if previous is None
                            else previous.max_spikes,
@@ -350,7 +354,7 @@ def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash
     return out
 
 
-# ---- the specification ----------------------------------------------------------------------------
+# ---- the specification --------------------------------------------------------------------------
 _SPEC_ARRAYS = ("weights_in", "weights_rec", "weights_out", "dash_mem", "dash_mem_out",
                 "dash_syn", "dash_syn_out", "threshold", "threshold_out", "bias", "bias_out")
 _SPEC_INTS = ("weight_shift_in", "weight_shift_rec", "weight_shift_out")
