@@ -199,3 +199,15 @@ def test_network_trained_on_the_real_split_equals_lava(tmp_path, monkeypatch):
     assert row["trained_agreement"] == 100.0
     assert row["trained_on_lava"] == row["trained_model"]
     assert row["trained_on_lava"] > 2 * 100 / 10
+
+
+def test_check_loihi_refuses_an_int32_overflow():
+    """Lava adds (activation << 6) to the current in int32: a layer whose largest input sum could
+    overflow it is listed."""
+    m = LoihiLIFLayer(3000, 2, vth=1, weight_step=1.0, weight_exp=7)
+    with torch.no_grad():
+        m.weight.fill_(127.0)
+    found = check_loihi(nn.Sequential(m))
+    assert [v.layer for v in found] == ["0"] and "int32" in found[0].limit
+    m.weight_exp = 0
+    assert check_loihi(nn.Sequential(m)) == []

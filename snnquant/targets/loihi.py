@@ -180,7 +180,9 @@ def _loihi_layers(model: nn.Module) -> List[tuple]:
 
 def check_loihi(model: nn.Module, profile: Optional[LoihiProfile] = None) -> List[Violation]:
     """Every way ``model`` (a stack of :class:`LoihiLIFLayer`) exceeds ``profile``'s limits:
-    a layer's profile, consecutive sizes, the chip's neuron count. Thresholds, decays, weight
+    a layer's profile, consecutive sizes, the chip's neuron count, and an activation that could
+    overflow Lava's int32 arithmetic (the largest sum of a neuron's :math:`|2W| 2^{e}`, shifted
+    left by 6 and added to a 24-bit current). Thresholds, decays, weight
     exponents and weight and bias ranges are checked when a layer is built.
 
     Returns:
@@ -198,6 +200,12 @@ def check_loihi(model: nn.Module, profile: Optional[LoihiProfile] = None) -> Lis
             found.append(Violation(name, f"in_features == {previous.out_features} (the previous "
                                          f"layer's out_features)", m.in_features))
         previous = m
+    for name, m in layers:
+        with torch.no_grad():
+            reach = float((2 * m.integer_weight()).abs().sum(1).max()) * 2.0 ** max(m.weight_exp, 0)
+        if reach * 64 + 2 ** (profile.state_bits - 1) > 2 ** 31 - 1:
+            found.append(Violation(name, "largest input sum << 6 plus the current within int32 "
+                                         "(Lava adds them in int32)", f"{reach * 64:.0f}"))
     neurons = sum(m.out_features for _, m in layers)
     if neurons > profile.max_neurons:
         found.append(Violation("", f"neurons <= {profile.max_neurons}", neurons))
