@@ -288,3 +288,19 @@ def test_network_trained_on_the_real_split_equals_xylosim(tmp_path, monkeypatch)
     assert row["converted_agreement"] == 100.0 and row["trained_agreement"] == 100.0
     assert row["trained_on_xylosim"] == row["trained_model"]
     assert row["trained_on_xylosim"] > 2 * 100 / 8  # it learned: twice the chance level
+
+
+def test_a_large_saturating_sum_is_exact_in_float32():
+    """1000 inputs of 15 events on weight 127 << 7: the plain sum (2.4e8) is beyond float32's
+    exact integers, and the saturated current must still be exactly 32767 (32766 after the
+    decay), in training mode too (the straight-through gradient must not move the value)."""
+    m = XyloLIFLayer(1000, 1, threshold=32767, dash_syn=15, dash_mem=15, weight_step=1.0,
+                     weight_shift=7)
+    with torch.no_grad():
+        m.weight.fill_(127.0)
+    x = torch.full((1, 1000), 15.0)
+    for grad in (False, True):
+        sjf.reset_net(m)
+        with torch.set_grad_enabled(grad):
+            m(x)
+        assert m.isyn.item() == HI - 1

@@ -49,7 +49,7 @@ def bitshift_decay_ste(x: torch.Tensor, dash) -> torch.Tensor:
     """
     factor = 1.0 - torch.pow(2.0, -torch.as_tensor(dash, dtype=x.dtype, device=x.device))
     smooth = x * factor
-    return smooth + (bitshift_decay(x.detach(), dash) - smooth.detach())
+    return bitshift_decay(x.detach(), dash) + (smooth - smooth.detach())
 
 
 def saturating_accumulate(state: torch.Tensor, counts: torch.Tensor, weight: torch.Tensor,
@@ -152,7 +152,7 @@ def truncated_decay_ste(x: torch.Tensor, multiplier, shift: int = 12) -> torch.T
     r""":func:`truncated_decay` with the gradient of the real decay:
     :math:`\partial d/\partial x = m / 2^{s}`."""
     smooth = x * (float(multiplier) / 2.0 ** shift)
-    return smooth + (truncated_decay(x, multiplier, shift) - smooth.detach())
+    return truncated_decay(x, multiplier, shift) + (smooth - smooth.detach())
 
 
 def wrap_signed(x: torch.Tensor, bits: int) -> torch.Tensor:

@@ -128,7 +128,7 @@ class ChipLayer(base.MemoryModule):
         """Spikes with the exact ``count`` forward and the surrogate gradient
         :math:`\\sigma'((V - \\theta)/\\theta)/\\theta` backward."""
         first = self.surrogate_function((v - threshold) / threshold)
-        return first + (count - first.detach())
+        return count + (first - first.detach())
 
     def _chip_weight(self, w: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

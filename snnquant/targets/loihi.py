@@ -161,7 +161,7 @@ class LoihiLIFLayer(ChipLayer):
             a = a * 2.0 ** self.weight_exp
         else:
             smooth = a * 2.0 ** self.weight_exp
-            a = smooth + (torch.floor(a.detach() * 2.0 ** self.weight_exp) - smooth.detach())
+            a = torch.floor(a.detach() * 2.0 ** self.weight_exp) + (smooth - smooth.detach())
         u = truncated_decay_ste(self.u, 4096 - self.du - 1) + 64.0 * a
         self.u = wrap_signed(u, self.profile.state_bits)
         v = truncated_decay_ste(self.v, 4096 - self.dv) + self.u

@@ -182,7 +182,7 @@ class XyloLIFLayer(ChipLayer):
             self.vmem = torch.zeros(shape, dtype=c.dtype, device=c.device)
         smooth = self.isyn + c @ w_shifted.t()
         exact = saturating_accumulate(self.isyn, c, w_shifted, lo, hi).to(smooth.dtype)
-        acc = smooth + (exact - smooth.detach())
+        acc = exact + (smooth - smooth.detach())  # the value is exactly `exact`
         self.isyn = bitshift_decay_ste(acc, self.dash_syn)
         leak = self.vmem - bitshift_decay_ste(self.vmem, self.dash_mem)
         delta = (self.isyn - leak).clamp(lo, hi)
