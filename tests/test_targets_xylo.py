@@ -273,6 +273,7 @@ def test_file_round_trip_and_corruption(tmp_path):
 REAL = shared_recordings()
 
 
+@pytest.mark.heavy
 @pytest.mark.skipif(REAL is None, reason="the shared real N-MNIST recordings "
                     "(../shared/data/nmnist-real-1k) are not on this machine")
 @pytest.mark.skipif(not (ROOT / "benchmarks").is_dir(), reason="benchmarks/ not beside tests/")
