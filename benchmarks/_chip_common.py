@@ -73,6 +73,24 @@ def accuracy(model, batches) -> float:
     return 100.0 * right / total
 
 
+def on_simulator(model, batches, simulate) -> dict:
+    """Accuracy of ``simulate`` (``[N, T, in]`` numpy input -> ``[N, T, out]`` output spikes of
+    the vendor's simulator) and the agreement of every output spike with the model's, on
+    ``batches``; ties in the spike count go to the lowest class, as argmax does."""
+    right = total = equal = 0
+    model.eval()
+    with torch.no_grad():
+        for x, y in batches:
+            sjf.reset_net(model)
+            ours = model(x).permute(1, 0, 2).numpy()
+            chip = simulate(x.permute(1, 0, 2).numpy())
+            equal += int((chip == ours).all(axis=(1, 2)).sum())
+            right += int((torch.from_numpy(chip.sum(1)).argmax(1) == y).sum())
+            total += len(y)
+    return {"accuracy": 100.0 * right / total, "agreement": 100.0 * equal / total,
+            "samples": total}
+
+
 def main(name: str, doc: str, default_T: int, run_seed, table) -> None:
     """The command line of a chip benchmark: seeds, epochs, ``-T``, learning rates; writes
     ``<name>[_real].{json,md}`` and the ``_table.rst``."""

@@ -34,7 +34,6 @@ import _nmnist_common as common  # noqa: E402
 from _tables import fmt  # noqa: E402
 
 import torch  # noqa: E402
-from spikingjelly.activation_based import functional as sjf  # noqa: E402
 
 from snnquant.targets import check_loihi, quantize_for_loihi, run_lava, to_loihi  # noqa: E402
 
@@ -53,18 +52,8 @@ def encode(frames: torch.Tensor):
 def on_lava(model, batches) -> dict:
     """Accuracy on Lava and the agreement of every output spike with the model's."""
     spec = to_loihi(model)
-    right = total = equal = 0
-    model.eval()
-    with torch.no_grad():
-        for x, y in batches:
-            sjf.reset_net(model)
-            ours = model(x).permute(1, 0, 2).numpy()
-            lava = run_lava(spec, x.permute(1, 0, 2).numpy().astype("int8"))["layers"][-1]
-            equal += int((lava == ours).all(axis=(1, 2)).sum())
-            right += int((torch.from_numpy(lava.sum(1)).argmax(1) == y).sum())
-            total += len(y)
-    return {"accuracy": 100.0 * right / total, "agreement": 100.0 * equal / total,
-            "samples": total}
+    return common_chip.on_simulator(
+        model, batches, lambda x: run_lava(spec, x.astype("int8"))["layers"][-1])
 
 
 def run_seed(bench, seed: int, epochs: int, lr_float: float, lr_chip: float) -> dict:

@@ -40,7 +40,6 @@ from _tables import fmt  # noqa: E402
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
-from spikingjelly.activation_based import functional as sjf  # noqa: E402
 
 from snnquant.targets import (XYLO_AUDIO2, check_xylo, quantize_for_xylo,  # noqa: E402
                               run_xylosim, to_xylo)
@@ -63,19 +62,8 @@ def on_chip(model, batches) -> dict:
     """Accuracy on SynSense's simulator and the agreement of every readout spike with the
     model's."""
     spec = to_xylo(model)
-    right = total = equal_samples = 0
-    model.eval()
-    with torch.no_grad():
-        for x, y in batches:
-            sjf.reset_net(model)
-            ours = model(x).permute(1, 0, 2).numpy()
-            chip = run_xylosim(spec, x.permute(1, 0, 2).numpy().astype(np.int64))["output"]
-            equal_samples += int((chip == ours).all(axis=(1, 2)).sum())
-            # ties in the spike count: the lowest class, as argmax does
-            right += int((torch.from_numpy(chip.sum(1)).argmax(1) == y).sum())
-            total += len(y)
-    return {"accuracy": 100.0 * right / total, "agreement": 100.0 * equal_samples / total,
-            "samples": total}
+    return common_chip.on_simulator(
+        model, batches, lambda x: run_xylosim(spec, x.astype(np.int64))["output"])
 
 
 def run_seed(bench, seed: int, epochs: int, lr_float: float, lr_chip: float) -> dict:

@@ -14,7 +14,7 @@ from typing import List, Optional
 import numpy as np
 import torch
 import torch.nn as nn
-from spikingjelly.activation_based import base, surrogate
+from spikingjelly.activation_based import base, layer as sj_layer, neuron, surrogate
 
 from .._io import atomic_write
 from ..functional.rounding import round as round_ste
@@ -182,3 +182,39 @@ def read_checked_json(path, fmt: str) -> dict:
     if _digest(payload) != digest:
         raise ValueError(f"{path_s}: the content does not match its checksum (changed or corrupt)")
     return payload
+
+
+def linear_neuron_pairs(model: nn.Module, chip: str, v_reset,
+                        reset_rule: str) -> List[tuple]:
+    """``[((name, Linear), (name, neuron)), ...]`` of an ``nn.Sequential`` of ``Linear`` +
+    ``LIFNode``/``IFNode`` pairs (``Flatten``/``Identity`` before the first are skipped).
+
+    Raises:
+        TypeError: ``model`` is not an ``nn.Sequential``.
+        ValueError: naming the module: any other module, a neuron whose ``v_reset`` is not
+            ``v_reset`` (the chip's reset, explained by ``reset_rule``), ``decay_input=False``, a
+            network that does not end with a neuron.
+    """
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"model must be an nn.Sequential, got {type(model).__name__}")
+    pairs, pending, started = [], None, False
+    for name, m in model.named_children():
+        if isinstance(m, (nn.Flatten, sj_layer.Flatten, nn.Identity)) and not started:
+            continue
+        if isinstance(m, nn.Linear) and pending is None:
+            pending, started = (name, m), True
+        elif type(m) in (neuron.LIFNode, neuron.IFNode) and pending is not None:
+            if m.v_reset != v_reset:
+                raise ValueError(f"model.{name}: {reset_rule}; build the neuron with "
+                                 f"v_reset={v_reset}, got v_reset={m.v_reset}")
+            if isinstance(m, neuron.LIFNode) and not m.decay_input:
+                raise ValueError(f"model.{name}: decay_input=False has no {chip} equivalent")
+            pairs.append((pending, (name, m)))
+            pending = None
+        else:
+            raise ValueError(f"model.{name}: a {chip} network is Linear + LIFNode/IFNode pairs; "
+                             f"{type(m).__name__} here has no place on the chip")
+    if pending is not None or not pairs:
+        raise ValueError(f"model: a {chip} network is Linear + LIFNode/IFNode pairs, ending with "
+                         f"a neuron")
+    return pairs

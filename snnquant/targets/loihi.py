@@ -41,11 +41,11 @@ from typing import List, Optional
 import numpy as np
 import torch
 import torch.nn as nn
-from spikingjelly.activation_based import layer as sj_layer, neuron
+from spikingjelly.activation_based import neuron
 
 from ..functional.bitshift import truncated_decay_ste, wrap_signed
-from ._layer import (ChipLayer, Violation, check_int, chip_layers, pow2_step, read_checked_json,
-                     refuse, write_checked_json)
+from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
+                     pow2_step, read_checked_json, refuse, write_checked_json)
 
 __all__ = ["LoihiProfile", "LOIHI2", "LoihiLIFLayer", "check_loihi", "quantize_for_loihi",
            "LoihiSpec", "to_loihi", "save_loihi", "load_loihi", "run_lava"]
@@ -234,29 +234,8 @@ def quantize_for_loihi(model: nn.Module, profile: LoihiProfile = LOIHI2,
             (``v_reset=0.0``), ``decay_input=False``, a threshold or bias beyond Lava's ranges,
             and listing every limit the result exceeds.
     """
-    if not isinstance(model, nn.Sequential):
-        raise TypeError(f"model must be an nn.Sequential, got {type(model).__name__}")
+    pairs = linear_neuron_pairs(model, "Loihi", 0.0, "Lava's LIF resets the voltage to 0")
     lo, hi = profile.weight_range
-    pairs, pending, started = [], None, False
-    for name, m in model.named_children():
-        if isinstance(m, (nn.Flatten, sj_layer.Flatten, nn.Identity)) and not started:
-            continue
-        if isinstance(m, nn.Linear) and pending is None:
-            pending, started = (name, m), True
-        elif type(m) in (neuron.LIFNode, neuron.IFNode) and pending is not None:
-            if m.v_reset != 0.0:
-                raise ValueError(f"model.{name}: Lava's LIF resets the voltage to 0; build the "
-                                 f"neuron with v_reset=0.0, got v_reset={m.v_reset}")
-            if isinstance(m, neuron.LIFNode) and not m.decay_input:
-                raise ValueError(f"model.{name}: decay_input=False has no Lava equivalent")
-            pairs.append((pending, (name, m)))
-            pending = None
-        else:
-            raise ValueError(f"model.{name}: a Loihi network is Linear + LIFNode/IFNode pairs; "
-                             f"{type(m).__name__} here has no place in it")
-    if pending is not None or not pairs:
-        raise ValueError("model: a Loihi network is Linear + LIFNode/IFNode pairs, ending with a "
-                         "neuron")
     layers = []
     for (lname, lin), (nname, neu) in pairs:
         step = pow2_step(lin.weight, hi)

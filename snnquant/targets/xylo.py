@@ -46,11 +46,11 @@ from typing import List, Optional
 import numpy as np
 import torch
 import torch.nn as nn
-from spikingjelly.activation_based import layer as sj_layer, neuron
+from spikingjelly.activation_based import neuron
 
 from ..functional.bitshift import (bitshift_decay_ste, multi_spike_count, saturating_accumulate)
-from ._layer import (ChipLayer, Violation, check_int, chip_layers, pow2_step, read_checked_json,
-                     refuse, write_checked_json)
+from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
+                     pow2_step, read_checked_json, refuse, write_checked_json)
 
 __all__ = ["XyloProfile", "XYLO_AUDIO2", "XyloLIFLayer", "Violation", "check_xylo",
            "quantize_for_xylo", "XyloSpec", "to_xylo", "save_xylo", "load_xylo", "run_xylosim"]
@@ -297,29 +297,8 @@ def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash
             ``decay_input=False`` LIF... and listing every limit the result exceeds
             (:func:`check_xylo`).
     """
-    if not isinstance(model, nn.Sequential):
-        raise TypeError(f"model must be an nn.Sequential, got {type(model).__name__}")
+    pairs = linear_neuron_pairs(model, "Xylo", None, "Xylo resets by subtracting the threshold")
     lo, hi = profile.weight_range
-    pairs, pending, started = [], None, False
-    for name, m in model.named_children():
-        if isinstance(m, (nn.Flatten, sj_layer.Flatten, nn.Identity)) and not started:
-            continue
-        if isinstance(m, nn.Linear) and pending is None:
-            pending, started = (name, m), True
-        elif type(m) in (neuron.LIFNode, neuron.IFNode) and pending is not None:
-            if m.v_reset is not None:
-                raise ValueError(f"model.{name}: Xylo resets by subtracting the threshold; "
-                                 f"build the neuron with v_reset=None, got v_reset={m.v_reset}")
-            if isinstance(m, neuron.LIFNode) and not m.decay_input:
-                raise ValueError(f"model.{name}: decay_input=False has no Xylo equivalent")
-            pairs.append((pending, (name, m)))
-            pending = None
-        else:
-            raise ValueError(f"model.{name}: a Xylo network is Linear + LIFNode/IFNode pairs; "
-                             f"{type(m).__name__} here has no place on the chip")
-    if pending is not None or not pairs:
-        raise ValueError("model: a Xylo network is Linear + LIFNode/IFNode pairs, ending with a "
-                         "neuron")
     layers, previous = [], None
     for i, ((lname, lin), (nname, neu)) in enumerate(pairs):
         last = i == len(pairs) - 1
