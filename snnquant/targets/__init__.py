@@ -5,16 +5,22 @@ vendor's format, and run it on the vendor's simulator.
   simulator (``xylosim``, through Rockpool's ``XyloSim``).
 * :mod:`snnquant.targets.loihi`: Intel Loihi 2 as Lava's fixed-point models compute it, checked
   on Lava's CPU simulation (``Loihi2SimCfg(select_tag="fixed_pt")``).
+* :mod:`snnquant.targets.speck`: SynSense Speck (DYNAP-CNN cores) as Sinabs'
+  ``DynapcnnNetwork`` maps and simulates it, checked on that simulation.
 """
 
 from ._layer import Violation
 from .loihi import (LOIHI2, LoihiLIFLayer, LoihiProfile, LoihiSpec, check_loihi, load_loihi,
                     quantize_for_loihi, run_lava, save_loihi, to_loihi)
+from .speck import (SPECK2F, SpeckIAFLayer, SpeckProfile, SpeckSpec, check_speck, load_speck,
+                    quantize_for_speck, run_sinabs, save_speck, speck_cores, to_speck)
 from .xylo import (XYLO_AUDIO2, XyloLIFLayer, XyloProfile, XyloSpec, check_xylo, load_xylo,
                    quantize_for_xylo, run_xylosim, save_xylo, to_xylo)
 
 __all__ = ["Violation",
            "LOIHI2", "LoihiLIFLayer", "LoihiProfile", "LoihiSpec", "check_loihi", "load_loihi",
            "quantize_for_loihi", "run_lava", "save_loihi", "to_loihi",
+           "SPECK2F", "SpeckIAFLayer", "SpeckProfile", "SpeckSpec", "check_speck", "load_speck",
+           "quantize_for_speck", "run_sinabs", "save_speck", "speck_cores", "to_speck",
            "XYLO_AUDIO2", "XyloLIFLayer", "XyloProfile", "XyloSpec", "check_xylo", "load_xylo",
            "quantize_for_xylo", "run_xylosim", "save_xylo", "to_xylo"]

@@ -1,0 +1,615 @@
+r"""SynSense Speck (DYNAP-CNN cores) through Sinabs: the integrate-and-fire arithmetic of Sinabs'
+``DynapcnnNetwork`` simulation, training in it, the chip's core memory checks, and export to
+the layers Sinabs maps onto the chip, checked on Sinabs' discretised simulation.
+
+**The arithmetic** (Sinabs 3.1.3, read from ``sinabs/layers/functional/lif.py``
+``lif_forward_single``, ``sinabs/activation/spike_generation.py`` ``MultiSpike`` and
+``SingleSpike``, ``sinabs/activation/reset_mechanism.py`` ``MembraneSubtract``,
+``sinabs/backend/dynapcnn/discretize.py`` and ``dynapcnn_layer.py``; tested against Sinabs' own
+run in ``tests/test_targets_speck.py``). A Speck layer is a convolution (a ``Linear`` layer is a
+convolution whose kernel covers its whole input), integrate-and-fire neurons without leak and an
+optional sum pooling. Per time step, with the input event counts :math:`x`, the 8-bit weights
+:math:`W`, the bias :math:`b`, the threshold :math:`\theta` (16-bit) and the lower bound
+:math:`v_{min}`:
+
+* :math:`v \leftarrow v + W * x + b`;
+* :math:`n = \lfloor v / \theta \rfloor` where :math:`v > 0`, else 0 (Sinabs' ``MultiSpike``,
+  the default of its ``IAFSqueeze``; with ``SingleSpike``, :math:`n = [v \ge \theta]`);
+* :math:`v \leftarrow \max(v - n\theta,\ v_{min})`;
+* the layer sends :math:`n` summed over each :math:`k \times k` pooling window (``SumPool2d``).
+
+Every layer of one step runs in that step: no delay between layers. ``DynapcnnNetwork`` with
+``discretize=True`` rescales each layer's weights, bias and thresholds by one common factor to fit
+8-bit weights and biases and 16-bit thresholds; snnquant exports integers for which that factor is
+exactly 1 (:math:`v_{min} = -2^{15}`, weights and biases in :math:`[-128, 127]`), and
+:func:`run_sinabs` fails if Sinabs changed any of them. The chip's memory rule is Sinabs'
+``DynapcnnLayer.memory_summary`` and its core table ``chips/dynapcnn.py`` ``get_constraints``.
+
+**The network snnquant maps onto it**: a stack of :class:`SpeckIAFLayer`. Sinabs needs the
+``dynapcnn`` backend's imports (including SynSense's ``samna`` driver for devices) and pins nir
+<= 1.0.4: :func:`run_sinabs` runs the exported network in a Python with Sinabs
+(``SNNQUANT_SINABS_PYTHON`` or its ``python`` argument) through
+``snnquant/targets/sinabs_runner.py``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import subprocess
+import tempfile
+from dataclasses import dataclass, field
+from typing import List, Optional, Sequence
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from spikingjelly.activation_based import layer as sj_layer, neuron
+
+from ._layer import (ChipLayer, Violation, check_int, chip_layers, pow2_step, read_checked_json,
+                     refuse, write_checked_json)
+
+__all__ = ["SpeckProfile", "SPECK2F", "SpeckIAFLayer", "check_speck", "quantize_for_speck",
+           "SpeckSpec", "to_speck", "save_speck", "load_speck", "run_sinabs", "speck_cores"]
+
+
+@dataclass(frozen=True)
+class SpeckProfile:
+    """What Speck (as Sinabs' ``DynapcnnNetwork`` maps and simulates it) fixes.
+
+    Attributes:
+        name: ``'speck2f'``.
+        device: the device name Sinabs' ``ChipFactory`` takes (``'speck2fmodule'``).
+        weight_bits: signed weight width (``DYNAPCNN_WEIGHT_PRECISION_BITS``).
+        bias_range: the bias (Sinabs discretises it with the weight precision, 8 bits).
+        threshold_range: the spike threshold (16-bit state, ``DYNAPCNN_STATE_PRECISION_BITS``).
+        state_bits: the membrane (16).
+        kernel_memory, neuron_memory, bias_memory: each core's memory, in Sinabs' units
+            (``chips/dynapcnn.py`` ``get_constraints``; 9 cores).
+    """
+
+    name: str = "speck2f"
+    device: str = "speck2fmodule"
+    weight_bits: int = 8
+    bias_range: tuple = (-128, 127)
+    threshold_range: tuple = (1, 2 ** 15 - 1)
+    state_bits: int = 16
+    kernel_memory: tuple = (16384, 16384, 16384, 32768, 32768, 65536, 65536, 16384, 16384)
+    neuron_memory: tuple = (65536, 65536, 65536, 32768, 32768, 16384, 16384, 16384, 16384)
+    bias_memory: tuple = (1024,) * 9
+
+    @property
+    def weight_range(self) -> tuple:
+        """The range of the integer weights."""
+        return (-(2 ** (self.weight_bits - 1)), 2 ** (self.weight_bits - 1) - 1)
+
+    @property
+    def v_min(self) -> int:
+        """The membrane's lower bound, :math:`-2^{15}` (Sinabs' default ``min_v_mem``)."""
+        return -(2 ** (self.state_bits - 1))
+
+
+#: Speck 2f through Sinabs 3.1's ``DynapcnnNetwork``.
+SPECK2F = SpeckProfile()
+
+
+def _conv_out(size: int, k: int, stride: int, padding: int) -> int:
+    return (size + 2 * padding - k) // stride + 1
+
+
+class SpeckIAFLayer(ChipLayer):
+    r"""A Speck core: a convolution (or a ``Linear``, a convolution over its whole input),
+    integrate-and-fire neurons and a sum pooling, computing in Sinabs' integers, in training too.
+
+    Forward, per step, with :math:`W` the 8-bit integer weights of the latent float weights on the
+    power-of-two step :math:`\Delta` and the input event counts :math:`x`:
+
+    .. math::
+
+        v &\leftarrow v + W * x + b\\
+        n &= [v > 0]\,\lfloor v/\theta \rfloor\\
+        v &\leftarrow \max(v - n\theta,\ -2^{15})\\
+        y &= \mathrm{sumpool}_k(n)
+
+    (:math:`n = [v \ge \theta]` with ``spike='single'``). Gradients: the weight rounding passes
+    :math:`1/\Delta` inside the range (0 outside), the bias rounding 1; the spike count has the
+    surrogate gradient :math:`\sigma'((v - \theta)/\theta)/\theta`; the lower bound passes 0
+    below it, 1 above.
+
+    Args:
+        in_shape: the input's ``(channels, height, width)`` (``(features,)`` for a ``Linear``
+            after a ``Linear``).
+        out_channels: output channels (features of a ``Linear``).
+        kernel_size: the square kernel; ``None`` for a ``Linear`` (the input flattened, the
+            output ``[N, out_channels]``).
+        stride, padding: of the convolution.
+        pool: the sum pooling's square window and stride (1: none; a convolution only).
+        threshold: :math:`\theta` (int, 1 to :math:`2^{15}-1`).
+        bias: whether the neurons have an integer bias (in ``profile.bias_range``).
+        weight_step: :math:`\Delta`, a power of two.
+        spike: ``'multi'`` (Sinabs' ``MultiSpike``) or ``'single'`` (``SingleSpike``).
+        input_max: the largest input event count per step the layer accepts.
+        profile: :data:`SPECK2F`.
+        surrogate_function: default ``surrogate.Sigmoid()``.
+        step_mode: ``'s'`` or ``'m'`` (input ``[N, *in_shape]`` or ``[T, N, *in_shape]``).
+    """
+
+    def __init__(self, in_shape: Sequence[int], out_channels: int, kernel_size: Optional[int],
+                 threshold: int, stride: int = 1, padding: int = 0, pool: int = 1,
+                 bias: bool = False, weight_step: float = 2.0 ** -7, spike: str = "multi",
+                 input_max: int = 1, profile: SpeckProfile = SPECK2F, surrogate_function=None,
+                 step_mode: str = "s"):
+        in_shape = tuple(in_shape)
+        if len(in_shape) == 1:
+            in_shape = (in_shape[0], 1, 1)
+        if len(in_shape) != 3:
+            raise ValueError(f"in_shape must be (channels, height, width) or (features,), got "
+                             f"{in_shape}")
+        for i, v in enumerate(in_shape):
+            check_int(f"in_shape[{i}]", v, 1, 2 ** 16)
+        self.linear = kernel_size is None
+        k = None if self.linear else check_int("kernel_size", kernel_size, 1, 64)
+        fan_in = in_shape[0] * (in_shape[1] * in_shape[2] if self.linear else k * k)
+        super().__init__(fan_in, out_channels, weight_step, profile.weight_range,
+                         profile.bias_range if bias else None, 0, input_max, surrogate_function,
+                         step_mode)
+        if spike not in ("multi", "single"):
+            raise ValueError(f"spike must be 'multi' or 'single', got {spike!r}")
+        self.in_shape, self.kernel_size, self.spike, self.profile = in_shape, k, spike, profile
+        self.stride = check_int("stride", stride, 1, 64)
+        self.padding = check_int("padding", padding, 0, 64)
+        self.pool = check_int("pool", pool, 1, 64)
+        if self.linear and (stride != 1 or padding != 0 or pool != 1):
+            raise ValueError("stride, padding and pool: a Linear layer (kernel_size=None) has "
+                             f"none, got stride={stride}, padding={padding}, pool={pool}")
+        self.threshold = check_int("threshold", threshold, *profile.threshold_range)
+        if not self.linear:
+            h, w = (_conv_out(s, k, self.stride, self.padding) for s in in_shape[1:])
+            if h < 1 or w < 1:
+                raise ValueError(f"kernel_size {k} with padding {padding} does not fit the input "
+                                 f"{in_shape[1:]}")
+            if h % self.pool or w % self.pool:
+                raise ValueError(f"pool {pool} does not divide the convolution's output {h}x{w} "
+                                 f"(the chip drops no rows)")
+            self.weight = nn.Parameter(torch.empty(out_channels, in_shape[0], k, k))
+            nn.init.uniform_(self.weight, -1.0 / math.sqrt(fan_in), 1.0 / math.sqrt(fan_in))
+        self.register_memory("v", 0.0)
+
+    @property
+    def neuron_shape(self) -> tuple:
+        """``(channels, height, width)`` of the neurons (before the pooling)."""
+        if self.linear:
+            return (self.out_features, 1, 1)
+        return (self.out_features,) + tuple(
+            _conv_out(s, self.kernel_size, self.stride, self.padding) for s in self.in_shape[1:])
+
+    @property
+    def out_shape(self) -> tuple:
+        """What the layer sends: ``(channels, height, width)`` after the pooling
+        (``(features,)`` for a ``Linear``)."""
+        if self.linear:
+            return (self.out_features,)
+        c, h, w = self.neuron_shape
+        return (c, h // self.pool, w // self.pool)
+
+    def memory(self) -> dict:
+        r"""The layer's memory as Sinabs counts it (``DynapcnnLayer.memory_summary``):
+        kernel :math:`c\,2^{\lceil\log_2 k^2\rceil + \lceil\log_2 f\rceil}`, neuron
+        :math:`f\,2^{\lceil\log_2 h\rceil + \lceil\log_2 w\rceil}`, bias :math:`f` (0 without)."""
+        c = self.in_shape[0]
+        kh, kw = self.in_shape[1:] if self.linear else (self.kernel_size, self.kernel_size)
+        f, h, w = self.neuron_shape
+        lg = lambda n: math.ceil(math.log2(n))  # noqa: E731
+        return {"kernel": c * 2 ** (lg(kh * kw) + lg(f)), "neuron": f * 2 ** (lg(h) + lg(w)),
+                "bias": f if self.bias is not None else 0}
+
+    def safe_input_max(self) -> int:
+        r"""The largest input count per step for which the membrane cannot exceed
+        :math:`2^{15}-1`: :math:`\lfloor (2^{15} - \theta - \max(b, 0)) / \max \sum W^+ \rfloor`
+        with the current weights (:math:`2^{15}` without positive weights; 0 when even a count
+        of 1 could overflow)."""
+        with torch.no_grad():
+            pos = float(self.integer_weight().clamp(min=0).flatten(1).sum(1).max())
+            b = max(float(self.integer_bias().max()), 0.0) if self.bias is not None else 0.0
+        room = 2 ** (self.profile.state_bits - 1) - self.threshold - b
+        return 2 ** 15 if pos == 0 else max(0, min(2 ** 15, math.floor(room / pos)))
+
+    def extra_repr(self) -> str:
+        kind = "linear" if self.linear else (f"kernel_size={self.kernel_size}, stride="
+                                             f"{self.stride}, padding={self.padding}, "
+                                             f"pool={self.pool}")
+        return (f"{self.in_shape}, {self.out_features}, {kind}, threshold={self.threshold}, "
+                f"weight_step=2**{int(math.log2(self.weight_step))}, "
+                f"bias={self.bias is not None}, spike={self.spike}, step_mode={self.step_mode}")
+
+    def _synapse(self, x: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
+        if x.shape[1:] != self.in_shape and not (self.linear and x[0].numel() == self.in_features):
+            raise ValueError(f"{type(self).__name__}: input must be [N, *{self.in_shape}], got "
+                             f"{tuple(x.shape)}")
+        x = x.to(torch.float64)
+        if self.linear:
+            y = x.reshape(x.shape[0], -1) @ w.to(torch.float64).t()
+            y = y[:, :, None, None]
+        else:
+            y = F.conv2d(x, w.to(torch.float64), stride=self.stride, padding=self.padding)
+        if b is not None:
+            y = y + b.to(torch.float64)[None, :, None, None]
+        return y
+
+    def _neuron(self, y: torch.Tensor) -> torch.Tensor:
+        if not isinstance(self.v, torch.Tensor):
+            self.v = torch.zeros_like(y)
+        v = self.v + y
+        th = float(self.threshold)
+        if self.spike == "multi":
+            count = torch.where(v.detach() > 0, torch.floor(v.detach() / th), 0.0)
+        else:
+            count = (v.detach() >= th).to(v.dtype)
+        n = self._fire(v, count, th)
+        self.v = torch.clamp(v - n * th, min=float(self.profile.v_min))
+        if self.pool > 1:
+            n = F.avg_pool2d(n, self.pool, divisor_override=1)
+        return n.flatten(1) if self.linear else n
+
+    def _chip_weight(self, w: torch.Tensor) -> torch.Tensor:
+        return w
+
+    def _step(self, c: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
+        return self._neuron(self._synapse(c, w, b)).to(torch.float32)
+
+    def multi_step_forward(self, x_seq: torch.Tensor) -> torch.Tensor:
+        self._check_counts(x_seq)
+        t, n = x_seq.shape[:2]
+        y = self._synapse(x_seq.flatten(0, 1), self.integer_weight(), self.integer_bias())
+        y = y.reshape(t, n, *y.shape[1:])
+        return torch.stack([self._neuron(y[i]) for i in range(t)]).to(torch.float32)
+
+
+def _speck_layers(model: nn.Module) -> List[tuple]:
+    return chip_layers(model, SpeckIAFLayer, "Speck")
+
+
+def _match(fits: List[List[int]]) -> Optional[List[int]]:
+    """One core per layer (``fits[i]``: the cores layer ``i`` fits), or ``None`` (augmenting
+    paths: a bipartite matching, as Sinabs' ``get_valid_mapping`` finds with a max flow)."""
+    owner: dict = {}
+
+    def place(i, seen):
+        for c in fits[i]:
+            if c not in seen:
+                seen.add(c)
+                if c not in owner or place(owner[c], seen):
+                    owner[c] = i
+                    return True
+        return False
+
+    if not all(place(i, set()) for i in range(len(fits))):
+        return None
+    core = [0] * len(fits)
+    for c, i in owner.items():
+        core[i] = c
+    return core
+
+
+def speck_cores(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Optional[List[int]]:
+    """A core for each layer of ``model`` under ``profile``'s memory per core (Sinabs' rule), or
+    ``None`` when there is none."""
+    layers = _speck_layers(model)
+    profile = profile or (layers[0][1].profile if layers else SPECK2F)
+    fits = []
+    for _, m in layers:
+        mem = m.memory()
+        fits.append([c for c in range(len(profile.kernel_memory))
+                     if mem["kernel"] <= profile.kernel_memory[c]
+                     and mem["neuron"] <= profile.neuron_memory[c]
+                     and mem["bias"] <= profile.bias_memory[c]])
+    return _match(fits)
+
+
+def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> List[Violation]:
+    r"""Every way ``model`` (a stack of :class:`SpeckIAFLayer`) exceeds ``profile``'s limits: a
+    layer's profile, consecutive shapes, a layer larger than every core's memory, more layers than
+    cores or no assignment of layers to distinct cores, and a membrane that could exceed its
+    16-bit range: :math:`\theta - 1` plus the largest step input (the positive weights of a neuron
+    times the layer's ``input_max``, plus its bias) above :math:`2^{15}-1` (below, Sinabs bounds
+    the membrane at :math:`-2^{15}`). A layer refuses (raises on) input counts above its
+    ``input_max``, so a network that passes cannot overflow. Weights, biases and thresholds are
+    checked when a layer is built.
+
+    Returns:
+        The list of :class:`Violation` (empty when the network fits).
+    """
+    layers = _speck_layers(model)
+    if not layers:
+        return [Violation("", "at least one SpeckIAFLayer", "none")]
+    profile = profile or layers[0][1].profile
+    found, previous = [], None
+    top = 2 ** (profile.state_bits - 1) - 1
+    n_cores = len(profile.kernel_memory)
+    for name, m in layers:
+        if m.profile != profile:
+            found.append(Violation(name, f"profile {profile.name}", m.profile.name))
+        if previous is not None:
+            want = previous.out_shape
+            got = (m.in_features,) if m.linear and len(want) == 1 else m.in_shape
+            if tuple(want) != tuple(got) and not (m.linear and math.prod(want) == m.in_features):
+                found.append(Violation(name, f"input shape {tuple(want)} (what the previous "
+                                             f"layer sends)", m.in_shape))
+        mem = m.memory()
+        for key, caps in (("kernel", profile.kernel_memory), ("neuron", profile.neuron_memory),
+                          ("bias", profile.bias_memory)):
+            if mem[key] > max(caps):
+                found.append(Violation(name, f"{key} memory <= {max(caps)} (the largest core)",
+                                       mem[key]))
+        with torch.no_grad():
+            pos = float(m.integer_weight().clamp(min=0).flatten(1).sum(1).max()) * m.input_max
+            if m.bias is not None:
+                pos += max(float(m.integer_bias().max()), 0.0)
+        peak = m.threshold - 1 + pos
+        if peak > top:
+            found.append(Violation(name, f"membrane <= {top} (threshold - 1 + the largest step "
+                                         f"input, input counts up to input_max={m.input_max})",
+                                   f"{peak:.0f}"))
+        previous = m
+    if len(layers) > n_cores:
+        found.append(Violation("", f"layers <= {n_cores} (cores)", len(layers)))
+    elif not found and speck_cores(model, profile) is None:
+        found.append(Violation("", "each layer on its own core with enough memory",
+                               [m.memory() for _, m in layers]))
+    return found
+
+
+def _speck_units(model: nn.Module, chip: str) -> List[dict]:
+    """The layers of an ``nn.Sequential`` of ``Conv2d``/``Linear`` + ``IFNode`` (+ ``AvgPool2d``)
+    units, ``Flatten``/``Identity`` between them."""
+    if not isinstance(model, nn.Sequential):
+        raise TypeError(f"model must be an nn.Sequential, got {type(model).__name__}")
+    units, pending = [], None
+    for name, m in model.named_children():
+        if isinstance(m, (nn.Flatten, sj_layer.Flatten, nn.Identity)) and pending is None:
+            continue
+        if isinstance(m, (nn.Conv2d, nn.Linear)) and pending is None:
+            pending = {"syn": (name, m)}
+        elif isinstance(m, neuron.IFNode) and type(m) is neuron.IFNode and pending is not None:
+            if m.v_reset is not None:
+                raise ValueError(f"model.{name}: {chip}'s neurons reset by subtracting the "
+                                 f"threshold; build the IFNode with v_reset=None, got "
+                                 f"v_reset={m.v_reset}")
+            pending["neuron"] = (name, m)
+            units.append(pending)
+            pending = None
+        elif isinstance(m, nn.AvgPool2d) and pending is None and units and "pool" not in units[-1]:
+            k = m.kernel_size if isinstance(m.kernel_size, int) else m.kernel_size[0]
+            stride = m.stride if isinstance(m.stride, int) else m.stride[0]
+            if m.kernel_size not in (k, (k, k)) or stride != k or m.padding not in (0, (0, 0)) \
+                    or m.ceil_mode:
+                raise ValueError(f"model.{name}: {chip} pools k x k windows with stride k, no "
+                                 f"padding; got {m}")
+            units[-1]["pool"] = (name, k)
+        elif isinstance(m, neuron.BaseNode):
+            raise ValueError(f"model.{name}: {chip}'s neurons are integrate-and-fire without "
+                             f"leak (IFNode); {type(m).__name__} has no {chip} equivalent")
+        else:
+            raise ValueError(f"model.{name}: a {chip} network is Conv2d/Linear + IFNode units "
+                             f"(each optionally followed by AvgPool2d); {type(m).__name__} here "
+                             f"has no place on the chip")
+    if pending is not None or not units:
+        raise ValueError(f"model: a {chip} network is Conv2d/Linear + IFNode units, ending with "
+                         f"a neuron")
+    return units
+
+
+def quantize_for_speck(model: nn.Module, input_shape: Sequence[int],
+                       profile: SpeckProfile = SPECK2F, input_max: int = 1,
+                       spike: str = "multi", surrogate_function=None,
+                       step_mode: str = "m") -> nn.Sequential:
+    r"""A SpikingJelly network of ``Conv2d``/``Linear`` + ``IFNode`` units (each optionally
+    followed by an ``AvgPool2d``) as a stack of :class:`SpeckIAFLayer` that trains in Sinabs'
+    Speck arithmetic.
+
+    Each unit becomes one layer with the weights on the power-of-two step
+    :math:`\Delta = 2^{\lceil\log_2(\max|w|/127)\rceil}`, :math:`\theta =
+    \mathrm{round}(V_{th}/\Delta)` and the bias :math:`\mathrm{round}(b/\Delta)`. A
+    :math:`k \times k` average pooling becomes the layer's sum pooling, and its :math:`1/k^2`
+    moves into the next layer's weights (before they are put on the grid). The result computes
+    a different network (Sinabs' multi-spike neurons, integer roundings): train (or fine-tune) it.
+
+    Args:
+        model: the ``nn.Sequential``.
+        input_shape: ``(channels, height, width)`` of the input.
+        profile: :data:`SPECK2F`.
+        input_max: the largest input event count per step (the first layer's ``input_max``;
+            each later layer's is its :meth:`SpeckIAFLayer.safe_input_max`: it raises on larger
+            counts, which could overflow its 16-bit membrane).
+        spike: ``'multi'`` or ``'single'`` (see :class:`SpeckIAFLayer`).
+        surrogate_function, step_mode: of every layer.
+
+    Raises:
+        ValueError: naming the module, for any other module, a neuron that leaks or resets to a
+            value (``v_reset`` not ``None``), a pooling that is not k x k with stride k, a
+            threshold or bias beyond the chip's ranges, and listing every limit the result
+            exceeds.
+    """
+    units = _speck_units(model, "Speck")
+    lo, hi = profile.weight_range
+    shape, scale, layers = tuple(input_shape), 1.0, []
+    for i, unit in enumerate(units):
+        sname, syn = unit["syn"]
+        nname, neu = unit["neuron"]
+        w = syn.weight.detach() * scale
+        step = pow2_step(w, hi)
+        threshold = round(float(neu.v_threshold) / step)
+        if not profile.threshold_range[0] <= threshold <= profile.threshold_range[1]:
+            raise ValueError(f"model.{nname}: v_threshold {neu.v_threshold} is threshold="
+                             f"{threshold} for the weight step of model.{sname}, beyond "
+                             f"{profile.threshold_range}")
+        if syn.bias is not None:
+            big = float(syn.bias.detach().abs().max()) / step
+            if round(big) > profile.bias_range[1]:
+                raise ValueError(f"model.{sname}: bias {big * step:g} is {round(big)} weight "
+                                 f"steps, beyond the chip's {profile.bias_range}")
+        pool = unit["pool"][1] if "pool" in unit else 1
+        common = dict(threshold=threshold, bias=syn.bias is not None, weight_step=step,
+                      spike=spike, input_max=input_max if i == 0 else 2 ** 15, profile=profile,
+                      surrogate_function=surrogate_function, step_mode=step_mode)
+        if isinstance(syn, nn.Conv2d):
+            k, st, pad = syn.kernel_size, syn.stride, syn.padding
+            if k[0] != k[1] or st[0] != st[1] or pad[0] != pad[1] or syn.groups != 1 \
+                    or syn.dilation != (1, 1) or syn.padding_mode != "zeros":
+                raise ValueError(f"model.{sname}: Speck convolutions are square, ungrouped, "
+                                 f"undilated, zero-padded, with one stride; got {syn}")
+            new = SpeckIAFLayer(shape, syn.out_channels, k[0], stride=st[0], padding=pad[0],
+                                pool=pool, **common)
+        else:
+            if pool != 1:
+                raise ValueError(f"model.{unit['pool'][0]}: Speck pools after a convolution only")
+            if math.prod(shape) != syn.in_features:
+                raise ValueError(f"model.{sname}: in_features {syn.in_features}, but its input is "
+                                 f"{shape}")
+            new = SpeckIAFLayer(shape, syn.out_features, None, **common)
+        with torch.no_grad():
+            new.weight.copy_(w.reshape(new.weight.shape).clamp(lo * step, hi * step))
+            if syn.bias is not None:
+                new.bias.copy_(syn.bias / step)
+        if i > 0:
+            new.input_max = max(1, new.safe_input_max())
+        layers.append(new)
+        shape, scale = new.out_shape, 1.0 / (pool * pool)
+    out = nn.Sequential(*layers)
+    refuse(check_speck(out, profile), "quantize_for_speck")
+    return out
+
+
+@dataclass
+class SpeckSpec:
+    """A Speck network as the layers Sinabs' ``DynapcnnNetwork`` takes, one entry per layer:
+    ``kind`` (``'conv'`` or ``'linear'``), ``weight`` (int8: ``[out, c, k, k]`` or
+    ``[out, in]``), ``bias`` (``[out]`` int16, or ``None``), ``threshold``, ``min_v_mem``,
+    ``stride``, ``padding``, ``pool`` and ``spike``; ``input_shape`` (``(c, h, w)``) and the
+    ``device`` Sinabs maps onto.
+    """
+
+    layers: List[dict] = field(default_factory=list)
+    input_shape: tuple = ()
+    profile: str = SPECK2F.name
+    device: str = SPECK2F.device
+
+
+def to_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> SpeckSpec:
+    """The :class:`SpeckSpec` of a stack of :class:`SpeckIAFLayer` (after :func:`check_speck`)."""
+    refuse(check_speck(model, profile), "to_speck")
+    layers = _speck_layers(model)
+    out = []
+    for _, m in layers:
+        with torch.no_grad():
+            w = m.integer_weight().cpu().numpy().astype(np.int8)
+            b = m.integer_bias().cpu().numpy().astype(np.int16) if m.bias is not None else None
+        out.append({"kind": "linear" if m.linear else "conv", "weight": w, "bias": b,
+                    "threshold": m.threshold, "min_v_mem": m.profile.v_min, "stride": m.stride,
+                    "padding": m.padding, "pool": m.pool, "spike": m.spike})
+    p = layers[0][1].profile
+    return SpeckSpec(out, tuple(layers[0][1].in_shape), p.name, p.device)
+
+
+_SCALARS = ("threshold", "min_v_mem", "stride", "padding", "pool")
+
+
+def save_speck(spec: SpeckSpec, path) -> None:
+    """Write ``spec`` to ``path`` as JSON (integers only), atomically, with its SHA-256."""
+    if not isinstance(spec, SpeckSpec):
+        raise TypeError(f"spec must be a SpeckSpec, got {type(spec).__name__}")
+    layers = [{"kind": l["kind"], "spike": l["spike"],
+               "weight": np.asarray(l["weight"]).tolist(),
+               "bias": None if l["bias"] is None else np.asarray(l["bias"]).tolist(),
+               **{k: int(l[k]) for k in _SCALARS}} for l in spec.layers]
+    write_checked_json(path, {"layers": layers, "input_shape": list(spec.input_shape),
+                              "profile": spec.profile, "device": spec.device}, "snnquant-speck")
+
+
+def load_speck(path) -> SpeckSpec:
+    """Read a file written by :func:`save_speck`, after verifying its checksum.
+
+    Raises:
+        ValueError: naming the file, when it is not such a file or its content changed.
+    """
+    payload = read_checked_json(path, "snnquant-speck")
+    layers = [{"kind": l["kind"], "spike": l["spike"], "weight": np.asarray(l["weight"], np.int8),
+               "bias": None if l["bias"] is None else np.asarray(l["bias"], np.int16),
+               **{k: l[k] for k in _SCALARS}} for l in payload["layers"]]
+    return SpeckSpec(layers, tuple(payload["input_shape"]), payload["profile"], payload["device"])
+
+
+def sinabs_python(python: Optional[str] = None) -> Optional[str]:
+    """The Python that runs Sinabs: ``python`` when given (``''`` for none), else
+    ``$SNNQUANT_SINABS_PYTHON``; ``None`` when neither names one."""
+    exe = python if python is not None else os.environ.get("SNNQUANT_SINABS_PYTHON")
+    return exe or None
+
+
+def run_sinabs(spec: SpeckSpec, events, python: Optional[str] = None,
+               timeout: float = 3600) -> dict:
+    """Run ``spec`` through Sinabs' ``DynapcnnNetwork`` (``discretize=True``): its mapping of the
+    layers onto the chip's cores and its simulation.
+
+    Args:
+        spec: the network.
+        events: input event counts ``[T, c, h, w]`` or ``[N, T, c, h, w]`` (non-negative
+            integers); each sample starts from a reset state.
+        python: a Python with ``sinabs`` 3.1 installed; default ``$SNNQUANT_SINABS_PYTHON``.
+        timeout: seconds.
+
+    Returns:
+        ``{"layers": [[N, T, ...] what each layer sends (spike counts after its pooling)],
+        "cores": [the core Sinabs assigned to each layer], "memory": [{"kernel", "neuron",
+        "bias"} of each layer, Sinabs' count]}`` (``N`` absent for a 4-D input). A linear layer's
+        output is ``[..., features]``.
+
+    Raises:
+        RuntimeError: without a Sinabs Python, or when Sinabs fails (its output in the message),
+            including when its discretisation would change the exported integers or it finds no
+            mapping onto the cores.
+    """
+    exe = sinabs_python(python)
+    if exe is None:
+        raise RuntimeError("run_sinabs needs a Python with Sinabs (sinabs 3.1 pins nir <= 1.0.4: "
+                           "keep it apart): pass python= or set SNNQUANT_SINABS_PYTHON; see the "
+                           "Speck guide")
+    x = np.asarray(events)
+    single = x.ndim == 4
+    if single:
+        x = x[None]
+    if x.ndim != 5 or tuple(x.shape[2:]) != tuple(spec.input_shape):
+        raise ValueError(f"events must be [T, {', '.join(map(str, spec.input_shape))}] or "
+                         f"[N, T, ...], got shape {np.shape(events)}")
+    if (x < 0).any() or (x != np.round(x)).any():
+        raise ValueError("events: event counts must be non-negative integers")
+    runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sinabs_runner.py")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, dst = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")
+        arrays = {"x": x.astype(np.float32), "input_shape": np.asarray(spec.input_shape),
+                  "n_layers": len(spec.layers), "device": spec.device}
+        for k, l in enumerate(spec.layers):
+            arrays.update({f"kind{k}": int(l["kind"] == "linear"),
+                           f"w{k}": np.asarray(l["weight"], np.int32),
+                           f"multi{k}": int(l["spike"] == "multi"),
+                           **{f"{s}{k}": int(l[s]) for s in _SCALARS}})
+            if l["bias"] is not None:
+                arrays[f"b{k}"] = np.asarray(l["bias"], np.int32)
+        np.savez(src, **arrays)
+        done = subprocess.run([exe, runner, src, dst], capture_output=True, text=True,
+                              timeout=timeout)
+        if done.returncode != 0:
+            raise RuntimeError(f"Sinabs ({exe}) failed:\n{done.stdout[-2000:]}"
+                               f"{done.stderr[-4000:]}")
+        with np.load(dst) as out:
+            n = len(spec.layers)
+            layers = []
+            for k, l in enumerate(spec.layers):
+                s = out[f"s{k}"].astype(np.int64)
+                layers.append(s.reshape(s.shape[:2] + (-1,)) if l["kind"] == "linear" else s)
+            cores = [int(out[f"core{k}"]) for k in range(n)]
+            memory = [{key: int(out[f"{key}{k}"]) for key in ("kernel", "neuron", "bias")}
+                      for k in range(n)]
+    return {"layers": [l[0] for l in layers] if single else layers, "cores": cores,
+            "memory": memory}
