@@ -82,8 +82,8 @@ def on_simulator(model, batches, simulate) -> dict:
     with torch.no_grad():
         for x, y in batches:
             sjf.reset_net(model)
-            ours = model(x).permute(1, 0, 2).numpy()
-            chip = simulate(x.permute(1, 0, 2).numpy())
+            ours = model(x).transpose(0, 1).numpy()
+            chip = simulate(x.transpose(0, 1).numpy())
             equal += int((chip == ours).all(axis=(1, 2)).sum())
             right += int((torch.from_numpy(chip.sum(1)).argmax(1) == y).sum())
             total += len(y)

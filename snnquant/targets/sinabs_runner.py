@@ -8,7 +8,11 @@ This file imports only numpy, torch and Sinabs, never snnquant: it is run as a s
 event counts), ``input_shape``, ``n_layers``, ``device`` and, per layer ``k``, ``kind{k}``
 (0 conv, 1 linear), ``w{k}``, ``b{k}`` (absent without a bias), ``threshold{k}``,
 ``min_v_mem{k}``, ``stride{k}``, ``padding{k}``, ``pool{k}`` and ``multi{k}`` (1 for Sinabs'
-``MultiSpike``, 0 for ``SingleSpike``). ``OUT.npz`` holds ``s{k}`` (``[N, T, ...]``, what layer
+``MultiSpike``, 0 for ``SingleSpike``). With ``exact`` = 0 (default 1) the weights, biases
+and thresholds may be any floats, each ``pool{k}`` is an ``nn.AvgPool2d`` (which Sinabs turns into
+a sum pooling, rescaling the next layer's weights) and Sinabs' discretisation is what it is (the
+vendor's own post-training conversion); with ``exact`` = 1 the script fails unless Sinabs' common
+scale factor is 1 for every layer. ``OUT.npz`` holds ``s{k}`` (``[N, T, ...]``, what layer
 ``k`` sends on: its spikes after its sum pooling), ``core{k}`` (the core Sinabs assigned) and
 ``kernel{k}``, ``neuron{k}``, ``bias{k}`` (the layer's memory as Sinabs counts it).
 
@@ -87,6 +91,7 @@ def main(src: str, dst: str) -> None:
     n, t = x.shape[:2]
     input_shape = tuple(int(v) for v in data["input_shape"])
     n_layers = int(data["n_layers"])
+    exact = int(data["exact"]) if "exact" in data else 1
     modules, given = [], []
     for k in range(n_layers):
         w = torch.tensor(data[f"w{k}"], dtype=torch.float32)
@@ -107,14 +112,15 @@ def main(src: str, dst: str) -> None:
         modules += [lin, sl.IAFSqueeze(batch_size=n, spike_threshold=float(data[f"threshold{k}"]),
                                        min_v_mem=float(data[f"min_v_mem{k}"]), spike_fn=spike_fn)]
         if int(data[f"pool{k}"]) > 1:
-            modules.append(sl.SumPool2d(int(data[f"pool{k}"])))
+            pool = int(data[f"pool{k}"])
+            modules.append(sl.SumPool2d(pool) if exact else nn.AvgPool2d(pool))
         given.append((w, data[f"b{k}"] if has_bias else None, float(data[f"threshold{k}"])))
     net = DynapcnnNetwork(nn.Sequential(*modules), input_shape=input_shape, batch_size=n,
                           discretize=True)
     layers = [net.dynapcnn_layers[i] for i in sorted(net.dynapcnn_layers)]
     if len(layers) != n_layers:
         raise SystemExit(f"Sinabs made {len(layers)} DynapcnnLayers of {n_layers} layers")
-    for k, (layer, (w, b, threshold)) in enumerate(zip(layers, given)):
+    for k, (layer, (w, b, threshold)) in enumerate(zip(layers, given) if exact else ()):
         # discretize=True rescales by one common factor per layer; the exported integers must be
         # what the chip gets, so that factor has to be 1.
         conv = layer.conv_layer

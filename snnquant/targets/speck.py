@@ -204,17 +204,6 @@ class SpeckIAFLayer(ChipLayer):
         return {"kernel": c * 2 ** (lg(kh * kw) + lg(f)), "neuron": f * 2 ** (lg(h) + lg(w)),
                 "bias": f if self.bias is not None else 0}
 
-    def safe_input_max(self) -> int:
-        r"""The largest input count per step for which the membrane cannot exceed
-        :math:`2^{15}-1`: :math:`\lfloor (2^{15} - \theta - \max(b, 0)) / \max \sum W^+ \rfloor`
-        with the current weights (:math:`2^{15}` without positive weights; 0 when even a count
-        of 1 could overflow)."""
-        with torch.no_grad():
-            pos = float(self.integer_weight().clamp(min=0).flatten(1).sum(1).max())
-            b = max(float(self.integer_bias().max()), 0.0) if self.bias is not None else 0.0
-        room = 2 ** (self.profile.state_bits - 1) - self.threshold - b
-        return 2 ** 15 if pos == 0 else max(0, min(2 ** 15, math.floor(room / pos)))
-
     def extra_repr(self) -> str:
         kind = "linear" if self.linear else (f"kernel_size={self.kernel_size}, stride="
                                              f"{self.stride}, padding={self.padding}, "
@@ -310,12 +299,11 @@ def speck_cores(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Opt
 def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> List[Violation]:
     r"""Every way ``model`` (a stack of :class:`SpeckIAFLayer`) exceeds ``profile``'s limits: a
     layer's profile, consecutive shapes, a layer larger than every core's memory, more layers than
-    cores or no assignment of layers to distinct cores, and a membrane that could exceed its
-    16-bit range: :math:`\theta - 1` plus the largest step input (the positive weights of a neuron
-    times the layer's ``input_max``, plus its bias) above :math:`2^{15}-1` (below, Sinabs bounds
-    the membrane at :math:`-2^{15}`). A layer refuses (raises on) input counts above its
-    ``input_max``, so a network that passes cannot overflow. Weights, biases and thresholds are
-    checked when a layer is built.
+    cores or no assignment of layers to distinct cores, and a threshold too close to the 16-bit
+    membrane's top: the chip updates a neuron event by event and fires as soon as
+    :math:`v \ge \theta`, so its membrane reaches at most :math:`\theta - 1` plus one event's
+    weight (and the bias), which must stay within :math:`2^{15}-1` (below, the membrane is bounded
+    at :math:`-2^{15}`). Weights, biases and thresholds are checked when a layer is built.
 
     Returns:
         The list of :class:`Violation` (empty when the network fits).
@@ -343,14 +331,13 @@ def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Lis
                 found.append(Violation(name, f"{key} memory <= {max(caps)} (the largest core)",
                                        mem[key]))
         with torch.no_grad():
-            pos = float(m.integer_weight().clamp(min=0).flatten(1).sum(1).max()) * m.input_max
+            reach = max(float(m.integer_weight().max()), 0.0)
             if m.bias is not None:
-                pos += max(float(m.integer_bias().max()), 0.0)
-        peak = m.threshold - 1 + pos
-        if peak > top:
-            found.append(Violation(name, f"membrane <= {top} (threshold - 1 + the largest step "
-                                         f"input, input counts up to input_max={m.input_max})",
-                                   f"{peak:.0f}"))
+                reach += max(float(m.integer_bias().max()), 0.0)
+        if m.threshold - 1 + reach > top:
+            found.append(Violation(name, f"threshold - 1 + the largest weight and bias <= {top} "
+                                         f"(the 16-bit membrane, updated event by event)",
+                                   f"{m.threshold - 1 + reach:.0f}"))
         previous = m
     if len(layers) > n_cores:
         found.append(Violation("", f"layers <= {n_cores} (cores)", len(layers)))
@@ -420,8 +407,7 @@ def quantize_for_speck(model: nn.Module, input_shape: Sequence[int],
         input_shape: ``(channels, height, width)`` of the input.
         profile: :data:`SPECK2F`.
         input_max: the largest input event count per step (the first layer's ``input_max``;
-            each later layer's is its :meth:`SpeckIAFLayer.safe_input_max`: it raises on larger
-            counts, which could overflow its 16-bit membrane).
+            the later layers take up to :math:`2^{15}`).
         spike: ``'multi'`` or ``'single'`` (see :class:`SpeckIAFLayer`).
         surrogate_function, step_mode: of every layer.
 
@@ -472,8 +458,6 @@ def quantize_for_speck(model: nn.Module, input_shape: Sequence[int],
             new.weight.copy_(w.reshape(new.weight.shape).clamp(lo * step, hi * step))
             if syn.bias is not None:
                 new.bias.copy_(syn.bias / step)
-        if i > 0:
-            new.input_max = max(1, new.safe_input_max())
         layers.append(new)
         shape, scale = new.out_shape, 1.0 / (pool * pool)
     out = nn.Sequential(*layers)
@@ -584,32 +568,42 @@ def run_sinabs(spec: SpeckSpec, events, python: Optional[str] = None,
                          f"[N, T, ...], got shape {np.shape(events)}")
     if (x < 0).any() or (x != np.round(x)).any():
         raise ValueError("events: event counts must be non-negative integers")
+    arrays = {"x": x.astype(np.float32), "input_shape": np.asarray(spec.input_shape),
+              "n_layers": len(spec.layers), "device": spec.device, "exact": 1}
+    for k, l in enumerate(spec.layers):
+        arrays.update({f"kind{k}": int(l["kind"] == "linear"),
+                       f"w{k}": np.asarray(l["weight"], np.int32),
+                       f"multi{k}": int(l["spike"] == "multi"),
+                       **{f"{s}{k}": int(l[s]) for s in _SCALARS}})
+        if l["bias"] is not None:
+            arrays[f"b{k}"] = np.asarray(l["bias"], np.int32)
+    out = sinabs_runner(arrays, exe, timeout)
+    layers = []
+    for k, l in enumerate(spec.layers):
+        s = out[f"s{k}"].astype(np.int64)
+        layers.append(s.reshape(s.shape[:2] + (-1,)) if l["kind"] == "linear" else s)
+    cores = [int(out[f"core{k}"]) for k in range(len(spec.layers))]
+    memory = [{key: int(out[f"{key}{k}"]) for key in ("kernel", "neuron", "bias")}
+              for k in range(len(spec.layers))]
+    return {"layers": [l[0] for l in layers] if single else layers, "cores": cores,
+            "memory": memory}
+
+
+def sinabs_runner(arrays: dict, python: str, timeout: float = 3600) -> dict:
+    """Run ``snnquant/targets/sinabs_runner.py`` in ``python`` on ``arrays`` (the input file's
+    content, see that script) and return its output arrays.
+
+    Raises:
+        RuntimeError: when the script fails (its output in the message).
+    """
     runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sinabs_runner.py")
     with tempfile.TemporaryDirectory() as tmp:
         src, dst = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")
-        arrays = {"x": x.astype(np.float32), "input_shape": np.asarray(spec.input_shape),
-                  "n_layers": len(spec.layers), "device": spec.device}
-        for k, l in enumerate(spec.layers):
-            arrays.update({f"kind{k}": int(l["kind"] == "linear"),
-                           f"w{k}": np.asarray(l["weight"], np.int32),
-                           f"multi{k}": int(l["spike"] == "multi"),
-                           **{f"{s}{k}": int(l[s]) for s in _SCALARS}})
-            if l["bias"] is not None:
-                arrays[f"b{k}"] = np.asarray(l["bias"], np.int32)
         np.savez(src, **arrays)
-        done = subprocess.run([exe, runner, src, dst], capture_output=True, text=True,
+        done = subprocess.run([python, runner, src, dst], capture_output=True, text=True,
                               timeout=timeout)
         if done.returncode != 0:
-            raise RuntimeError(f"Sinabs ({exe}) failed:\n{done.stdout[-2000:]}"
+            raise RuntimeError(f"Sinabs ({python}) failed:\n{done.stdout[-2000:]}"
                                f"{done.stderr[-4000:]}")
         with np.load(dst) as out:
-            n = len(spec.layers)
-            layers = []
-            for k, l in enumerate(spec.layers):
-                s = out[f"s{k}"].astype(np.int64)
-                layers.append(s.reshape(s.shape[:2] + (-1,)) if l["kind"] == "linear" else s)
-            cores = [int(out[f"core{k}"]) for k in range(n)]
-            memory = [{key: int(out[f"{key}{k}"]) for key in ("kernel", "neuron", "bias")}
-                      for k in range(n)]
-    return {"layers": [l[0] for l in layers] if single else layers, "cores": cores,
-            "memory": memory}
+            return {k: out[k] for k in out.files}

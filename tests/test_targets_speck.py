@@ -1,0 +1,280 @@
+"""The Speck profile (snnquant.targets.speck): its arithmetic against Sinabs' own
+``DynapcnnNetwork`` simulation, its core mapping, training in it, the limits and the file.
+
+Sinabs 3.1 pins nir <= 1.0.4, older than snnquant's: the tests that run it need a Python with
+Sinabs in ``$SNNQUANT_SINABS_PYTHON`` (``.ci/run`` builds one) and skip, saying so, without it."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import torch.nn as nn
+from spikingjelly.activation_based import functional as sjf
+from spikingjelly.activation_based import layer, neuron
+
+from _repo import ROOT, shared_recordings
+from conftest import real_split_bench
+from snnquant.targets.speck import (SPECK2F, SpeckIAFLayer, check_speck, load_speck,
+                                    quantize_for_speck, run_sinabs, save_speck, sinabs_python,
+                                    speck_cores, to_speck)
+
+needs_sinabs = pytest.mark.skipif(
+    sinabs_python() is None, reason="no Python with Sinabs: set SNNQUANT_SINABS_PYTHON to a "
+    "Python with sinabs 3.1 installed (.ci/run builds one; see the Speck guide)")
+
+
+def test_one_neuron_by_hand():
+    """v += w x + b; n = floor(v / theta) for v > 0 (MultiSpike); v -= n theta; v >= -2^15."""
+    m = SpeckIAFLayer((1,), 1, None, threshold=10, bias=True, weight_step=1.0, input_max=100,
+                      step_mode="m")
+    with torch.no_grad():
+        m.weight.fill_(7.0)
+        m.bias.fill_(-1.0)
+    x = torch.tensor([3., 0., 1., 0., 2.]).reshape(5, 1, 1)
+    # v: 20 -> n 2, v 0; -1 -> 0 spikes; 5 -> 0; 4 -> 0; 17 -> 1, v 7
+    assert m(x).flatten().tolist() == [2., 0., 0., 0., 1.]
+    assert m.v.flatten().tolist() == [7.0]
+    single = SpeckIAFLayer((1,), 1, None, threshold=10, weight_step=1.0, input_max=100,
+                           spike="single", step_mode="m")
+    with torch.no_grad():
+        single.weight.fill_(7.0)
+    assert single(x).flatten().tolist() == [1., 1., 0., 0., 1.]  # v: 21 11 | 11 1 | 8 | 8 | 22 12
+    low = SpeckIAFLayer((1,), 1, None, threshold=10, weight_step=1.0, input_max=2 ** 15,
+                        step_mode="m")
+    with torch.no_grad():
+        low.weight.fill_(-127.0)
+    low(torch.full((3, 1, 1), 200.0))
+    assert low.v.flatten().tolist() == [-32768.0]  # bounded below, not wrapped
+
+
+def test_memory_is_sinabs_rule():
+    conv = SpeckIAFLayer((2, 34, 34), 8, 3, threshold=5, padding=1, pool=2)
+    assert conv.neuron_shape == (8, 34, 34) and conv.out_shape == (8, 17, 17)
+    # kernel c 2^(ceil log2 k^2 + ceil log2 f), neuron f 2^(ceil log2 h + ceil log2 w)
+    assert conv.memory() == {"kernel": 2 * 2 ** (4 + 3), "neuron": 8 * 2 ** (6 + 6), "bias": 0}
+    lin = SpeckIAFLayer((16, 9, 9), 10, None, threshold=5, bias=True)
+    assert lin.memory() == {"kernel": 16 * 2 ** (7 + 4), "neuron": 10, "bias": 10}
+
+
+def _random_network(rng, bias: bool, spike: str):
+    c, h = int(rng.integers(1, 4)), int(rng.choice([8, 12]))
+    shape, layers = (c, h, h), []
+    for i in range(int(rng.integers(1, 3))):  # convolutions
+        k = int(rng.choice([1, 3]))
+        stride = int(rng.choice([1, 2])) if shape[1] % 2 == 0 else 1
+        pad = k // 2
+        out_h = (shape[1] + 2 * pad - k) // stride + 1
+        pool = 2 if out_h % 2 == 0 and out_h > 2 else 1
+        layers.append(SpeckIAFLayer(shape, int(rng.integers(2, 7)), k,
+                                    threshold=int(rng.integers(20, 400)), stride=stride,
+                                    padding=pad, pool=pool, bias=bias, weight_step=1.0,
+                                    spike=spike, input_max=2 ** 15 if i else 6, step_mode="m"))
+        shape = layers[-1].out_shape
+    for _ in range(int(rng.integers(1, 3))):  # linear layers
+        layers.append(SpeckIAFLayer(shape, int(rng.integers(2, 9)), None,
+                                    threshold=int(rng.integers(20, 400)), bias=bias,
+                                    weight_step=1.0, spike=spike, input_max=2 ** 15,
+                                    step_mode="m"))
+        shape = layers[-1].out_shape
+    for m in layers:
+        with torch.no_grad():
+            m.weight.copy_(torch.from_numpy(rng.integers(-128, 128, m.weight.shape)).float())
+            if bias:
+                m.bias.copy_(torch.from_numpy(rng.integers(-128, 128, m.out_features)).float())
+    return nn.Sequential(*layers)
+
+
+def _run_ours(net, x):
+    sjf.reset_net(net)
+    outs, h = [], x
+    with torch.no_grad():
+        for m in net:
+            h = m(h)
+            outs.append(h.transpose(0, 1).numpy().astype(np.int64))
+    return outs
+
+
+@needs_sinabs
+@pytest.mark.parametrize("spike", ["multi", "single"])
+@pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
+def test_every_layer_equals_sinabs_on_random_networks(bias, spike):
+    """Mixed-sign random 8-bit weights, biases, thresholds, convolutions (strides, padding, sum
+    pooling) and linear layers: what every layer sends equals Sinabs' DynapcnnNetwork
+    (discretize=True) at every step of every sample; Sinabs maps the layers onto the cores
+    snnquant finds possible and counts the same memory."""
+    rng = np.random.default_rng(40 + 2 * bias + (spike == "single"))
+    spikes = multi = 0
+    for trial in range(4):
+        net = _random_network(rng, bias, spike)
+        assert check_speck(net) == []
+        x = torch.from_numpy(rng.integers(0, 7, (9, 3) + net[0].in_shape)).float()
+        ours = _run_ours(net, x)
+        got = run_sinabs(to_speck(net), x.transpose(0, 1).numpy())
+        for k, (a, b) in enumerate(zip(ours, got["layers"])):
+            np.testing.assert_array_equal(a, b, err_msg=f"trial {trial}, layer {k}")
+        assert got["memory"] == [m.memory() for m in net]
+        assert speck_cores(net) is not None and len(set(got["cores"])) == len(net)
+        spikes += sum(int(a.sum()) for a in ours)
+        multi += sum(int((a > 1).sum()) for a in ours)
+    assert spikes > 0
+    if spike == "multi":
+        assert multi > 0, "no layer sent more than one spike per step"
+
+
+def _float_net():
+    torch.manual_seed(0)
+    return nn.Sequential(layer.Conv2d(2, 4, 3, padding=1, step_mode="m"),
+                         neuron.IFNode(v_reset=None, step_mode="m"),
+                         layer.AvgPool2d(2, step_mode="m"),
+                         layer.Conv2d(4, 6, 3, stride=2, padding=1, bias=False, step_mode="m"),
+                         neuron.IFNode(v_reset=None, step_mode="m"),
+                         layer.Flatten(step_mode="m"),
+                         layer.Linear(6 * 2 * 2, 4, step_mode="m"),
+                         neuron.IFNode(v_reset=None, step_mode="m"))
+
+
+def test_quantize_for_speck_maps_the_units():
+    fnet = _float_net()
+    net = quantize_for_speck(fnet, (2, 8, 8), input_max=3)
+    assert [type(m) for m in net] == [SpeckIAFLayer] * 3
+    assert [m.pool for m in net] == [2, 1, 1] and [m.linear for m in net] == [False, False, True]
+    assert net[0].input_max == 3 and net[0].bias is not None and net[1].bias is None
+    step = net[0].weight_step
+    assert 127 * step >= fnet[0].weight.abs().max() > 63 * step
+    assert net[0].threshold == round(1.0 / step)
+    # the average pooling's 1/4 moved into the next layer's weights
+    w1 = fnet[3].weight.detach() / 4
+    assert 127 * net[1].weight_step >= w1.abs().max() > 63 * net[1].weight_step
+    torch.testing.assert_close(net[1].weight.detach(), w1)
+    assert check_speck(net) == []
+
+
+@needs_sinabs
+def test_training_in_speck_arithmetic_then_sinabs_equals_the_trained_network():
+    net = quantize_for_speck(_float_net(), (2, 8, 8), input_max=3)
+    g = torch.Generator().manual_seed(1)
+    x = torch.randint(0, 4, (6, 16, 2, 8, 8), generator=g).float()
+    y = torch.randint(0, 4, (16,), generator=g)
+    opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+    losses, got_grad = [], [False] * len(net)
+    for _ in range(25):
+        sjf.reset_net(net)
+        loss = nn.functional.cross_entropy(net(x).sum(0), y)
+        opt.zero_grad()
+        loss.backward()
+        got_grad = [g or bool(m.weight.grad.abs().sum() > 0) for g, m in zip(got_grad, net)]
+        opt.step()
+        losses.append(loss.item())
+    assert all(got_grad), got_grad
+    assert min(losses[-5:]) < losses[0]
+    ours = _run_ours(net, x)
+    assert ours[-1].sum() > 0
+    got = run_sinabs(to_speck(net), x.transpose(0, 1).numpy())["layers"]
+    for a, b in zip(ours, got):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_sinabs
+def test_sinabs_rescaling_is_refused():
+    """The exported integers are what the chip gets only when Sinabs' common scale factor is 1;
+    a spec edited so that Sinabs would rescale (a lower bound of -100 scales the thresholds
+    tensor, and so every parameter, up) is refused, not run."""
+    spec = to_speck(quantize_for_speck(_float_net(), (2, 8, 8), input_max=3))
+    spec.layers[0]["min_v_mem"] = -100
+    with pytest.raises(RuntimeError, match="discretisation changed the weights"):
+        run_sinabs(spec, np.zeros((2, 2, 8, 8)))
+
+
+def test_refusals_name_the_argument_and_value():
+    with pytest.raises(ValueError, match=r"threshold must be in \[1, 32767\], got 32768"):
+        SpeckIAFLayer((1, 4, 4), 2, 3, threshold=32768)
+    with pytest.raises(ValueError, match="pool 2 does not divide the convolution's output 3x3"):
+        SpeckIAFLayer((1, 5, 5), 2, 3, threshold=1, pool=2)
+    with pytest.raises(ValueError, match="spike must be 'multi' or 'single', got 'many'"):
+        SpeckIAFLayer((4,), 2, None, threshold=1, spike="many")
+    m = SpeckIAFLayer((1, 4, 4), 2, 3, threshold=1, input_max=3, step_mode="m")
+    with pytest.raises(ValueError, match=r"integers in \[0, 3\].*got 4"):
+        m(torch.full((1, 1, 1, 4, 4), 4.0))
+    with pytest.raises(ValueError, match=r"model.1: .*v_reset=None, got v_reset=0.0"):
+        quantize_for_speck(nn.Sequential(nn.Conv2d(1, 2, 3), neuron.IFNode()), (1, 5, 5))
+    with pytest.raises(ValueError, match=r"model.1: .*LIFNode has no Speck equivalent"):
+        quantize_for_speck(nn.Sequential(nn.Conv2d(1, 2, 3), neuron.LIFNode(v_reset=None)),
+                           (1, 5, 5))
+    with pytest.raises(ValueError, match=r"model.2: .*MaxPool2d here has no place"):
+        quantize_for_speck(nn.Sequential(nn.Conv2d(1, 2, 3), neuron.IFNode(v_reset=None),
+                                         nn.MaxPool2d(2)), (1, 6, 6))
+    with pytest.raises(ValueError, match=r"model.0: in_features 10, but its input is \(1, 3, 3\)"):
+        quantize_for_speck(nn.Sequential(nn.Linear(10, 2), neuron.IFNode(v_reset=None)),
+                           (1, 3, 3))
+    big = nn.Conv2d(1, 2, 3)
+    with torch.no_grad():
+        big.bias.fill_(100.0)
+    with pytest.raises(ValueError, match=r"model.0: bias 100 is .* beyond the chip's"):
+        quantize_for_speck(nn.Sequential(big, neuron.IFNode(v_reset=None)), (1, 5, 5))
+    with pytest.raises(RuntimeError, match="SNNQUANT_SINABS_PYTHON"):
+        run_sinabs(to_speck(quantize_for_speck(_float_net(), (2, 8, 8))),
+                   np.zeros((2, 2, 8, 8)), python="")
+
+
+def test_check_speck_lists_every_violation():
+    net = nn.Sequential(SpeckIAFLayer((1, 8, 8), 4, 3, threshold=5, padding=1),
+                        SpeckIAFLayer((3, 8, 8), 2, 3, threshold=5, padding=1))
+    assert [str(v) for v in check_speck(net)] == \
+        ["1: input shape (4, 8, 8) (what the previous layer sends), got (3, 8, 8)"]
+    with pytest.raises(ValueError, match="input shape"):
+        to_speck(net)
+    # 64 channels of 128x128 neurons: 64 * 2^14 = 1 Mi neuron memory, beyond every core
+    huge = nn.Sequential(SpeckIAFLayer((1, 128, 128), 64, 3, threshold=5, padding=1))
+    found = check_speck(huge)
+    assert [(v.layer, v.limit, v.value) for v in found] == \
+        [("0", "neuron memory <= 65536 (the largest core)", 64 * 2 ** 14)]
+    # kernel 64 * 2^(4 + 6) = 64 Ki: only cores 5 and 6 hold one, so three do not fit
+    chain = [SpeckIAFLayer((64, 3, 3), 64, 3, threshold=5, padding=1) for _ in range(3)]
+    assert all(m.memory()["kernel"] == 65536 for m in chain)
+    found = check_speck(nn.Sequential(*chain))
+    assert [v.limit for v in found] == ["each layer on its own core with enough memory"]
+    assert speck_cores(nn.Sequential(*chain[:2])) in ([5, 6], [6, 5])
+    ten = [SpeckIAFLayer((2, 4, 4), 2, 1, threshold=5) for _ in range(10)]
+    assert [str(v) for v in check_speck(nn.Sequential(*ten))] == ["<network>: layers <= 9 (cores), "
+                                                                   "got 10"]
+
+
+def test_file_round_trip_and_corruption(tmp_path):
+    spec = to_speck(quantize_for_speck(_float_net(), (2, 8, 8), input_max=3))
+    path = tmp_path / "net.speck.json"
+    save_speck(spec, path)
+    back = load_speck(path)
+    assert back.input_shape == (2, 8, 8) and back.device == SPECK2F.device
+    for a, b in zip(spec.layers, back.layers):
+        assert a.keys() == b.keys()
+        for k in a:
+            if a[k] is None:
+                assert b[k] is None
+            else:
+                np.testing.assert_array_equal(np.asarray(a[k]), np.asarray(b[k]))
+    payload = json.loads(path.read_text())
+    payload["layers"][0]["threshold"] += 1
+    path.write_text(json.dumps(payload))
+    with pytest.raises(ValueError, match="does not match its checksum"):
+        load_speck(path)
+
+
+REAL = shared_recordings()
+
+
+@needs_sinabs
+@pytest.mark.skipif(REAL is None, reason="the shared real N-MNIST recordings "
+                    "(../shared/data/nmnist-real-1k) are not on this machine")
+@pytest.mark.skipif(not (ROOT / "benchmarks").is_dir(), reason="benchmarks/ not beside tests/")
+def test_network_trained_on_the_real_split_equals_sinabs(tmp_path, monkeypatch):
+    """The benchmark's network (2x34x34 -> conv -> conv -> 10 on the real 800/200 split), trained
+    1 epoch in float then 1 in Speck's arithmetic: Sinabs reproduces every output count of every
+    test sample."""
+    bench_mod, bench = real_split_bench("benchmarks/speck_nmnist.py", REAL, tmp_path,
+                                        monkeypatch, 1, 8)
+    row = bench_mod.run_seed(bench, 0, 1, 1e-2, 1e-3)
+    assert row["test_samples"] == 200
+    assert row["trained_agreement"] == 100.0
+    assert row["trained_on_sinabs"] == row["trained_model"]
+    assert row["trained_on_sinabs"] > 2 * 100 / 10
