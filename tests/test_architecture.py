@@ -2,6 +2,7 @@
 quantize_model's, configuration-checked state dicts, a hot path without host synchronisation that
 compiles, and any positive threshold exported exactly."""
 import ast
+import gc
 import pathlib
 
 import pytest
@@ -390,19 +391,20 @@ def test_compiled_csnn_has_no_graph_break_and_equals_eager():
     x = torch.rand(2, 2, 1, 8, 8)
     net(x)  # initialise the LSQ steps
     sjf.reset_net(net)
-
-    def run(model, inp):
-        sjf.reset_net(model)
-        return model(inp)
-
+    # SpikingJelly's reset_net keeps a global WeakKeyDictionary of networks; traced inside the
+    # compiled function, its guards index that dictionary and fail (StopIteration) when another
+    # test's network is collected in between: the reset stays outside what is compiled
+    gc.collect()
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     compiled_net = _csnn()
     compiled_net.load_state_dict(net.state_dict())
-    compiled = torch.compile(run, backend="aot_eager", fullgraph=True)
-    out_eager = run(net, x)
+    compiled = torch.compile(compiled_net, backend="aot_eager", fullgraph=True)
+    sjf.reset_net(net)
+    out_eager = net(x)
     out_eager.sum().backward()
-    out_compiled = compiled(compiled_net, x)
+    sjf.reset_net(compiled_net)
+    out_compiled = compiled(x)
     out_compiled.sum().backward()
     # fullgraph=True already raises on a break; the counters say it in so many words
     assert dict(torch._dynamo.utils.counters["graph_break"]) == {}

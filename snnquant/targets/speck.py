@@ -434,7 +434,8 @@ def quantize_for_speck(model: nn.Module, input_shape: Sequence[int],
             big = float(syn.bias.detach().abs().max()) / step
             if round(big) > profile.bias_range[1]:
                 raise ValueError(f"model.{sname}: bias {big * step:g} is {round(big)} weight "
-                                 f"steps, beyond the chip's {profile.bias_range}")
+                                 f"steps, beyond the chip's {profile.bias_range} (train with a "
+                                 f"smaller bias, or bias=False)")
         pool = unit["pool"][1] if "pool" in unit else 1
         common = dict(threshold=threshold, bias=syn.bias is not None, weight_step=step,
                       spike=spike, input_max=input_max if i == 0 else 2 ** 15, profile=profile,
