@@ -610,6 +610,26 @@ def _warn_unmatched(config: QuantConfig, all_names, target_names, model):
                           UserWarning, stacklevel=3)
 
 
+def _quantize_for_chip(model: nn.Module, profile, inplace: bool, example_input):
+    """``quantize_model`` with a chip profile: its ``quantize_network``, and the report of what
+    each chip layer was converted from."""
+    if inplace:
+        raise ValueError(f"inplace=True: a chip profile ({type(profile).__name__}) builds a new "
+                         f"network of the chip's layers; call quantize_model without inplace")
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    net = profile.quantize_network(model, example_input)
+    report = QuantReport()
+    for m in net:
+        names = [n for n, _ in m.converted_from]
+        report.replaced.append(ReplacedModule("+".join(names),
+                                              "+".join(t for _, t in m.converted_from),
+                                              type(m).__name__))
+    report.notes.append(f"a {profile.name} network: check, export and simulate it with "
+                        f"snnquant.targets (check_*, to_*, run_*), not snnquant.export")
+    return net, report
+
+
 def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inplace: bool = False,
                    example_input=None):
     r"""Replace the supported layers and neurons of ``model`` by quantized ones.
@@ -642,7 +662,13 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
         model: the network.
         config: a :class:`QuantConfig` (default: ``QuantConfig()``: 8-bit weights with a learned
             power-of-two step (``'lsq_pow2'``), 16-bit biases; neurons stay float unless
-            ``v_bits`` is set).
+            ``v_bits`` is set), or a chip profile of :mod:`snnquant.targets`
+            (:data:`~snnquant.targets.xylo.XYLO_AUDIO2`, :data:`~snnquant.targets.loihi.LOIHI2`,
+            :data:`~snnquant.targets.speck.SPECK2F`): the network then becomes a new
+            ``nn.Sequential`` of the chip's layers, which train in its arithmetic (the profile's
+            ``quantize_network``: ``quantize_for_xylo``/``_loihi``/``_speck`` with their
+            defaults; Speck takes its input shape and largest count from ``example_input``), and
+            ``report.replaced`` names the source modules of each layer.
         inplace: modify ``model`` itself instead of a deep copy.
         example_input: one input batch of the model (``[T, N, ...]`` in multi-step mode): the
             graph that says which ``conv -> BatchNorm`` pairs train folded
@@ -662,8 +688,11 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
     """
     if config is None:
         config = QuantConfig()
+    if not isinstance(config, QuantConfig) and callable(getattr(config, "quantize_network", None)):
+        return _quantize_for_chip(model, config, inplace, example_input)
     if not isinstance(config, QuantConfig):
-        raise TypeError(f"config must be a QuantConfig, got {type(config).__name__}")
+        raise TypeError(f"config must be a QuantConfig or a chip profile of snnquant.targets, got "
+                        f"{type(config).__name__}")
     config.validate()
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")

@@ -102,6 +102,9 @@ class ChipLayer(base.MemoryModule):
         self.bias = nn.Parameter(torch.zeros(out_features)) if bias_range is not None else None
         self.surrogate_function = surrogate_function or surrogate.Sigmoid()
         self.step_mode = step_mode
+        #: ``((name, type name), ...)``: the modules of the source network this layer was
+        #: converted from (set by the chip's ``quantize_for_*``; empty for a layer built directly).
+        self.converted_from: tuple = ()
         self.register_memory("last_input", None)
 
     def integer_weight(self) -> torch.Tensor:
@@ -152,6 +155,12 @@ class ChipLayer(base.MemoryModule):
             x_seq = torch.cat([first.unsqueeze(0), x_seq[:-1]])
         w, b = self._chip_weight(self.integer_weight()), self.integer_bias()
         return torch.stack([self._step(x_seq[t], w, b) for t in range(x_seq.shape[0])])
+
+
+def sources(*modules) -> tuple:
+    """``((name, type name), ...)`` of ``(name, module)`` pairs, for
+    :attr:`ChipLayer.converted_from`."""
+    return tuple((name, type(m).__name__) for name, m in modules)
 
 
 def _digest(payload: dict) -> str:

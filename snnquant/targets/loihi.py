@@ -45,7 +45,7 @@ from spikingjelly.activation_based import neuron
 
 from ..functional.bitshift import truncated_decay_ste, wrap_signed
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
-                     pow2_step, read_checked_json, refuse, write_checked_json)
+                     pow2_step, read_checked_json, refuse, sources, write_checked_json)
 
 __all__ = ["LoihiProfile", "LOIHI2", "LoihiLIFLayer", "check_loihi", "quantize_for_loihi",
            "LoihiSpec", "to_loihi", "save_loihi", "load_loihi", "run_lava"]
@@ -78,6 +78,11 @@ class LoihiProfile:
     bias_exp_range: tuple = (0, 7)
     state_bits: int = 24
     max_neurons: int = 128 * 8192
+
+    def quantize_network(self, model: nn.Module, example_input=None) -> nn.Sequential:
+        """:func:`~snnquant.quantize_model`'s route for this chip: :func:`quantize_for_loihi`
+        with this profile and its defaults (``example_input`` is not needed)."""
+        return quantize_for_loihi(model, self)
 
     @property
     def weight_range(self) -> tuple:
@@ -261,6 +266,7 @@ def quantize_for_loihi(model: nn.Module, profile: LoihiProfile = LOIHI2,
             new.weight.copy_(lin.weight.clamp(lo * step, hi * step))
             if lin.bias is not None:
                 new.bias.copy_(lin.bias * 128 / step / 2.0 ** new.bias_exp)
+        new.converted_from = sources((lname, lin), (nname, neu))
         layers.append(new)
     out = nn.Sequential(*layers)
     refuse(check_loihi(out, profile), "quantize_for_loihi")

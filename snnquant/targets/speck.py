@@ -48,7 +48,7 @@ import torch.nn.functional as F
 from spikingjelly.activation_based import layer as sj_layer, neuron
 
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, pow2_step, read_checked_json,
-                     refuse, write_checked_json)
+                     refuse, sources, write_checked_json)
 
 __all__ = ["SpeckProfile", "SPECK2F", "SpeckIAFLayer", "check_speck", "quantize_for_speck",
            "SpeckSpec", "to_speck", "save_speck", "load_speck", "run_sinabs", "speck_cores"]
@@ -78,6 +78,21 @@ class SpeckProfile:
     kernel_memory: tuple = (16384, 16384, 16384, 32768, 32768, 65536, 65536, 16384, 16384)
     neuron_memory: tuple = (65536, 65536, 65536, 32768, 32768, 16384, 16384, 16384, 16384)
     bias_memory: tuple = (1024,) * 9
+
+    def quantize_network(self, model: nn.Module, example_input=None) -> nn.Sequential:
+        """:func:`~snnquant.quantize_model`'s route for this chip: :func:`quantize_for_speck`
+        with this profile, the input shape of ``example_input`` (``[T, N, C, H, W]`` event
+        counts) and its largest count as ``input_max`` (larger counts are refused at run time).
+
+        Raises:
+            ValueError: without ``example_input``, or when it is not 5-D.
+        """
+        if example_input is None or getattr(example_input, "ndim", 0) != 5:
+            raise ValueError(f"example_input: a Speck network needs one input batch [T, N, C, H, "
+                             f"W] of event counts (its shape and its largest count), got "
+                             f"{None if example_input is None else tuple(example_input.shape)}")
+        top = max(1, int(torch.as_tensor(example_input).max()))
+        return quantize_for_speck(model, tuple(example_input.shape[2:]), self, input_max=top)
 
     @property
     def weight_range(self) -> tuple:
@@ -459,6 +474,8 @@ def quantize_for_speck(model: nn.Module, input_shape: Sequence[int],
             new.weight.copy_(w.reshape(new.weight.shape).clamp(lo * step, hi * step))
             if syn.bias is not None:
                 new.bias.copy_(syn.bias / step)
+        new.converted_from = sources(unit["syn"], unit["neuron"], *(
+            [(unit["pool"][0], model.get_submodule(unit["pool"][0]))] if "pool" in unit else []))
         layers.append(new)
         shape, scale = new.out_shape, 1.0 / (pool * pool)
     out = nn.Sequential(*layers)

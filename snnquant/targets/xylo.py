@@ -50,7 +50,7 @@ from spikingjelly.activation_based import neuron
 
 from ..functional.bitshift import (bitshift_decay_ste, multi_spike_count, saturating_accumulate)
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
-                     pow2_step, read_checked_json, refuse, write_checked_json)
+                     pow2_step, read_checked_json, refuse, sources, write_checked_json)
 
 __all__ = ["XyloProfile", "XYLO_AUDIO2", "XyloLIFLayer", "Violation", "check_xylo",
            "quantize_for_xylo", "XyloSpec", "to_xylo", "save_xylo", "load_xylo", "run_xylosim"]
@@ -88,6 +88,11 @@ class XyloProfile:
     max_input_events: int = 15
     max_hidden_spikes: int = 31
     max_output_spikes: int = 1
+
+    def quantize_network(self, model: nn.Module, example_input=None) -> nn.Sequential:
+        """:func:`~snnquant.quantize_model`'s route for this chip: :func:`quantize_for_xylo`
+        with this profile and its defaults (``example_input`` is not needed)."""
+        return quantize_for_xylo(model, self)
 
     @property
     def state_range(self) -> tuple:
@@ -326,6 +331,7 @@ def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash
             new.weight.copy_(lin.weight.clamp(lo * step, hi * step))
             if lin.bias is not None:
                 new.bias.copy_(lin.bias / step)
+        new.converted_from = sources((lname, lin), (nname, neu))
         layers.append(new)
         previous = new
     out = nn.Sequential(*layers)
