@@ -10,7 +10,8 @@ linear 1296->10 + IF; SpikingJelly ``IFNode`` with soft reset) is
 1. trained in float (SpikingJelly, average pooling);
 2. deployed the vendor's way: the float network handed to Sinabs' ``DynapcnnNetwork`` with
    ``discretize=True`` (Sinabs' own post-training conversion: average pooling to sum pooling,
-   one scale factor per layer, rounding; ``min_v_mem = -threshold`` as Sinabs' tutorials set it)
+   one scale factor per layer, rounding; ``min_v_mem = -threshold``, as Sinabs' ``from_model``
+   (-1.0 for its threshold 1.0) and its NIR importer set it)
    and run in its simulation;
 3. converted with :func:`snnquant.targets.quantize_for_speck` and trained from there in the
    chip's arithmetic for the same number of epochs, then exported and run on Sinabs' simulation.

@@ -562,10 +562,10 @@ def run_sinabs(spec: SpeckSpec, events, python: Optional[str] = None,
         timeout: seconds.
 
     Returns:
-        ``{"layers": [[N, T, ...] what each layer sends (spike counts after its pooling)],
-        "cores": [the core Sinabs assigned to each layer], "memory": [{"kernel", "neuron",
-        "bias"} of each layer, Sinabs' count]}`` (``N`` absent for a 4-D input). A linear layer's
-        output is ``[..., features]``.
+        A dict: ``"layers"``, what each layer sends (``[N, T, ...]`` spike counts after its
+        pooling; ``[N, T, features]`` for a linear layer; ``N`` absent for a 4-D input);
+        ``"cores"``, the core Sinabs assigned to each layer; ``"memory"``, each layer's
+        ``kernel``, ``neuron`` and ``bias`` memory as Sinabs counts it.
 
     Raises:
         RuntimeError: without a Sinabs Python, or when Sinabs fails (its output in the message),
