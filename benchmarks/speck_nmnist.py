@@ -8,11 +8,12 @@ convolutional network (conv 2->8 3x3 + IF + 2x2 pooling, conv 8->16 3x3 stride 2
 linear 1296->10 + IF; SpikingJelly ``IFNode`` with soft reset) is
 
 1. trained in float (SpikingJelly, average pooling);
-2. deployed the vendor's way: the float network handed to Sinabs' ``DynapcnnNetwork`` with
-   ``discretize=True`` (Sinabs' own post-training conversion: average pooling to sum pooling,
-   one scale factor per layer, rounding; ``min_v_mem = -threshold``, as Sinabs' ``from_model``
-   (-1.0 for its threshold 1.0) and its NIR importer set it)
-   and run in its simulation;
+2. deployed through NIR, the vendor's way: the float network written as a NIR graph file
+   (``Conv2d``/``Affine``, ``IF``, ``SumPool2d`` with the average's 1/4 in the next layer's
+   weights, as Sinabs' importer takes no ``AvgPool2d``), read back and imported by Sinabs'
+   ``from_nir`` (``IAFSqueeze`` with ``min_v_mem = -threshold``), discretised by
+   ``DynapcnnNetwork(discretize=True)`` (one scale factor per layer, rounding) and run in its
+   simulation (``sinabs_runner.py`` with ``exact`` = 0);
 3. converted with :func:`snnquant.targets.quantize_for_speck` and trained from there in the
    chip's arithmetic for the same number of epochs, then exported and run on Sinabs' simulation.
 
@@ -71,9 +72,9 @@ def float_network(seed: int) -> nn.Sequential:
         neuron.IFNode(v_reset=None, step_mode="m"))
 
 
-def vendor_route(fnet: nn.Sequential, batches) -> dict:
-    """Accuracy of the float network deployed by Sinabs' own discretisation, on its
-    simulation."""
+def nir_route(fnet: nn.Sequential, batches) -> dict:
+    """Accuracy of the float network through NIR, Sinabs' NIR importer and its discretisation,
+    on its simulation."""
     convs = [m for m in fnet if isinstance(m, (nn.Conv2d, nn.Linear))]
     ifs = [m for m in fnet if isinstance(m, neuron.IFNode)]
     pools = {0: 2}
@@ -87,10 +88,9 @@ def vendor_route(fnet: nn.Sequential, batches) -> dict:
             arrays.update({f"kind{k}": int(linear),
                            f"w{k}": syn.weight.detach().numpy().astype(np.float32),
                            f"threshold{k}": float(neu.v_threshold),
-                           f"min_v_mem{k}": -float(neu.v_threshold),
                            f"stride{k}": 1 if linear else syn.stride[0],
                            f"padding{k}": 0 if linear else syn.padding[0],
-                           f"pool{k}": pools.get(k, 1), f"multi{k}": 1})
+                           f"pool{k}": pools.get(k, 1)})
         out = sinabs_runner(arrays, sinabs_python())
         counts = out[f"s{len(convs) - 1}"].reshape(len(y), x.shape[0], -1).sum(1)
         right += int((torch.from_numpy(counts).argmax(1) == y).sum())
@@ -119,14 +119,14 @@ def run_seed(bench, seed: int, epochs: int, lr_float: float, lr_chip: float) -> 
     t0 = time.time()
     fnet = common_chip.train(float_network(seed), train_b, epochs, lr_float, seed)
     acc_float = common_chip.accuracy(fnet, test_b)
-    vendor = vendor_route(fnet, test_b)
+    via_nir = nir_route(fnet, test_b)
     converted = quantize_for_speck(fnet, INPUT_SHAPE, input_max=INPUT_MAX)
     assert check_speck(converted) == []
     acc_converted = common_chip.accuracy(converted, test_b)
     trained_net = common_chip.train(converted, train_b, epochs, lr_chip, seed)
     acc_model = common_chip.accuracy(trained_net, test_b)
     sim = on_sinabs(trained_net, test_b)
-    row = {"seed": seed, "float": acc_float, "vendor_on_sinabs": vendor["accuracy"],
+    row = {"seed": seed, "float": acc_float, "nir_on_sinabs": via_nir["accuracy"],
            "converted_model": acc_converted, "trained_model": acc_model,
            "trained_on_sinabs": sim["accuracy"], "trained_agreement": sim["agreement"],
            "test_samples": sim["samples"], "cores": sim["cores"], "memory": sim["memory"],
@@ -151,8 +151,8 @@ def table(rows, args) -> str:
         "| | accuracy (%) | output counts equal to Sinabs (% of test samples) |",
         "|---|---|---|",
         f"| float network (SpikingJelly IF) | {col('float')} | - |",
-        f"| float network through Sinabs' own discretisation, on Sinabs | "
-        f"{col('vendor_on_sinabs')} | - |",
+        f"| float network as NIR, through Sinabs' from_nir and its discretisation, on Sinabs | "
+        f"{col('nir_on_sinabs')} | - |",
         f"| converted by snnquant (model of Sinabs' arithmetic) | {col('converted_model')} | - |",
         f"| trained in Sinabs' arithmetic, snnquant model | {col('trained_model')} | - |",
         f"| trained in Sinabs' arithmetic, on Sinabs (DynapcnnNetwork) | "

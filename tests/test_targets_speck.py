@@ -17,7 +17,7 @@ from _repo import ROOT, shared_recordings
 from conftest import real_split_bench
 from snnquant.targets.speck import (SPECK2F, SpeckIAFLayer, check_speck, load_speck,
                                     quantize_for_speck, run_sinabs, save_speck, sinabs_python,
-                                    speck_cores, to_speck)
+                                    sinabs_runner, speck_cores, to_speck)
 
 needs_sinabs = pytest.mark.skipif(
     sinabs_python() is None, reason="no Python with Sinabs: set SNNQUANT_SINABS_PYTHON to a "
@@ -278,3 +278,36 @@ def test_network_trained_on_the_real_split_equals_sinabs(tmp_path, monkeypatch):
     assert row["trained_agreement"] == 100.0
     assert row["trained_on_sinabs"] == row["trained_model"]
     assert row["trained_on_sinabs"] > 2 * 100 / 10
+
+
+@needs_sinabs
+def test_nir_route_is_wired_as_the_network():
+    """The NIR route of ``sinabs_runner.py`` (a float network written as a NIR graph file, read
+    back, imported by Sinabs' ``from_nir`` and discretised by ``DynapcnnNetwork``), on a network
+    that this discretisation leaves exact (non-negative integer weights reaching 127, the average
+    pooling's 1/4 landing on multiples of 4): the same output counts as the snnquant layers, so the
+    graph's shapes, flattening and pooling are the network's."""
+    rng = np.random.default_rng(7)
+    net = nn.Sequential(
+        SpeckIAFLayer((2, 8, 8), 4, 3, threshold=300, padding=1, pool=2, weight_step=1.0,
+                      input_max=5, step_mode="m"),
+        SpeckIAFLayer((4, 4, 4), 5, None, threshold=400, weight_step=1.0, input_max=2 ** 15,
+                      step_mode="m"))
+    with torch.no_grad():
+        for m in net:
+            w = rng.integers(0, 128, m.weight.shape)
+            w.flat[0] = 127
+            m.weight.copy_(torch.from_numpy(w).float())
+    x = torch.from_numpy(rng.integers(0, 6, (7, 3, 2, 8, 8))).float()
+    ours = _run_ours(net, x)
+    arrays = {"x": x.transpose(0, 1).numpy().astype(np.float32), "input_shape": np.array([2, 8, 8]),
+              "n_layers": 2, "device": SPECK2F.device, "exact": 0}
+    for k, m in enumerate(net):
+        w = m.integer_weight().detach().numpy() * (4.0 if k == 1 else 1.0)  # the average's 1/4
+        arrays.update({f"kind{k}": int(m.linear), f"w{k}": w.astype(np.float32),
+                       f"threshold{k}": float(m.threshold), f"stride{k}": m.stride,
+                       f"padding{k}": m.padding, f"pool{k}": m.pool})
+    out = sinabs_runner(arrays, sinabs_python())
+    assert ours[-1].sum() > 0
+    np.testing.assert_array_equal(out["s0"], ours[0])
+    np.testing.assert_array_equal(out["s1"].reshape(ours[1].shape), ours[1])

@@ -8,11 +8,13 @@ This file imports only numpy, torch and Sinabs, never snnquant: it is run as a s
 event counts), ``input_shape``, ``n_layers``, ``device`` and, per layer ``k``, ``kind{k}``
 (0 conv, 1 linear), ``w{k}``, ``b{k}`` (absent without a bias), ``threshold{k}``,
 ``min_v_mem{k}``, ``stride{k}``, ``padding{k}``, ``pool{k}`` and ``multi{k}`` (1 for Sinabs'
-``MultiSpike``, 0 for ``SingleSpike``). With ``exact`` = 0 (default 1) the weights, biases
-and thresholds may be any floats, each ``pool{k}`` is an ``nn.AvgPool2d`` (which Sinabs turns into
-a sum pooling, rescaling the next layer's weights) and Sinabs' discretisation is what it is (the
-vendor's own post-training conversion); with ``exact`` = 1 the script fails unless Sinabs' common
-scale factor is 1 for every layer. ``OUT.npz`` holds ``s{k}`` (``[N, T, ...]``, what layer
+``MultiSpike``, 0 for ``SingleSpike``). With ``exact`` = 1 (the default) the script fails
+unless Sinabs' common scale factor is 1 for every layer. With ``exact`` = 0 (the NIR route) the
+weights, biases and thresholds are a float network's, each ``pool{k}`` an average pooling: the
+script writes them as a NIR graph (nir's ``Conv2d``/``Affine``, ``IF``, ``SumPool2d`` with the
+average's :math:`1/k^2` in the next layer's weights, as Sinabs' importer takes no ``AvgPool2d``),
+reads the file back, imports it with Sinabs' ``from_nir`` and lets ``DynapcnnNetwork``
+discretise it (the vendor's own post-training conversion). ``OUT.npz`` holds ``s{k}`` (``[N, T, ...]``, what layer
 ``k`` sends on: its spikes after its sum pooling), ``core{k}`` (the core Sinabs assigned) and
 ``kernel{k}``, ``neuron{k}``, ``bias{k}`` (the layer's memory as Sinabs counts it).
 
@@ -26,6 +28,7 @@ import importlib
 import importlib.abc
 import importlib.machinery
 import sys
+import tempfile
 import types
 
 import numpy as np
@@ -79,6 +82,48 @@ def _import_dynapcnn():
     return DynapcnnNetwork, ChipFactory
 
 
+def _from_nir(data, n: int, tmp: str):
+    """A float network of ``data`` as a NIR graph file, read back and imported by Sinabs."""
+    import nir
+    import sinabs
+
+    shape = tuple(int(v) for v in data["input_shape"])
+    nodes, order, scale = {"input": nir.Input(input_type={"input": np.array(shape)})}, ["input"], 1.0
+    for k in range(int(data["n_layers"])):
+        w = data[f"w{k}"].astype(np.float32) * np.float32(scale)
+        b = (data[f"b{k}"] if f"b{k}" in data else np.zeros(w.shape[0])).astype(np.float32)
+        if int(data[f"kind{k}"]) == 0:
+            stride, pad = int(data[f"stride{k}"]), int(data[f"padding{k}"])
+            nodes[f"syn{k}"] = nir.Conv2d(input_shape=shape[1:], weight=w, stride=stride,
+                                          padding=pad, dilation=1, groups=1, bias=b)
+            side = [(s + 2 * pad - w.shape[2]) // stride + 1 for s in shape[1:]]
+            shape = (w.shape[0], *side)
+            order.append(f"syn{k}")
+        else:
+            if len(shape) == 3:
+                nodes[f"flat{k}"] = nir.Flatten(input_type={"input": np.array(shape)},
+                                                start_dim=0, end_dim=-1)
+                order.append(f"flat{k}")
+            nodes[f"syn{k}"] = nir.Affine(weight=w, bias=b)
+            shape = (w.shape[0],)
+            order.append(f"syn{k}")
+        nodes[f"if{k}"] = nir.IF(r=np.array(1.0, np.float32),
+                                 v_threshold=np.array(float(data[f"threshold{k}"]), np.float32))
+        order.append(f"if{k}")
+        pool, scale = int(data[f"pool{k}"]), 1.0
+        if pool > 1:
+            nodes[f"pool{k}"] = nir.SumPool2d(kernel_size=np.array([pool, pool]),
+                                              stride=np.array([pool, pool]),
+                                              padding=np.array([0, 0]))
+            order.append(f"pool{k}")
+            shape, scale = (shape[0], shape[1] // pool, shape[2] // pool), 1.0 / (pool * pool)
+    nodes["output"] = nir.Output(output_type={"output": np.array(shape)})
+    order.append("output")
+    path = f"{tmp}/network.nir"
+    nir.write(path, nir.NIRGraph(nodes=nodes, edges=list(zip(order[:-1], order[1:]))))
+    return sinabs.from_nir(nir.read(path), batch_size=n)
+
+
 def main(src: str, dst: str) -> None:
     import torch
     import torch.nn as nn
@@ -93,7 +138,7 @@ def main(src: str, dst: str) -> None:
     n_layers = int(data["n_layers"])
     exact = int(data["exact"]) if "exact" in data else 1
     modules, given = [], []
-    for k in range(n_layers):
+    for k in range(n_layers if exact else 0):
         w = torch.tensor(data[f"w{k}"], dtype=torch.float32)
         has_bias = f"b{k}" in data
         if int(data[f"kind{k}"]) == 0:
@@ -112,15 +157,15 @@ def main(src: str, dst: str) -> None:
         modules += [lin, sl.IAFSqueeze(batch_size=n, spike_threshold=float(data[f"threshold{k}"]),
                                        min_v_mem=float(data[f"min_v_mem{k}"]), spike_fn=spike_fn)]
         if int(data[f"pool{k}"]) > 1:
-            pool = int(data[f"pool{k}"])
-            modules.append(sl.SumPool2d(pool) if exact else nn.AvgPool2d(pool))
+            modules.append(sl.SumPool2d(int(data[f"pool{k}"])))
         given.append((w, data[f"b{k}"] if has_bias else None, float(data[f"threshold{k}"])))
-    net = DynapcnnNetwork(nn.Sequential(*modules), input_shape=input_shape, batch_size=n,
-                          discretize=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        source = nn.Sequential(*modules) if exact else _from_nir(data, n, tmp)
+        net = DynapcnnNetwork(source, input_shape=input_shape, batch_size=n, discretize=True)
     layers = [net.dynapcnn_layers[i] for i in sorted(net.dynapcnn_layers)]
     if len(layers) != n_layers:
         raise SystemExit(f"Sinabs made {len(layers)} DynapcnnLayers of {n_layers} layers")
-    for k, (layer, (w, b, threshold)) in enumerate(zip(layers, given) if exact else ()):
+    for k, (layer, (w, b, threshold)) in enumerate(zip(layers, given)):
         # discretize=True rescales by one common factor per layer; the exported integers must be
         # what the chip gets, so that factor has to be 1.
         conv = layer.conv_layer
