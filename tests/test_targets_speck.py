@@ -311,3 +311,17 @@ def test_nir_route_is_wired_as_the_network():
     assert ours[-1].sum() > 0
     np.testing.assert_array_equal(out["s0"], ours[0])
     np.testing.assert_array_equal(out["s1"].reshape(ours[1].shape), ours[1])
+
+
+def test_single_step_mode_equals_multi_step():
+    rng = np.random.default_rng(3)
+    net_m = _random_network(rng, True, "multi")
+    net_s = _random_network(np.random.default_rng(3), True, "multi")
+    for m in net_s:
+        m.step_mode = "s"
+    x = torch.from_numpy(rng.integers(0, 7, (6, 2) + net_m[0].in_shape)).float()
+    with torch.no_grad():
+        many = net_m(x)
+        one = torch.stack([net_s(x[t]) for t in range(x.shape[0])])
+    torch.testing.assert_close(one, many, rtol=0, atol=0)
+    assert many.sum() > 0
