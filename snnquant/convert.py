@@ -367,8 +367,8 @@ def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: 
                             f"outputs +-alpha whatever the scale of the folded weight, so the "
                             f"BatchNorm statistics would feed back into that scale; it folds "
                             f"after training (fold_batchnorm rescales alpha)")
-        elif foldable_batchnorm(bn) is not None:
-            why[bn_name] = foldable_batchnorm(bn)
+        elif (reason := foldable_batchnorm(bn)) is not None:
+            why[bn_name] = reason
         else:
             layer.attach_batchnorm(bn, cfg.bias_bits, charged_neuron(plan, modules, synapse_name))
             report.folded.append((synapse_name, bn_name))

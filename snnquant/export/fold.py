@@ -113,14 +113,9 @@ def _fold_pair(name: str, layer, bn, plan: FoldPlan, modules, bias_bits, reinit_
     """Fold ``bn`` into ``layer`` after training (the weights were quantized before ``bn``)."""
     with torch.no_grad():
         dtype = layer.weight.dtype
-        mean = bn.running_mean.double()
-        scale = 1.0 / torch.sqrt(bn.running_var.double() + bn.eps)
-        gamma = bn.weight.double() if bn.affine else torch.ones_like(mean)
-        beta = bn.bias.double() if bn.affine else torch.zeros_like(mean)
-        scale = gamma * scale
+        scale = _bn_scale(bn)
         w = layer.weight.double() * scale.reshape([-1] + [1] * (layer.weight.dim() - 1))
-        b = layer.bias.double() if layer.bias is not None else torch.zeros_like(mean)
-        b = (b - mean) * scale + beta
+        b = _bn_output_bias(layer.bias.double() if layer.bias is not None else None, bn)
         layer.weight.data = w.to(dtype)
         if layer.bias is None:
             layer.bias = nn.Parameter(b.to(dtype))
@@ -250,14 +245,18 @@ def _weight_codes(modules) -> Dict[str, Tuple[Optional[torch.Tensor], Optional[t
     return found
 
 
-def _bn_output_bias(bias: Optional[torch.Tensor], bn) -> torch.Tensor:
-    """The bias after ``bn`` (eval statistics) of a layer whose bias is ``bias``."""
-    mean = bn.running_mean.double()
+def _bn_scale(bn) -> torch.Tensor:
+    r""":math:`\gamma / \sqrt{\sigma^2 + \epsilon}` of ``bn`` (eval statistics; :math:`\gamma`
+    = 1 without affine parameters), in float64."""
     scale = 1.0 / torch.sqrt(bn.running_var.double() + bn.eps)
-    if bn.affine:
-        scale = scale * bn.weight.detach().double()
+    return scale * bn.weight.detach().double() if bn.affine else scale
+
+
+def _bn_output_bias(bias: Optional[torch.Tensor], bn) -> torch.Tensor:
+    """The bias after ``bn`` (eval statistics) of a layer whose bias is ``bias`` (float64)."""
+    mean = bn.running_mean.double()
     b = (torch.zeros_like(mean) if bias is None else bias) - mean
-    return b * scale + (bn.bias.detach().double() if bn.affine else 0.0)
+    return b * _bn_scale(bn) + (bn.bias.detach().double() if bn.affine else 0.0)
 
 
 def _record(model: nn.Module, data: torch.Tensor, names: List[str]) -> Dict[str, torch.Tensor]:
