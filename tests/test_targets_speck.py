@@ -325,3 +325,18 @@ def test_single_step_mode_equals_multi_step():
         one = torch.stack([net_s(x[t]) for t in range(x.shape[0])])
     torch.testing.assert_close(one, many, rtol=0, atol=0)
     assert many.sum() > 0
+
+
+def test_check_speck_lists_a_threshold_at_the_membranes_top():
+    """The chip fires as soon as v >= threshold, one event at a time: the membrane reaches at
+    most threshold - 1 plus the largest weight (and bias), which must fit 16 bits."""
+    m = SpeckIAFLayer((1, 4, 4), 2, 3, threshold=32700, padding=1, weight_step=1.0)
+    with torch.no_grad():
+        m.weight.fill_(-5.0)
+        m.weight[0, 0, 0, 0] = 100.0
+    found = check_speck(nn.Sequential(m))
+    assert [(v.layer, v.value) for v in found] == [("0", "32799")]
+    assert "16-bit membrane" in found[0].limit
+    with torch.no_grad():
+        m.weight[0, 0, 0, 0] = 60.0
+    assert check_speck(nn.Sequential(m)) == []
