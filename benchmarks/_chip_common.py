@@ -15,6 +15,8 @@ import torch.nn as nn  # noqa: E402
 from spikingjelly.activation_based import functional as sjf  # noqa: E402
 from spikingjelly.activation_based import layer, neuron  # noqa: E402
 
+from snnquant.export import IntegerSNN, to_integer  # noqa: E402
+
 
 def float_network(seed: int, sizes, v_reset=None) -> nn.Sequential:
     """A float LIF network (``tau`` 2) of ``Linear`` layers of ``sizes``."""
@@ -75,20 +77,25 @@ def accuracy(model, batches) -> float:
 
 def on_simulator(model, batches, simulate) -> dict:
     """Accuracy of ``simulate`` (``[N, T, in]`` numpy input -> ``[N, T, out]`` output spikes of
-    the vendor's simulator) and the agreement of every output spike with the model's, on
-    ``batches``; ties in the spike count go to the lowest class, as argmax does."""
-    right = total = equal = 0
+    the vendor's simulator), the agreement of every output spike with the model's
+    (``agreement``) and with the exported network's on ``IntegerSNN`` (``integer_agreement``:
+    ``to_integer`` of the model, the chip's operations), on ``batches``; ties in the spike count
+    go to the lowest class, as argmax does."""
+    right = total = equal = equal_integer = 0
     model.eval()
+    integer = IntegerSNN(to_integer(model))
     with torch.no_grad():
         for x, y in batches:
             sjf.reset_net(model)
             ours = model(x).transpose(0, 1).numpy()
+            exported = integer(x.to(torch.int64)).transpose(0, 1).numpy()
             chip = simulate(x.transpose(0, 1).numpy())
             equal += int((chip == ours).all(axis=(1, 2)).sum())
+            equal_integer += int((chip == exported).all(axis=(1, 2)).sum())
             right += int((torch.from_numpy(chip.sum(1)).argmax(1) == y).sum())
             total += len(y)
     return {"accuracy": 100.0 * right / total, "agreement": 100.0 * equal / total,
-            "samples": total}
+            "integer_agreement": 100.0 * equal_integer / total, "samples": total}
 
 
 def main(name: str, doc: str, default_T: int, run_seed, table) -> None:

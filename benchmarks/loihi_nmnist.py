@@ -71,7 +71,8 @@ def run_seed(bench, seed: int, epochs: int, lr_float: float, lr_chip: float) -> 
     lava = on_lava(trained_net, test_b)
     row = {"seed": seed, "float": acc_float, "converted_model": acc_converted,
            "trained_model": acc_model, "trained_on_lava": lava["accuracy"],
-           "trained_agreement": lava["agreement"], "test_samples": lava["samples"],
+           "trained_agreement": lava["agreement"],
+           "trained_integer_agreement": lava["integer_agreement"], "test_samples": lava["samples"],
            "neurons": sum(SIZES[1:]), "seconds": round(time.time() - t0, 1)}
     print(row, flush=True)
     return row

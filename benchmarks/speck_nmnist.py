@@ -129,6 +129,7 @@ def run_seed(bench, seed: int, epochs: int, lr_float: float, lr_chip: float) -> 
     row = {"seed": seed, "float": acc_float, "nir_on_sinabs": via_nir["accuracy"],
            "converted_model": acc_converted, "trained_model": acc_model,
            "trained_on_sinabs": sim["accuracy"], "trained_agreement": sim["agreement"],
+           "trained_integer_agreement": sim["integer_agreement"],
            "test_samples": sim["samples"], "cores": sim["cores"], "memory": sim["memory"],
            "capped_counts_train": capped_train, "capped_counts_test": capped_test,
            "seconds": round(time.time() - t0, 1)}

@@ -91,6 +91,7 @@ def run_seed(bench, seed: int, epochs: int, lr_float: float, lr_chip: float) -> 
     row = {"seed": seed, "float": acc_float, "converted_on_xylosim": ptq["accuracy"],
            "converted_agreement": ptq["agreement"], "trained_model": acc_model,
            "trained_on_xylosim": trained["accuracy"], "trained_agreement": trained["agreement"],
+           "trained_integer_agreement": trained["integer_agreement"],
            "test_samples": trained["samples"], "capped_fraction_train": capped_train,
            "capped_fraction_test": capped_test,
            "hidden_neurons": int(sum(spec.hidden_sizes)),

@@ -61,6 +61,20 @@ def assert_spikes_equal(desc, model, x):
     return out, y
 
 
+def integer_layers(net, x):
+    """What every layer of the chip network ``net`` sends when its export
+    (:func:`~snnquant.export.to_integer`, the chip's operations) runs on
+    :class:`~snnquant.export.IntegerSNN`: ``[N, T, ...]`` arrays in layer order, for the input
+    counts ``x`` ``[T, N, ...]``."""
+    import torch
+    from snnquant.export import IntegerSNN, to_integer
+
+    desc = to_integer(net)
+    assert desc.chip is not None
+    _, layers = IntegerSNN(desc)(x.to(torch.int64), record=True)
+    return [layers[op.name].transpose(0, 1).numpy() for op in desc.ops]
+
+
 def csnn(channels=8, head_batchnorm=False):
     """SpikingJelly's N-MNIST style CSNN (conv-BN-LIF-maxpool blocks, a linear LIF read-out,
     multi-step); with ``head_batchnorm`` the read-out is ``Linear(bias=False) -> BatchNorm1d``."""

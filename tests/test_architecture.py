@@ -503,7 +503,8 @@ FLOORS = (
     ("nn",),
     ("utils",),
     ("capture",),
-    ("convert", "export", "measure", "targets"),
+    ("convert", "export", "measure"),
+    ("targets",),
     ("summary", "calibrate", "sensitivity"),
 )
 #: The command line stands on top of everything (datasets included); no part imports it.

@@ -14,9 +14,9 @@ import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
-import snnquant.targets.loihi as loihi_mod
+import snnquant.functional.chip_neurons as chip_neurons
 from _repo import ROOT, shared_recordings
-from conftest import real_split_bench
+from conftest import integer_layers, real_split_bench
 from snnquant.functional.bitshift import truncated_decay, wrap_signed
 from snnquant.targets.loihi import (LoihiLIFLayer, check_loihi, lava_python, load_loihi,
                                     quantize_for_loihi, run_lava, save_loihi, to_loihi)
@@ -74,7 +74,7 @@ def test_spikes_equal_lava_on_random_networks(saturate, bias, monkeypatch):
         wraps.append(int((out != x).sum()))
         return out
 
-    monkeypatch.setattr(loihi_mod, "wrap_signed", counting_wrap)
+    monkeypatch.setattr(chip_neurons, "wrap_signed", counting_wrap)
     rng = np.random.default_rng(20 + 2 * saturate + bias)
     spikes = 0
     for trial in range(5):
@@ -87,8 +87,9 @@ def test_spikes_equal_lava_on_random_networks(saturate, bias, monkeypatch):
                 h = m(h)
                 ours.append(h.permute(1, 0, 2).numpy())
         lava = run_lava(to_loihi(net), x.permute(1, 0, 2).numpy())["layers"]
-        for k, (a, b) in enumerate(zip(ours, lava)):
+        for k, (a, b, c) in enumerate(zip(ours, lava, integer_layers(net, x))):
             np.testing.assert_array_equal(a, b, err_msg=f"trial {trial}, layer {k}")
+            np.testing.assert_array_equal(c, b, err_msg=f"trial {trial}, layer {k}: IntegerSNN")
         spikes += sum(int(a.sum()) for a in ours)
     assert spikes > 100, "the networks hardly spiked: the comparison checks little"
     if saturate:
@@ -141,6 +142,7 @@ def test_training_in_lavas_arithmetic_then_lava_equals_the_trained_network():
     assert trained.sum() > 0
     lava = run_lava(to_loihi(net), x.permute(1, 0, 2).numpy())["layers"][-1]
     np.testing.assert_array_equal(trained, lava)
+    np.testing.assert_array_equal(integer_layers(net, x)[-1], lava)
 
 
 def test_refusals_name_the_argument_and_value():
@@ -197,6 +199,7 @@ def test_network_trained_on_the_real_split_equals_lava(tmp_path, monkeypatch):
     row = bench_mod.run_seed(bench, 0, 1, 1e-2, 1e-3)
     assert row["test_samples"] == 200
     assert row["trained_agreement"] == 100.0
+    assert row["trained_integer_agreement"] == 100.0
     assert row["trained_on_lava"] == row["trained_model"]
     assert row["trained_on_lava"] > 2 * 100 / 10
 

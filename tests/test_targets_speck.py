@@ -14,7 +14,7 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
 from _repo import ROOT, shared_recordings
-from conftest import real_split_bench
+from conftest import integer_layers, real_split_bench
 from snnquant.targets.speck import (SPECK2F, SpeckIAFLayer, check_speck, load_speck,
                                     quantize_for_speck, run_sinabs, save_speck, sinabs_python,
                                     sinabs_runner, speck_cores, to_speck)
@@ -111,8 +111,9 @@ def test_every_layer_equals_sinabs_on_random_networks(bias, spike):
         x = torch.from_numpy(rng.integers(0, 7, (9, 3) + net[0].in_shape)).float()
         ours = _run_ours(net, x)
         got = run_sinabs(to_speck(net), x.transpose(0, 1).numpy())
-        for k, (a, b) in enumerate(zip(ours, got["layers"])):
+        for k, (a, b, c) in enumerate(zip(ours, got["layers"], integer_layers(net, x))):
             np.testing.assert_array_equal(a, b, err_msg=f"trial {trial}, layer {k}")
+            np.testing.assert_array_equal(c, b, err_msg=f"trial {trial}, layer {k}: IntegerSNN")
         assert got["memory"] == [m.memory() for m in net]
         assert speck_cores(net) is not None and len(set(got["cores"])) == len(net)
         spikes += sum(int(a.sum()) for a in ours)
@@ -171,8 +172,9 @@ def test_training_in_speck_arithmetic_then_sinabs_equals_the_trained_network():
     ours = _run_ours(net, x)
     assert ours[-1].sum() > 0
     got = run_sinabs(to_speck(net), x.transpose(0, 1).numpy())["layers"]
-    for a, b in zip(ours, got):
+    for a, b, c in zip(ours, got, integer_layers(net, x)):
         np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(c, b)
 
 
 @needs_sinabs
@@ -276,6 +278,7 @@ def test_network_trained_on_the_real_split_equals_sinabs(tmp_path, monkeypatch):
     row = bench_mod.run_seed(bench, 0, 1, 1e-2, 1e-3)
     assert row["test_samples"] == 200
     assert row["trained_agreement"] == 100.0
+    assert row["trained_integer_agreement"] == 100.0
     assert row["trained_on_sinabs"] == row["trained_model"]
     assert row["trained_on_sinabs"] > 2 * 100 / 10
 

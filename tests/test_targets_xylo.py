@@ -11,7 +11,7 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
 from _repo import ROOT, shared_recordings
-from conftest import real_split_bench
+from conftest import integer_layers, real_split_bench
 from snnquant.functional.bitshift import (bitshift_decay, multi_spike_count,
                                           saturating_accumulate)
 from snnquant.targets import (XYLO_AUDIO2, XyloLIFLayer, check_xylo, load_xylo,
@@ -142,6 +142,11 @@ def test_spikes_equal_xylosim_on_random_networks(saturate, bias):
                                       err_msg=f"trial {trial}: hidden spike counts")
         np.testing.assert_array_equal(layers[-1], vendor["output"],
                                       err_msg=f"trial {trial}: readout spikes")
+        exported = integer_layers(net, x)
+        np.testing.assert_array_equal(np.concatenate(exported[:-1], axis=2), vendor["hidden"],
+                                      err_msg=f"trial {trial}: IntegerSNN's hidden counts")
+        np.testing.assert_array_equal(exported[-1], vendor["output"],
+                                      err_msg=f"trial {trial}: IntegerSNN's readout spikes")
         most = max(most, int(vendor["hidden"].max()))
     assert most > 1, "no hidden neuron fired several spikes in one step"
     if saturate:
@@ -199,6 +204,7 @@ def test_training_in_the_chip_arithmetic_then_xylosim_equals_the_trained_network
         trained = net(x).permute(1, 0, 2).numpy()
     vendor = run_xylosim(to_xylo(net), x.permute(1, 0, 2).numpy())
     np.testing.assert_array_equal(trained, vendor["output"])
+    np.testing.assert_array_equal(integer_layers(net, x)[-1], vendor["output"])
 
 
 # ---- limits and refusals ------------------------------------------------------------------------
@@ -287,6 +293,7 @@ def test_network_trained_on_the_real_split_equals_xylosim(tmp_path, monkeypatch)
     row = bench_mod.run_seed(bench, 0, 2, 1e-2, 1e-3)
     assert row["test_samples"] > 150
     assert row["converted_agreement"] == 100.0 and row["trained_agreement"] == 100.0
+    assert row["trained_integer_agreement"] == 100.0
     assert row["trained_on_xylosim"] == row["trained_model"]
     assert row["trained_on_xylosim"] > 2 * 100 / 8  # it learned: twice the chance level
 

@@ -55,6 +55,8 @@ from ..utils import model_walk as _model_walk
 from ..capture import CaptureError, capture, connect_functions, is_sequence, node_origin
 from .ir.integer_ops import narrowest_int, pow2_exponent
 from .ir.program import adaptive_windows
+from .ir.validation import check_network
+from .backends.simulator import op_shapes
 
 from .ir.description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork,
                               JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
@@ -1194,6 +1196,29 @@ class _GraphBuilder:
 LEAK_BITS_RANGE = (1, 32)
 
 
+def _chip_network(model: nn.Module) -> IntegerNetwork:
+    """The :class:`IntegerNetwork` of a chip network: an ``nn.Sequential`` of chip layers (each
+    with an ``integer_op``), one operation per layer (:mod:`~snnquant.export.ir.chip_ops`)."""
+    layers = [(n, m) for n, m in model.named_modules() if callable(getattr(m, "integer_op", None))]
+    others = [n for n, m in model.named_modules()
+              if n and not callable(getattr(m, "integer_op", None))
+              and not isinstance(m, (nn.Sequential, nn.Identity))
+              and not any(n.startswith(x + ".") for x, _ in layers)]
+    if others or not isinstance(model, nn.Sequential) and len(layers) > 1:
+        raise ExportError(f"a chip network is an nn.Sequential of one chip's layers only; found "
+                          f"{others or type(model).__name__}")
+    ops = [m.integer_op(n or type(m).__name__) for n, m in layers]
+    chips = sorted({op.chip for op in ops})
+    if len(chips) > 1:
+        raise ExportError(f"a chip network holds one chip's layers; found {chips}")
+    desc = IntegerNetwork(ops=ops, input_max=int(ops[0].input_max), output_kind="spikes",
+                          reference_dtype="float64", mantissa_bits=53,
+                          notes=[f"{chips[0]} network: {len(ops)} layers in the chip's "
+                                 f"arithmetic"])
+    check_network(desc)
+    return desc
+
+
 def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = None,
                input_max: Optional[int] = None, leak_bits: Optional[int] = None,
                input_shape: Optional[Tuple[int, ...]] = None,
@@ -1225,6 +1250,13 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     and refused with the join's name otherwise. BatchNorm must be folded first
     (:func:`~snnquant.export.fold_batchnorm`). Anything else is refused with an
     :class:`~snnquant.export.ExportError` naming the layer and the reason.
+
+    A chip network (an ``nn.Sequential`` of :mod:`snnquant.targets` layers: Xylo, Loihi 2 or
+    Speck) is exported layer by layer to the chip's operations
+    (:mod:`~snnquant.export.ir.chip_ops`), which compute in the chip's integers with the step
+    the layers trained with; ``input_max`` and ``leak_bits`` are the chip's and must not be
+    given, ``input_shape`` (if given) must fit the first layer, ``reference_dtype`` and
+    ``example_input`` are not used.
 
     The result reproduces the fake-quantized model *in eval mode*, evaluated in
     ``reference_dtype``, exactly: the same spikes at every layer and step (see the module
@@ -1295,6 +1327,16 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if any(callable(getattr(m, "integer_op", None)) for m in model.modules()):
+        given = {k: v for k, v in (("input_max", input_max), ("leak_bits", leak_bits))
+                 if v is not None}
+        if given:
+            raise ValueError(f"{', '.join(f'{k}={v!r}' for k, v in given.items())}: a chip "
+                             f"network's input range and arithmetic are the chip's; give none")
+        desc = _chip_network(model)
+        if input_shape is not None:
+            op_shapes(desc, check_input_shape(input_shape))
+        return desc
     if reference_dtype is None:
         fp = [t.dtype for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
         reference_dtype = fp[0] if fp else torch.float32

@@ -133,6 +133,20 @@ class ChipLayer(base.MemoryModule):
         first = self.surrogate_function((v - threshold) / threshold)
         return count + (first - first.detach())
 
+    def integer_op(self, name: str):
+        """The layer as an operation of an :class:`~snnquant.export.IntegerNetwork`
+        (:mod:`snnquant.export.ir.chip_ops`), named ``name``: what
+        :func:`~snnquant.export.to_integer` exports a chip network to."""
+        raise NotImplementedError
+
+    def _integers(self) -> tuple:
+        """``(weight, bias)``: the integer weights (``int8``) and bias (``int64`` or ``None``)."""
+        with torch.no_grad():
+            w = self.integer_weight().detach().cpu().to(torch.int8)
+            b = None if self.bias is None else \
+                self.integer_bias().detach().cpu().to(torch.int64)
+        return w, b
+
     def _chip_weight(self, w: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
 

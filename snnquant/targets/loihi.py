@@ -43,7 +43,8 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import neuron
 
-from ..functional.bitshift import truncated_decay_ste, wrap_signed
+from ..export.ir.chip_ops import LoihiLayerOp
+from ..functional.chip_neurons import loihi_lif_step
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
                      pow2_step, read_checked_json, refuse, sources, write_checked_json)
 
@@ -152,30 +153,21 @@ class LoihiLIFLayer(ChipLayer):
                 f"weight_exp={self.weight_exp}, bias={self.bias is not None}, "
                 f"step_mode={self.step_mode}")
 
+    def integer_op(self, name: str) -> LoihiLayerOp:
+        """The layer as a :class:`~snnquant.export.ir.chip_ops.LoihiLayerOp` named ``name``."""
+        w, b = self._integers()
+        return LoihiLayerOp(name=name, weight=w, weight_exp=self.weight_exp, bias=b,
+                            bias_exp=self.bias_exp, vth=self.vth, du=self.du, dv=self.dv,
+                            state_bits=self.profile.state_bits)
+
     def _chip_weight(self, w: torch.Tensor) -> torch.Tensor:
         return 2.0 * w.to(torch.float64)
 
     def _step(self, c: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
-        half = 2.0 ** (self.profile.state_bits - 1)
-        if not isinstance(self.u, torch.Tensor):
-            shape = (c.shape[0], self.out_features)
-            self.u = torch.zeros(shape, dtype=torch.float64, device=c.device)
-            self.v = torch.zeros(shape, dtype=torch.float64, device=c.device)
-        a = c.to(torch.float64) @ w.t()
-        if self.weight_exp >= 0:
-            a = a * 2.0 ** self.weight_exp
-        else:
-            smooth = a * 2.0 ** self.weight_exp
-            a = torch.floor(a.detach() * 2.0 ** self.weight_exp) + (smooth - smooth.detach())
-        u = truncated_decay_ste(self.u, 4096 - self.du - 1) + 64.0 * a
-        self.u = wrap_signed(u, self.profile.state_bits)
-        v = truncated_decay_ste(self.v, 4096 - self.dv) + self.u
-        if b is not None:
-            v = v + b.to(torch.float64) * 2.0 ** self.bias_exp
-        v = v.clamp(-half + 1, half - 1)
-        th = 64.0 * self.vth
-        s = self._fire(v, (v.detach() > th).to(v.dtype), max(th, 1.0))
-        self.v = v * (1.0 - s)
+        state = None if not isinstance(self.u, torch.Tensor) else (self.u, self.v)
+        s, (self.u, self.v) = loihi_lif_step(
+            state, c, w, b, vth=self.vth, du=self.du, dv=self.dv, weight_exp=self.weight_exp,
+            bias_exp=self.bias_exp, state_bits=self.profile.state_bits, fire=self._fire)
         return s.to(c.dtype)
 
 

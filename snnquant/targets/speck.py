@@ -44,9 +44,10 @@ from typing import List, Optional, Sequence
 import numpy as np
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 from spikingjelly.activation_based import layer as sj_layer, neuron
 
+from ..export.ir.chip_ops import SpeckLayerOp
+from ..functional.chip_neurons import speck_iaf_step, speck_synapse
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, pow2_step, read_checked_json,
                      refuse, sources, write_checked_json)
 
@@ -231,30 +232,22 @@ class SpeckIAFLayer(ChipLayer):
         if x.shape[1:] != self.in_shape and not (self.linear and x[0].numel() == self.in_features):
             raise ValueError(f"{type(self).__name__}: input must be [N, *{self.in_shape}], got "
                              f"{tuple(x.shape)}")
-        x = x.to(torch.float64)
-        if self.linear:
-            y = x.reshape(x.shape[0], -1) @ w.to(torch.float64).t()
-            y = y[:, :, None, None]
-        else:
-            y = F.conv2d(x, w.to(torch.float64), stride=self.stride, padding=self.padding)
-        if b is not None:
-            y = y + b.to(torch.float64)[None, :, None, None]
-        return y
+        return speck_synapse(x, w, b, stride=self.stride, padding=self.padding,
+                             linear=self.linear)
 
     def _neuron(self, y: torch.Tensor) -> torch.Tensor:
-        if not isinstance(self.v, torch.Tensor):
-            self.v = torch.zeros_like(y)
-        v = self.v + y
-        th = float(self.threshold)
-        if self.spike == "multi":
-            count = torch.where(v.detach() > 0, torch.floor(v.detach() / th), 0.0)
-        else:
-            count = (v.detach() >= th).to(v.dtype)
-        n = self._fire(v, count, th)
-        self.v = torch.clamp(v - n * th, min=float(self.profile.v_min))
-        if self.pool > 1:
-            n = F.avg_pool2d(n, self.pool, divisor_override=1)
+        n, self.v = speck_iaf_step(self.v if isinstance(self.v, torch.Tensor) else None, y,
+                                   threshold=self.threshold, spike=self.spike,
+                                   v_min=self.profile.v_min, pool=self.pool, fire=self._fire)
         return n.flatten(1) if self.linear else n
+
+    def integer_op(self, name: str) -> SpeckLayerOp:
+        """The layer as a :class:`~snnquant.export.ir.chip_ops.SpeckLayerOp` named ``name``."""
+        w, b = self._integers()
+        return SpeckLayerOp(name=name, weight=w, bias=b, in_shape=tuple(self.in_shape),
+                            linear=self.linear, stride=self.stride, padding=self.padding,
+                            pool=self.pool, threshold=self.threshold, spike=self.spike,
+                            v_min=self.profile.v_min, input_max=self.input_max)
 
     def _chip_weight(self, w: torch.Tensor) -> torch.Tensor:
         return w

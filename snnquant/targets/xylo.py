@@ -48,7 +48,8 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import neuron
 
-from ..functional.bitshift import (bitshift_decay_ste, multi_spike_count, saturating_accumulate)
+from ..export.ir.chip_ops import XyloLayerOp
+from ..functional.chip_neurons import xylo_lif_step
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
                      pow2_step, read_checked_json, refuse, sources, write_checked_json)
 
@@ -176,27 +177,23 @@ class XyloLIFLayer(ChipLayer):
                 f"weight_shift={self.weight_shift}, max_spikes={self.max_spikes}, "
                 f"delay={self.delay}, bias={self.bias is not None}, step_mode={self.step_mode}")
 
+    def integer_op(self, name: str) -> XyloLayerOp:
+        """The layer as a :class:`~snnquant.export.ir.chip_ops.XyloLayerOp` named ``name``."""
+        w, b = self._integers()
+        return XyloLayerOp(name=name, weight=w, weight_shift=self.weight_shift, bias=b,
+                           threshold=self.threshold, dash_syn=self.dash_syn,
+                           dash_mem=self.dash_mem, max_spikes=self.max_spikes, delay=self.delay,
+                           input_max=self.input_max, state_bits=self.profile.state_bits)
+
     def _chip_weight(self, w: torch.Tensor) -> torch.Tensor:
         return w * (2.0 ** self.weight_shift)
 
     def _step(self, c: torch.Tensor, w_shifted: torch.Tensor, b) -> torch.Tensor:
-        lo, hi = self.profile.state_range
-        if not isinstance(self.isyn, torch.Tensor):
-            shape = (c.shape[0], self.out_features)
-            self.isyn = torch.zeros(shape, dtype=c.dtype, device=c.device)
-            self.vmem = torch.zeros(shape, dtype=c.dtype, device=c.device)
-        smooth = self.isyn + c @ w_shifted.t()
-        exact = saturating_accumulate(self.isyn, c, w_shifted, lo, hi).to(smooth.dtype)
-        acc = exact + (smooth - smooth.detach())  # the value is exactly `exact`
-        self.isyn = bitshift_decay_ste(acc, self.dash_syn)
-        leak = self.vmem - bitshift_decay_ste(self.vmem, self.dash_mem)
-        delta = (self.isyn - leak).clamp(lo, hi)
-        if b is not None:
-            delta = (delta + b).clamp(lo, hi)
-        v = (self.vmem + delta).clamp(lo, hi)
-        th = float(self.threshold)
-        n = self._fire(v, multi_spike_count(v.detach(), th, self.max_spikes), th)
-        self.vmem = v - n * th
+        state = None if not isinstance(self.isyn, torch.Tensor) else (self.isyn, self.vmem)
+        n, (self.isyn, self.vmem) = xylo_lif_step(
+            state, c, w_shifted, b, threshold=self.threshold, dash_syn=self.dash_syn,
+            dash_mem=self.dash_mem, max_spikes=self.max_spikes,
+            state_bits=self.profile.state_bits, fire=self._fire)
         return n
 
 

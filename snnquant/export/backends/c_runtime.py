@@ -1099,6 +1099,10 @@ def _prepare(desc, name, input_shape, synapses="events") -> _Gen:
     if not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork (from to_integer or load_integer), got "
                         f"{type(desc).__name__}")
+    if desc.chip is not None:
+        raise ExportError(f"desc is a {desc.chip} network (the chip's own layer operations); "
+                          f"the C runtime runs snnquant's operations only: run it on "
+                          f"IntegerSNN, and deploy it with snnquant.targets.to_{desc.chip}")
     name = check_c_name(name)
     if not isinstance(synapses, str) or synapses not in SYNAPSE_FORMS:
         raise ValueError(f"synapses must be one of {SYNAPSE_FORMS}, got {synapses!r}")

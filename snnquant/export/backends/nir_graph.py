@@ -126,6 +126,11 @@ def refuse_beyond_nir(desc: IntegerNetwork) -> None:
     Raises:
         ExportError: naming the operation.
     """
+    if desc.chip is not None:
+        raise ExportError(f"desc is a {desc.chip} network: its layers compute in the chip's own "
+                          f"arithmetic (saturations, decays by shifts, delays), which NIR's "
+                          f"equations cannot carry; deploy it with snnquant.targets.to_"
+                          f"{desc.chip}")
     last = len(desc.ops) - 1
     for i, op in enumerate(desc.ops):
         why = _BEYOND_NIR.get(type(op).__name__)

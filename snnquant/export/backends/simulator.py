@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from ..ir.description import (NETWORK_INPUT, DescriptionError, FlattenOp, GatherOp, IntegerNetwork,
                                JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp)
 from . import compiled_neuron
+from ..ir.chip_ops import CHIP_OP_TYPES
 from ..ir import integer_ops
 from ..ir.integer_ops import narrowest_int, round_half_even_shift
 from ..ir.program import (SynapseRescale, adaptive_windows, join_range, matmul_range,
@@ -110,6 +111,13 @@ class IntegerSNN:
     (the C runtime's, in ``int64_t``) compiled on first use with the cpp backend's compiler into
     its kernel cache (:func:`~snnquant.export.backends.compiled_neuron.neuron_kernel`); smaller layers, or
     any layer where no compiler is found, step in integer tensors with the same results.
+
+    A chip network (:attr:`~snnquant.export.IntegerNetwork.chip`, exported from a network of
+    :mod:`snnquant.targets`) runs each layer with its operation's ``run``
+    (:mod:`~snnquant.export.ir.chip_ops`): the chip's step of
+    :mod:`snnquant.functional.chip_neurons`, the one its layer trained with, on integers held in
+    float64 (every value of the chips' 8-bit weights and 16- or 24-bit states is below
+    :math:`2^{53}`: exact); its output and recorded layers are ``int64`` counts.
 
     On the same integer input its spikes equal those of the fake-quantized float model in eval
     mode (in the description's ``reference_dtype``), layer by layer and step by step, when the
@@ -426,6 +434,15 @@ class IntegerSNN:
                 y = self._join(op, prm, [values[j] for j in src])
             elif isinstance(op, MatMulOp):
                 y = self._matmul(op, prm, [values[j] for j in src])
+            elif isinstance(op, CHIP_OP_TYPES):
+                x = values[src[0]]
+                try:
+                    s = op.run(x.reshape((T, N) + tuple(x.shape[1:])))
+                except ValueError as err:
+                    raise ValueError(f"operation {i} ({op.name!r}): {err}") from None
+                if record:
+                    layers[op.name] = s
+                y = s.reshape((T * N,) + tuple(s.shape[2:]))
             elif isinstance(op, NeuronOp):
                 x = values[src[0]]
                 # the currents may be overwritten by the spikes when this is their last reader,
@@ -446,7 +463,8 @@ class IntegerSNN:
                     del values[j]
         y = values[len(self.desc.ops) - 1]
         out = y.reshape((T, N) + tuple(y.shape[1:]))
-        if self.desc.output_kind == "spikes" and self.desc.output_divisor == 1:  # 0/1 spikes
+        if self.desc.output_kind == "spikes" and self.desc.output_divisor == 1 \
+                and self.desc.chip is None:  # 0/1 spikes
             out = out.to(torch.int8)
         else:
             out = out.to(torch.int64)
@@ -491,6 +509,8 @@ def _op_shapes(sim: IntegerSNN, input_shape) -> list:
                 y = sim._matmul(op, prm, xs)
             elif isinstance(op, NeuronOp):
                 y = xs[0]
+            elif isinstance(op, CHIP_OP_TYPES):
+                y = op.run(xs[0].unsqueeze(0))[0]
             else:
                 y = sim._stateless(op, prm, xs[0])
         except (RuntimeError, IndexError, ValueError) as err:

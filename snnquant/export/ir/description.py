@@ -34,6 +34,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 
 from ...capture.graph import ExportError  # noqa: F401 (defined with the capture, which raises it)
+from .chip_ops import CHIP_OP_TYPES, LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from .integer_ops import fits_packed, pack_int
 
 __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "SynapseOp", "NeuronOp",
@@ -50,10 +51,13 @@ __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "Synap
 #: Version 4 adds the operations of spiking transformers (:class:`GatherOp`, :class:`ReduceOp`,
 #: :class:`MatMulOp`, :class:`ScaleOp`) and ``output_time_mean``; an earlier file is read with
 #: ``output_time_mean=False``.
-FORMAT_VERSION = 4
+#: Version 5 adds the chip operations (:class:`~snnquant.export.ir.chip_ops.XyloLayerOp`,
+#: :class:`~snnquant.export.ir.chip_ops.LoihiLayerOp`,
+#: :class:`~snnquant.export.ir.chip_ops.SpeckLayerOp`); an earlier file has none.
+FORMAT_VERSION = 5
 
 #: Format versions that :func:`~snnquant.export.load_integer` reads.
-READABLE_FORMAT_VERSIONS = (1, 2, 3, 4)
+READABLE_FORMAT_VERSIONS = (1, 2, 3, 4, 5)
 
 #: The index that stands for the network input in an operation's ``inputs``.
 NETWORK_INPUT = -1
@@ -542,9 +546,11 @@ class ScaleOp:
         return ""
 
 
-Op = Union[SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp, GatherOp, ReduceOp, MatMulOp, ScaleOp]
+Op = Union[SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp, GatherOp, ReduceOp, MatMulOp, ScaleOp,
+           XyloLayerOp, LoihiLayerOp, SpeckLayerOp]
 #: Every operation type of an :class:`IntegerNetwork`.
-OP_TYPES = (SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp, GatherOp, ReduceOp, MatMulOp, ScaleOp)
+OP_TYPES = (SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp, GatherOp, ReduceOp, MatMulOp,
+            ScaleOp) + CHIP_OP_TYPES
 _OP_CLASSES = {cls.op_type: cls for cls in OP_TYPES}
 
 
@@ -637,6 +643,14 @@ class IntegerNetwork:
         raise KeyError(f"no layer named {name!r}; layers: {[op.name for op in self.ops]}")
 
     @property
+    def chip(self) -> Optional[str]:
+        """The chip whose operations the network holds (``'xylo'``, ``'loihi'``, ``'speck'``;
+        :mod:`~snnquant.export.ir.chip_ops`), or ``None`` for a network of snnquant's own
+        operations. Only :class:`~snnquant.export.IntegerSNN`, :func:`~snnquant.export.save_integer`
+        and :func:`~snnquant.export.load_integer` take a chip network."""
+        return next((op.chip for op in self.ops if isinstance(op, CHIP_OP_TYPES)), None)
+
+    @property
     def exact(self) -> bool:
         """True when every layer is exact (no fixed-point leak): the network then reproduces the
         float model bit for bit; ``False`` means agreement is not guaranteed."""
@@ -653,17 +667,21 @@ class IntegerNetwork:
         return [op.name for op in self.ops if isinstance(op, NeuronOp)]
 
     def bits(self) -> Dict[str, Dict[str, Optional[int]]]:
-        """Bit widths per layer: ``{'weight', 'bias'}`` of synapses and ``{'v'}`` of neurons."""
+        """Bit widths per layer: ``{'weight', 'bias'}`` of synapses, ``{'v'}`` of neurons and
+        ``{'weight', 'bias', 'v'}`` of a chip's layers."""
         out = {}
         for op in self.ops:
             if isinstance(op, SynapseOp):
                 out[op.name] = {"weight": op.weight_bits, "bias": op.bias_bits}
             elif isinstance(op, NeuronOp):
                 out[op.name] = {"v": op.v_bits}
+            elif isinstance(op, CHIP_OP_TYPES):
+                out[op.name] = op.bits()
         return out
 
     def __str__(self) -> str:
-        rel = (f"exact against the {self.reference_dtype} model" if self.exact else
+        rel = (f"{self.chip} layers in the chip's integers" if self.chip is not None else
+               f"exact against the {self.reference_dtype} model" if self.exact else
                f"APPROXIMATE against the {self.reference_dtype} model (fixed-point leak in "
                f"{', '.join(self.approximate_layers)}; agreement not guaranteed)")
         lines = [f"IntegerNetwork (format {self.format_version}, {rel}, input |x| <= "
@@ -699,6 +717,8 @@ class IntegerNetwork:
                 lines.append(f"  {op.name}: matmul, output units 2^-{op.out_frac_bits}")
             elif isinstance(op, ScaleOp):
                 lines.append(f"  {op.name}: times 2^{op.exponent}")
+            elif isinstance(op, CHIP_OP_TYPES):
+                lines.append(f"  {op.name}: {op.text()}")
             else:
                 lines.append(f"  {op.name}: flatten {op.start_dim}..{op.end_dim}")
         return "\n".join(lines)

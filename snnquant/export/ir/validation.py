@@ -18,6 +18,8 @@ from the input to the output and checks, per operation:
 * what a join reads: ``'and'``/``'iand'`` join spikes (values in :math:`[0, 1]`);
 * the value bounds proven from the description (the same as the C runtime's): every value and
   every register of a neuron's step stays below :math:`2^{62}`, so int64 arithmetic is exact;
+* a chip network (:mod:`~snnquant.export.ir.chip_ops`): a sequence of one chip's layer
+  operations, each field in its range, the weights' inputs those of the layer before;
 * the channels (features) along the edges where the description alone says them: a synapse
   reads what the synapse before it writes, the operands of a join have the same; the whole
   shapes need one sample's input shape: :func:`~snnquant.export.backends.simulator.op_shapes` checks
@@ -34,6 +36,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from .chip_ops import CHIP_OP_TYPES, SpeckLayerOp
 from .description import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, DescriptionError, FlattenOp,
                           GatherOp, IntegerNetwork, JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp,
                           ScaleOp, SynapseOp, check_inputs)
@@ -281,6 +284,37 @@ def _layout_after(op, layout):
     return None
 
 
+def _check_chip_network(desc: IntegerNetwork) -> None:
+    """A chip network: a sequence of valid operations of one chip whose shapes chain."""
+    chip = desc.chip
+    for i, op in enumerate(desc.ops):
+        if not isinstance(op, CHIP_OP_TYPES) or op.chip != chip:
+            raise DescriptionError(f"operation {i} ({op.name!r}) is a {type(op).__name__} in a "
+                                   f"network of {chip} layers: a chip network holds only its "
+                                   f"chip's layer operations")
+        if op.inputs not in ((), (i - 1,)):
+            raise _fail(i, op, "inputs", op.inputs, "a chip network is a sequence: each layer "
+                                                    "reads the one before")
+        for field, value, why in op.problems():
+            raise _fail(i, op, field, value, why)
+        if i and hasattr(op, "weight") and op.weight.dim() == 2 and \
+                op.weight.shape[1] != math.prod(desc.ops[i - 1].out_shape):
+            raise _fail(i, op, "weight", tuple(op.weight.shape),
+                        f"it must read the {math.prod(desc.ops[i - 1].out_shape)} outputs of "
+                        f"operation {i - 1}")
+        if i and isinstance(op, SpeckLayerOp) and not op.linear and \
+                tuple(op.in_shape) != tuple(desc.ops[i - 1].out_shape):
+            raise _fail(i, op, "in_shape", op.in_shape,
+                        f"it must be the output shape {desc.ops[i - 1].out_shape} of operation "
+                        f"{i - 1}")
+    if desc.output_kind != "spikes":
+        raise _fail(None, desc, "output_kind", desc.output_kind,
+                    "a chip network outputs spike counts ('spikes')")
+    if desc.input_max != desc.ops[0].input_max:
+        raise _fail(None, desc, "input_max", desc.input_max,
+                    f"it must be the first layer's input_max, {desc.ops[0].input_max}")
+
+
 def check_network(desc: IntegerNetwork) -> None:
     """Check that ``desc`` agrees with itself (see the module documentation). The shapes along
     the edges, which need one sample's input shape, are checked by
@@ -308,6 +342,9 @@ def check_network(desc: IntegerNetwork) -> None:
             raise DescriptionError(f"operation {i} is a {type(op).__name__}, not an operation of "
                                    f"an IntegerNetwork")
     check_inputs(desc.ops)
+    if desc.chip is not None:
+        _check_chip_network(desc)
+        return
     for i, op in enumerate(desc.ops):
         src = desc.op_inputs(i)
         if not isinstance(op, (JoinOp, MatMulOp)) and len(src) != 1:
