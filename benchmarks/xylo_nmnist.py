@@ -9,7 +9,10 @@ The chip has 16 input channels and 8 readout neurons, so the task is reduced to 
 
 Per seed, one network 16 -> 256 -> 128 -> 8 (LIF, ``tau`` 2, soft reset) is
 
-1. trained in float (SpikingJelly, no chip arithmetic);
+1. trained in float (SpikingJelly, no chip arithmetic), and taken to the chip by the NIR route:
+   written as a NIR graph file (:func:`nir_graph` says how and why by hand), read back, imported
+   by Rockpool's ``from_nir``, mapped by its Xylo mapper, quantised by its ``global_quantize``
+   and run on ``XyloSim``;
 2. converted after training with :func:`snnquant.targets.quantize_for_xylo` (what a
    post-training conversion gives: weights and thresholds on the chip's grid, the chip's
    current-based neurons, multi-spike hidden neurons and per-layer delays) and run on the chip's
@@ -19,7 +22,9 @@ Per seed, one network 16 -> 256 -> 128 -> 8 (LIF, ``tau`` 2, soft reset) is
 
 The table gives the accuracies (median over seeds, min..max), the agreement of the trained
 network's readout spikes with SynSense's simulator (``xylosim`` via Rockpool's ``XyloSim``) on
-every step of every test sample, and the resources used against the chip's limits.
+every step of every test sample (the JSON also has the simulator's agreement with the exported
+network on ``IntegerSNN``, ``trained_integer_agreement``), and the resources used against the
+chip's limits.
 
     python benchmarks/xylo_nmnist.py --real-split ../shared/data/nmnist-real-1k --seeds 0 1 2
 
@@ -29,8 +34,10 @@ includes.
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
+import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -41,8 +48,11 @@ from _tables import fmt  # noqa: E402
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
+import torch.nn as nn  # noqa: E402
+
 from snnquant.targets import (XYLO_AUDIO2, check_xylo, quantize_for_xylo,  # noqa: E402
                               run_xylosim, to_xylo)
+from snnquant.targets.xylo import _rockpool_xylosim  # noqa: E402
 
 CLASSES = 8
 SIZES = (16, 256, 128, CLASSES)
@@ -66,6 +76,83 @@ def on_chip(model, batches) -> dict:
         model, batches, lambda x: run_xylosim(spec, x.astype(np.int64))["output"])
 
 
+#: The NIR graph's time step (seconds); only the ratios of the time constants to it matter.
+NIR_DT = 1e-3
+
+
+def nir_graph(fnet: nn.Sequential, dt: float = NIR_DT):
+    r"""The float network as a NIR graph that Rockpool's ``from_nir`` imports and its Xylo mapper
+    maps: each ``Linear`` + ``LIFNode`` as ``nir.Linear`` + ``nir.CubaLIF``.
+
+    SpikingJelly's own ``export_to_nir`` refuses the network (soft reset), and Rockpool 3.1's
+    ``from_nir`` fails on ``nir.LIF`` (it reads ``tau_mem``, which NIR 1.0's ``LIF`` does not
+    have), so the graph is written here: ``tau_mem`` :math:`= \tau\,dt` with ``r`` 1 (the LIF's
+    ``decay_input``), the threshold, the ``Linear``'s bias as ``v_leak`` (the same equation;
+    Rockpool's mapper drops a ``LinearWeights`` bias), and ``tau_syn`` :math:`= 2\,dt`: Xylo's
+    neurons have a synaptic current, the mapper refuses ``tau_syn <= dt``, and the next value it
+    rounds to ``dash_syn = 0`` empties the current before the membrane reads it; ``2 dt`` maps to
+    ``dash_syn = 1``, the synapse ``quantize_for_xylo`` uses too."""
+    import nir
+
+    nodes = {"input": nir.Input(np.array([fnet[0].in_features]))}
+    edges, previous = [], "input"
+    pairs = [(fnet[i], fnet[i + 1]) for i in range(0, len(fnet), 2)]
+    for k, (lin, lif) in enumerate(pairs):
+        n = lin.out_features
+        bias = lin.bias.detach().double().numpy() if lin.bias is not None else np.zeros(n)
+        nodes[f"fc{k}"] = nir.Linear(lin.weight.detach().double().numpy())
+        nodes[f"lif{k}"] = nir.CubaLIF(
+            tau_syn=np.full(n, 2 * dt), tau_mem=np.full(n, lif.tau * dt), r=np.ones(n),
+            v_leak=bias, v_threshold=np.full(n, float(lif.v_threshold)), w_in=np.ones(n))
+        edges += [(previous, f"fc{k}"), (f"fc{k}", f"lif{k}")]
+        previous = f"lif{k}"
+    nodes["output"] = nir.Output(np.array([pairs[-1][0].out_features]))
+    edges.append((previous, "output"))
+    return nir.NIRGraph(nodes=nodes, edges=edges)
+
+
+def rockpool_mapper():
+    """Rockpool's Xylo Audio 2 mapper (``xylo_mapper.mapper``), imported past the packages that
+    need ``samna``, as :func:`snnquant.targets.run_xylosim` imports ``XyloSim``."""
+    _rockpool_xylosim()
+    return importlib.import_module("rockpool.devices.xylo.syns61201.xylo_mapper").mapper
+
+
+def nir_route(fnet: nn.Sequential, batches, folder) -> dict:
+    """Accuracy of the float network through NIR (a graph file written and read back), Rockpool's
+    ``from_nir``, its Xylo mapper and ``global_quantize``, on ``XyloSim``; and the quantised
+    parameters it chose."""
+    import warnings
+
+    import nir
+    from rockpool.nn.modules.torch.nir import from_nir
+    from rockpool.transform.quantize_methods import global_quantize
+
+    sim_cls, mapper = _rockpool_xylosim(), rockpool_mapper()
+    path = os.path.join(folder, "xylo_float.nir")
+    nir.write(path, nir_graph(fnet))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")   # the mapper's notes on unused features
+        spec = mapper(from_nir(nir.read(path)).as_graph(), weight_dtype="float",
+                      threshold_dtype="float", dash_dtype="float")
+        spec.update(global_quantize(**spec))
+    keys = ("weights_in", "weights_rec", "weights_out", "dash_mem", "dash_mem_out", "dash_syn",
+            "dash_syn_2", "dash_syn_out", "threshold", "threshold_out", "bias", "bias_out",
+            "weight_shift_in", "weight_shift_rec", "weight_shift_out")
+    sim = sim_cls.from_specification(**{k: spec[k] for k in keys}, dt=NIR_DT)
+    right = total = 0
+    for x, y in batches:
+        for n in range(len(y)):
+            sim.reset_state()
+            out, _, _ = sim(x[:, n].numpy().astype(np.int64))
+            right += int(int(np.asarray(out).sum(0).argmax()) == int(y[n]))
+            total += 1
+    return {"accuracy": 100.0 * right / total,
+            "dash_syn": sorted({int(v) for v in spec["dash_syn"]}),
+            "dash_mem": sorted({int(v) for v in spec["dash_mem"]}),
+            "threshold": sorted({int(v) for v in spec["threshold"]})}
+
+
 def run_seed(bench, seed: int, epochs: int, lr_float: float, lr_chip: float) -> dict:
     train_b, capped_train = common_chip.data(bench, "train", seed, encode, CLASSES)
     test_b, capped_test = common_chip.data(bench, "test", seed, encode, CLASSES)
@@ -81,6 +168,8 @@ def run_seed(bench, seed: int, epochs: int, lr_float: float, lr_chip: float) -> 
     fnet = timed("train_float", common_chip.train, common_chip.float_network(seed, SIZES),
                  train_b, epochs, lr_float, seed)
     acc_float = common_chip.accuracy(fnet, test_b)
+    with tempfile.TemporaryDirectory() as folder:
+        via_nir = timed("nir_route", nir_route, fnet, test_b, folder)
     converted = quantize_for_xylo(fnet)
     assert check_xylo(converted) == []
     ptq = timed("xylosim_converted", on_chip, converted, test_b)
@@ -88,7 +177,9 @@ def run_seed(bench, seed: int, epochs: int, lr_float: float, lr_chip: float) -> 
     trained = timed("xylosim_trained", on_chip, chip_net, test_b)
     acc_model = common_chip.accuracy(chip_net, test_b)
     spec = to_xylo(chip_net)
-    row = {"seed": seed, "float": acc_float, "converted_on_xylosim": ptq["accuracy"],
+    row = {"seed": seed, "float": acc_float, "nir_on_xylosim": via_nir["accuracy"],
+           "nir_dash_syn": via_nir["dash_syn"], "nir_dash_mem": via_nir["dash_mem"],
+           "converted_on_xylosim": ptq["accuracy"],
            "converted_agreement": ptq["agreement"], "trained_model": acc_model,
            "trained_on_xylosim": trained["accuracy"], "trained_agreement": trained["agreement"],
            "trained_integer_agreement": trained["integer_agreement"],
@@ -115,6 +206,8 @@ def table(rows, args) -> str:
         "| | accuracy (%) | spikes equal to xylosim (% of test samples) |",
         "|---|---|---|",
         f"| float network (SpikingJelly LIF) | {col('float')} | - |",
+        f"| float network as NIR, through Rockpool's from_nir, mapper and global_quantize, on "
+        f"xylosim | {col('nir_on_xylosim')} | - |",
         f"| converted after training, on xylosim | {col('converted_on_xylosim')} | "
         f"{col('converted_agreement')} |",
         f"| trained in Xylo's arithmetic, snnquant model | {col('trained_model')} | - |",

@@ -13,7 +13,8 @@ from spikingjelly.activation_based import functional as sjf
 
 from conftest import integer_layers
 from snnquant.export import (DescriptionError, ExportError, IntegerSNN, c_memory, check_network,
-                             load_integer, save_integer, to_c, to_integer, to_nir)
+                             compare_integer, load_integer, save_integer, to_c, to_integer,
+                             to_nir)
 from snnquant.export.ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from snnquant.targets import LoihiLIFLayer, SpeckIAFLayer, XyloLIFLayer
 from test_targets_loihi import _random_network as loihi_network
@@ -101,6 +102,10 @@ def test_file_round_trip(chip, tmp_path):
     assert torch.equal(IntegerSNN(back)(x.to(torch.int64)), IntegerSNN(desc)(x.to(torch.int64)))
     assert str(back).splitlines()[0].startswith(
         f"IntegerNetwork (format 5, {chip} layers in the chip's integers")
+    desc.format_version = 4
+    with pytest.raises(ValueError, match=f"desc is a {chip} network, which format_version 4 "
+                                         f"cannot hold"):
+        save_integer(desc, tmp_path / "old.safetensors")
 
 
 def _xylo_desc():
@@ -176,3 +181,18 @@ def test_c_and_nir_refuse_a_chip_network(tmp_path):
     pytest.importorskip("nir")
     with pytest.raises(ExportError, match="NIR's equations cannot carry"):
         to_nir(desc, (4,))
+
+
+@pytest.mark.parametrize("chip", sorted(CHIPS))
+def test_compare_integer_takes_a_chip_network(chip):
+    """compare_integer on a chip network compares every chip layer and the output, and finds
+    an export whose first layer was silenced (weights and bias zeroed)."""
+    net, x = CHIPS[chip][0](np.random.default_rng(5))
+    report = compare_integer(net, x)
+    assert report.exact and sorted(report.layers) == [str(i) for i in range(len(net))]
+    assert "0" not in report.silent_layers
+    desc = to_integer(net)
+    desc.ops[0].weight = torch.zeros_like(desc.ops[0].weight)
+    desc.ops[0].bias = None
+    changed = compare_integer(net, x, desc)
+    assert not changed.exact and changed.layers["0"] < 1.0

@@ -92,8 +92,8 @@ def test_load_refuses_other_version_and_corrupt_files(tmp_path):
     path = tmp_path / "net.safetensors"
     save_integer(to_integer(conv_net()), path)
     other = tmp_path / "v2.safetensors"
-    _rewrite(path, other, format_version="5")
-    with pytest.raises(ValueError, match=r"format_version .5..*reads format_version 1, 2, 3 and 4"):
+    _rewrite(path, other, format_version="6")
+    with pytest.raises(ValueError, match=r"format_version .6..*reads format_version 1, 2, 3, 4 and 5"):
         load_integer(other)
     data = path.read_bytes()
     truncated = tmp_path / "truncated.safetensors"

@@ -231,8 +231,9 @@ def test_save_load_round_trip_and_version_1_files(tmp_path):
         old = load_integer(rewrite("v1.safetensors", record, "1"))
     assert old.format_version == 1 and old.exact and old.layer("1").leak_multiplier == 1
     assert torch.equal(IntegerSNN(old)(x), IntegerSNN(exact)(x))
-    with pytest.raises(ValueError, match=r"format_version '5'.*reads format_version 1, 2, 3 and 4"):
-        load_integer(rewrite("v5.safetensors", record, "5"))
+    with pytest.raises(ValueError, match=r"format_version '6'.*reads format_version 1, 2, 3, 4 "
+                                         r"and 5"):
+        load_integer(rewrite("v6.safetensors", record, "6"))
     with pytest.raises(ValueError, match="corrupt.*description says format_version 1"), \
             pytest.warns(UserWarning, match="older snnquant"):
         load_integer(rewrite("mixed.safetensors", record, "2"))

@@ -2,6 +2,7 @@
 (xylosim, through Rockpool's XyloSim), training in that arithmetic, the limits and the file."""
 
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
 from _repo import ROOT, shared_recordings
-from conftest import integer_layers, real_split_bench
+from conftest import integer_layers, load_script, real_split_bench
 from snnquant.functional.bitshift import (bitshift_decay, multi_spike_count,
                                           saturating_accumulate)
 from snnquant.targets import (XYLO_AUDIO2, XyloLIFLayer, check_xylo, load_xylo,
@@ -312,3 +313,38 @@ def test_a_large_saturating_sum_is_exact_in_float32():
         with torch.set_grad_enabled(grad):
             m(x)
         assert m.isyn.item() == HI - 1
+
+
+@pytest.mark.skipif(not (ROOT / "benchmarks").is_dir(), reason="benchmarks/ not beside tests/")
+def test_nir_route_is_wired_as_the_network(tmp_path):
+    """The benchmark's NIR route (the float network as a NIR graph file, Rockpool's from_nir and
+    Xylo mapper, then global_quantize on XyloSim): the mapped weights are the float network's,
+    layer by layer, with the synapse and membrane decays the graph asks for (dash 1), and the
+    quantised network runs and spikes on XyloSim."""
+    _vendor()
+    pytest.importorskip("nir")
+    bench = load_script("benchmarks/xylo_nmnist.py")
+    import nir
+    from rockpool.nn.modules.torch.nir import from_nir
+
+    torch.manual_seed(0)
+    fnet = nn.Sequential(*[m for a, b in ((16, 24), (24, 12), (12, 4)) for m in (
+        layer.Linear(a, b, step_mode="m"), neuron.LIFNode(tau=2.0, v_reset=None, step_mode="m"))])
+    nir.write(tmp_path / "g.nir", bench.nir_graph(fnet))
+    mapper = bench.rockpool_mapper()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        spec = mapper(from_nir(nir.read(tmp_path / "g.nir")).as_graph(), weight_dtype="float",
+                      threshold_dtype="float", dash_dtype="float")
+    w = [fnet[i].weight.detach().numpy() for i in (0, 2, 4)]
+    w_in, w_rec = (np.asarray(spec[k]).reshape(spec[k].shape[:2]) for k in ("weights_in",
+                                                                             "weights_rec"))
+    np.testing.assert_allclose(w_in[:, :24], w[0].T, rtol=1e-6)
+    np.testing.assert_allclose(w_rec[:24, 24:], w[1].T, rtol=1e-6)
+    assert not w_in[:, 24:].any() and not w_rec[:, :24].any() and not w_rec[24:].any()
+    np.testing.assert_allclose(spec["weights_out"][24:, :], w[2].T, rtol=1e-6)
+    assert set(np.round(spec["dash_syn"]).tolist()) == {1.0}
+    assert set(np.round(spec["dash_mem"]).tolist()) == {1.0}
+    x = torch.randint(0, 16, (12, 4, 16))
+    result = bench.nir_route(fnet, [(x.float(), torch.zeros(4, dtype=torch.int64))], tmp_path)
+    assert 0.0 <= result["accuracy"] <= 100.0 and result["dash_syn"] == [1]

@@ -18,6 +18,7 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 from .ir.description import (FORMAT_VERSION, NETWORK_INPUT, DescriptionError, ExportError,
                               FlattenOp, GatherOp, IntegerNetwork, JoinOp, MatMulOp, NeuronOp,
                               PoolOp, ReduceOp, ScaleOp, SynapseOp, check_input_shape)
+from .ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from .ir.integer_ops import pack_int, round_half_even_shift, unpack_int
 from .exporter import to_integer
 from .backends.simulator import IntegerSNN
@@ -43,4 +44,5 @@ __all__ = [
     "SaturationWarning", "widen_membrane_range", "FoldWarning", "FoldReport", "FoldedLayer",
     "check_input_shape", "nir_out_of_bounds", "DescriptionError", "check_network",
     "shift_flatten_dims", "narrow_registers", "ConsumerRegisterWarning",
+    "XyloLayerOp", "LoihiLayerOp", "SpeckLayerOp",
 ]

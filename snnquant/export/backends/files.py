@@ -113,6 +113,10 @@ def save_integer(desc: IntegerNetwork, path: PathLike) -> None:
         what = f"the operations {newer[:3]}" if newer else "output_time_mean"
         raise ValueError(f"desc has {what}, which format_version {desc.format_version} cannot "
                          f"hold; set desc.format_version = {FORMAT_VERSION}")
+    if desc.chip is not None and desc.format_version < 5:
+        raise ValueError(f"desc is a {desc.chip} network, which format_version "
+                         f"{desc.format_version} cannot hold; set desc.format_version = "
+                         f"{FORMAT_VERSION}")
     check_network(desc)
     meta, tensors = desc.to_record()
     metadata = {
@@ -186,9 +190,10 @@ def load_integer(path: PathLike) -> IntegerNetwork:
         ValueError: naming the file, when it is not such a file, is corrupt (any changed byte of
             the header or the tensors, a truncation, appended bytes), or has a ``format_version``
             this snnquant does not read
-            (:data:`~snnquant.export.ir.description.READABLE_FORMAT_VERSIONS`: 1 to 4; a
+            (:data:`~snnquant.export.ir.description.READABLE_FORMAT_VERSIONS`: 1 to 5; a
             version-1 file has no fixed-point leak and loads with every layer exact; a version-1
-            or -2 file is a sequence; the operations of spiking transformers need version 4).
+            or -2 file is a sequence; the operations of spiking transformers need version 4,
+            a chip network version 5).
 
     Files written by older snnquant versions (their ``"checksum"`` covers the tensors only) still
     load, with a ``UserWarning`` that their header is not verified: save them again.

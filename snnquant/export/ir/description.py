@@ -663,8 +663,8 @@ class IntegerNetwork:
 
     @property
     def neuron_names(self) -> List[str]:
-        """Names of the neuron layers, in order."""
-        return [op.name for op in self.ops if isinstance(op, NeuronOp)]
+        """Names of the neuron layers (a chip network's layers included), in order."""
+        return [op.name for op in self.ops if isinstance(op, (NeuronOp,) + CHIP_OP_TYPES)]
 
     def bits(self) -> Dict[str, Dict[str, Optional[int]]]:
         """Bit widths per layer: ``{'weight', 'bias'}`` of synapses, ``{'v'}`` of neurons and
