@@ -196,3 +196,16 @@ def test_compare_integer_takes_a_chip_network(chip):
     desc.ops[0].bias = None
     changed = compare_integer(net, x, desc)
     assert not changed.exact and changed.layers["0"] < 1.0
+
+
+@pytest.mark.parametrize("make, shape, out", [
+    (lambda: XyloLIFLayer(4, 3, threshold=5, step_mode="m"), (4,), (3,)),
+    (lambda: LoihiLIFLayer(4, 3, vth=5, step_mode="m"), (4,), (3,)),
+    (lambda: SpeckIAFLayer((2, 4, 4), 3, 3, threshold=5, step_mode="m"), (2, 4, 4), (3, 2, 2)),
+    (lambda: SpeckIAFLayer((2, 4, 4), 3, None, threshold=5, step_mode="m"), (2, 4, 4), (3,)),
+    (lambda: SpeckIAFLayer((2, 4, 4), 3, None, threshold=5, step_mode="m"), (32,), (3,)),
+], ids=["xylo", "loihi", "speck-conv", "speck-linear", "speck-linear-flat-input"])
+def test_no_time_steps_give_an_empty_output(make, shape, out):
+    sim = IntegerSNN(to_integer(nn.Sequential(make())))
+    assert tuple(sim(torch.zeros((0, 2) + shape, dtype=torch.int64)).shape) == (0, 2) + out
+    assert tuple(sim(torch.ones((3, 2) + shape, dtype=torch.int64)).shape) == (3, 2) + out

@@ -158,7 +158,7 @@ def speck_synapse(x: torch.Tensor, weight: torch.Tensor, bias, *, stride: int, p
     """
     x = x.to(torch.float64)
     if linear:
-        y = (x.reshape(x.shape[0], -1) @ weight.to(torch.float64).t())[:, :, None, None]
+        y = (x.flatten(1) @ weight.to(torch.float64).t())[:, :, None, None]
     else:
         y = F.conv2d(x, weight.to(torch.float64), stride=stride, padding=padding)
     if bias is not None:

@@ -61,7 +61,7 @@ def _bias_problems(op, out: int, lo: int, hi: int) -> List[Problem]:
 def _counts(op, x_seq: torch.Tensor, shape: Tuple[int, ...]) -> torch.Tensor:
     """``x_seq`` ``[T, N, *shape]`` as float64 after checking its counts against the op."""
     if tuple(x_seq.shape[2:]) != tuple(shape) and not (
-            getattr(op, "linear", False) and x_seq[0, 0].numel() == _prod(shape)):
+            getattr(op, "linear", False) and _prod(x_seq.shape[2:]) == _prod(shape)):
         raise ValueError(f"its input must be [T, N, *{tuple(shape)}], got {tuple(x_seq.shape)}")
     if x_seq.numel():
         lo, hi = int(x_seq.min()), int(x_seq.max())
@@ -141,7 +141,7 @@ class XyloLayerOp:
         return (int(self.weight.shape[0]),)
 
     def problems(self) -> List[Problem]:
-        """``(field, value, why)`` of every field out of its range (empty when valid)."""
+        """``(field, value, why)`` of the fields out of their ranges (empty when valid)."""
         found = _int_problems(self, [("state_bits", 2, 24), ("weight_shift", 0, 7),
                                      ("dash_syn", 0, 15), ("dash_mem", 0, 15),
                                      ("max_spikes", 1, 1 << 15), ("delay", 0, 1),
@@ -241,7 +241,7 @@ class LoihiLayerOp:
         return (int(self.weight.shape[0]),)
 
     def problems(self) -> List[Problem]:
-        """``(field, value, why)`` of every field out of its range (empty when valid)."""
+        """``(field, value, why)`` of the fields out of their ranges (empty when valid)."""
         found = _int_problems(self, [("state_bits", 2, 32), ("weight_exp", -8, 7),
                                      ("bias_exp", 0, 7), ("vth", 0, (1 << 17) - 1),
                                      ("du", 0, 4095), ("dv", 0, 4095)])
@@ -336,7 +336,7 @@ class SpeckLayerOp:
         return (out, h // self.pool, w // self.pool)
 
     def problems(self) -> List[Problem]:
-        """``(field, value, why)`` of every field out of its range (empty when valid)."""
+        """``(field, value, why)`` of the fields out of their ranges (empty when valid)."""
         found = _int_problems(self, [("stride", 1, 64), ("padding", 0, 64), ("pool", 1, 64),
                                      ("threshold", 1, (1 << 15) - 1),
                                      ("v_min", -(1 << 31), 0), ("input_max", 1, 1 << 15)])
