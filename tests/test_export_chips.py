@@ -19,17 +19,8 @@ from snnquant.export.ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from snnquant.targets import LoihiLIFLayer, SpeckIAFLayer, XyloLIFLayer
 from test_targets_loihi import _random_network as loihi_network
 from test_targets_speck import _random_network as speck_network
+from test_targets_speck import _run_ours as _layers
 from test_targets_xylo import _random_network as xylo_network
-
-
-def _layers(net, x):
-    sjf.reset_net(net)
-    outs, h = [], x
-    with torch.no_grad():
-        for m in net:
-            h = m(h)
-            outs.append(h.transpose(0, 1).numpy().astype(np.int64))
-    return outs
 
 
 def _xylo(rng):

@@ -82,8 +82,28 @@ def _delayed(x_seq: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.zeros_like(x_seq[:1]), x_seq[:-1]])
 
 
+class _DenseLayer:
+    """What the chip layers with ``[out, in]`` weights share: their shapes and weight check."""
+
+    @property
+    def in_shape(self) -> Tuple[int, ...]:
+        """One sample's input shape: ``(in,)``."""
+        return (int(self.weight.shape[1]),)
+
+    @property
+    def out_shape(self) -> Tuple[int, ...]:
+        """One sample's output shape: ``(out,)``."""
+        return (int(self.weight.shape[0]),)
+
+    def _weight_problems(self) -> List[Problem]:
+        found = _tensor_problems(self, "weight", None, -128, 127)
+        if not found and self.weight.dim() != 2:
+            found.append(("weight", tuple(self.weight.shape), "it must be [out, in]"))
+        return found
+
+
 @dataclass
-class XyloLayerOp:
+class XyloLayerOp(_DenseLayer):
     r"""A layer of SynSense Xylo neurons with their input weights (a
     :class:`~snnquant.targets.XyloLIFLayer`), in Xylo's integers.
 
@@ -130,16 +150,6 @@ class XyloLayerOp:
     op_type = "xylo_layer"
     chip = "xylo"
 
-    @property
-    def in_shape(self) -> Tuple[int, ...]:
-        """One sample's input shape: ``(in,)``."""
-        return (int(self.weight.shape[1]),)
-
-    @property
-    def out_shape(self) -> Tuple[int, ...]:
-        """One sample's output shape: ``(out,)``."""
-        return (int(self.weight.shape[0]),)
-
     def problems(self) -> List[Problem]:
         """``(field, value, why)`` of the fields out of their ranges (empty when valid)."""
         found = _int_problems(self, [("state_bits", 2, 24), ("weight_shift", 0, 7),
@@ -150,9 +160,7 @@ class XyloLayerOp:
             return found
         half = 1 << (self.state_bits - 1)
         found = _int_problems(self, [("threshold", 1, half - 1)])
-        found += _tensor_problems(self, "weight", None, -128, 127)
-        if not found and self.weight.dim() != 2:
-            found.append(("weight", tuple(self.weight.shape), "it must be [out, in]"))
+        found += self._weight_problems()
         return found or _bias_problems(self, self.out_shape[0], -half, half - 1)
 
     def run(self, x_seq: torch.Tensor) -> torch.Tensor:
@@ -184,7 +192,7 @@ class XyloLayerOp:
 
 
 @dataclass
-class LoihiLayerOp:
+class LoihiLayerOp(_DenseLayer):
     r"""A Lava ``Dense`` + ``LIF`` pair (a :class:`~snnquant.targets.LoihiLIFLayer`), in Lava's
     fixed point.
 
@@ -230,24 +238,12 @@ class LoihiLayerOp:
     chip = "loihi"
     input_max = 1
 
-    @property
-    def in_shape(self) -> Tuple[int, ...]:
-        """One sample's input shape: ``(in,)``."""
-        return (int(self.weight.shape[1]),)
-
-    @property
-    def out_shape(self) -> Tuple[int, ...]:
-        """One sample's output shape: ``(out,)``."""
-        return (int(self.weight.shape[0]),)
-
     def problems(self) -> List[Problem]:
         """``(field, value, why)`` of the fields out of their ranges (empty when valid)."""
         found = _int_problems(self, [("state_bits", 2, 32), ("weight_exp", -8, 7),
                                      ("bias_exp", 0, 7), ("vth", 0, (1 << 17) - 1),
                                      ("du", 0, 4095), ("dv", 0, 4095)])
-        found += _tensor_problems(self, "weight", None, -128, 127)
-        if not found and self.weight.dim() != 2:
-            found.append(("weight", tuple(self.weight.shape), "it must be [out, in]"))
+        found += self._weight_problems()
         return found or _bias_problems(self, self.out_shape[0], -4096, 4095)
 
     def run(self, x_seq: torch.Tensor) -> torch.Tensor:
