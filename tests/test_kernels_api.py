@@ -204,7 +204,7 @@ class FakeCuPy:
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16])
 def test_cupy_launcher_arguments_match_kernel_signatures(monkeypatch, dtype):
     fake = FakeCuPy()
-    monkeypatch.setattr(cupy_backend, "_stream_for", lambda cupy, device: "current-stream")
+    monkeypatch.setattr(cupy_backend, "stream_for", lambda cupy, device: "current-stream")
     cache = _fused.KernelCache()
     launcher = cupy_backend.CuPyLauncher(fake, cache)
     x = torch.randn(5, 3, 300, dtype=dtype, requires_grad=True)
@@ -243,7 +243,7 @@ def test_cupy_launcher_arguments_match_kernel_signatures(monkeypatch, dtype):
 
 def test_cupy_launcher_passes_null_pointers_when_not_needed(monkeypatch):
     fake = FakeCuPy()
-    monkeypatch.setattr(cupy_backend, "_stream_for", lambda cupy, device: None)
+    monkeypatch.setattr(cupy_backend, "stream_for", lambda cupy, device: None)
     launcher = cupy_backend.CuPyLauncher(fake, _fused.KernelCache())
     x = torch.randn(4, 10)
     # inference: no h_seq; no v_seq
@@ -270,7 +270,7 @@ def test_cupy_launcher_passes_null_pointers_when_not_needed(monkeypatch):
 
 def test_empty_neuron_dimension_launches_nothing(monkeypatch):
     fake = FakeCuPy()
-    monkeypatch.setattr(cupy_backend, "_stream_for", lambda cupy, device: None)
+    monkeypatch.setattr(cupy_backend, "stream_for", lambda cupy, device: None)
     launcher = cupy_backend.CuPyLauncher(fake, _fused.KernelCache())
     spikes, v_last, _ = _run_fused(launcher, torch.zeros(3, 0), torch.zeros(()),
                                          **_complete(GOOD))

@@ -25,9 +25,23 @@ import torch.nn.functional as F
 from .bitshift import (bitshift_decay_ste, multi_spike_count, saturating_accumulate,
                        truncated_decay_ste, wrap_signed)
 
-__all__ = ["xylo_lif_step", "loihi_lif_step", "speck_synapse", "speck_iaf_step"]
+__all__ = ["xylo_lif_step", "loihi_lif_step", "loihi_dense", "speck_synapse", "speck_iaf_step",
+           "surrogate_count"]
 
 Fire = Optional[Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]]
+
+
+def surrogate_count(surrogate_function, v: torch.Tensor, count: torch.Tensor,
+                    threshold: float) -> torch.Tensor:
+    r"""The spike count ``count`` with the gradient of a surrogate: what the chip layers pass as
+    ``fire``.
+
+    Forward: ``count``. Gradient:
+    :math:`\partial n/\partial v = \sigma'((v - \theta)/\theta)/\theta` with :math:`\sigma`
+    the SpikingJelly ``surrogate_function`` and :math:`\theta` = ``threshold``.
+    """
+    first = surrogate_function((v - threshold) / threshold)
+    return count + (first - first.detach())
 
 
 def _count(fire: Fire, v: torch.Tensor, count: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -121,12 +135,7 @@ def loihi_lif_step(state, spikes: torch.Tensor, weight: torch.Tensor, bias, *, v
                             device=spikes.device)
         state = (zeros, zeros)
     u, v = state
-    a = spikes.to(torch.float64) @ weight.to(torch.float64).t()
-    if weight_exp >= 0:
-        a = a * 2.0 ** weight_exp
-    else:
-        smooth = a * 2.0 ** weight_exp
-        a = torch.floor(a.detach() * 2.0 ** weight_exp) + (smooth - smooth.detach())
+    a = loihi_dense(spikes, weight, weight_exp)
     u = wrap_signed(truncated_decay_ste(u, 4096 - du - 1) + 64.0 * a, state_bits)
     v = truncated_decay_ste(v, 4096 - dv) + u
     if bias is not None:
@@ -135,6 +144,27 @@ def loihi_lif_step(state, spikes: torch.Tensor, weight: torch.Tensor, bias, *, v
     th = 64.0 * vth
     s = _count(fire, v, (v.detach() > th).to(v.dtype), max(th, 1.0))
     return s, (u, v * (1.0 - s))
+
+
+def loihi_dense(spikes: torch.Tensor, weight: torch.Tensor, weight_exp: int) -> torch.Tensor:
+    r"""The output of a Lava ``Dense`` in fixed point, in float64.
+
+    .. math::
+
+        a = (W s) \cdot 2^{e}\ (e \ge 0),\qquad a = \lfloor W s \cdot 2^{e} \rfloor\ (e < 0)
+
+    Gradient: that of :math:`W s \cdot 2^{e}` (the floor passes it straight through).
+
+    Args:
+        spikes: ``[..., in]`` input spikes.
+        weight: ``[out, in]`` Lava weights.
+        weight_exp: :math:`e`.
+    """
+    a = spikes.to(torch.float64) @ weight.to(torch.float64).t()
+    if weight_exp >= 0:
+        return a * 2.0 ** weight_exp
+    smooth = a * 2.0 ** weight_exp
+    return torch.floor(a.detach() * 2.0 ** weight_exp) + (smooth - smooth.detach())
 
 
 def speck_synapse(x: torch.Tensor, weight: torch.Tensor, bias, *, stride: int, padding: int,

@@ -46,7 +46,9 @@ def kernel_source() -> str:
     return resources.files(__package__).joinpath(SOURCE_FILE).read_text(encoding="utf-8")
 
 
-def _surrogate_kind(surrogate_function: Any) -> Optional[tuple[int, float]]:
+def surrogate_kind(surrogate_function: Any) -> Optional[tuple[int, float]]:
+    """``(surrogate code, alpha)`` of a surrogate the kernels implement (a spiking
+    ``surrogate.Sigmoid`` or ``surrogate.ATan`` with a finite float ``alpha``), else ``None``."""
     from spikingjelly.activation_based import surrogate
 
     kinds = {surrogate.Sigmoid: SURROGATE_CODES["Sigmoid"], surrogate.ATan: SURROGATE_CODES["ATan"]}
@@ -79,7 +81,7 @@ def supports(surrogate_function: Any, dtype: torch.dtype = torch.float32) -> boo
     Returns:
         ``True`` when :func:`~snnquant.kernels.fused_quant_neuron_multi_step` accepts both.
     """
-    return dtype in DTYPE_CODES and _surrogate_kind(surrogate_function) is not None
+    return dtype in DTYPE_CODES and surrogate_kind(surrogate_function) is not None
 
 
 @dataclass(frozen=True)
@@ -372,7 +374,7 @@ def run_fused(launcher: Launcher, x_seq: torch.Tensor, v_init, step, w: Optional
         raise ValueError(f"x_seq must have a leading time dimension [T, ...], got shape "
                          f"{tuple(x_seq.shape)}")
     neuron = params.neuron
-    kind = _surrogate_kind(params.surrogate_function)
+    kind = surrogate_kind(params.surrogate_function)
     if kind is None:
         raise ValueError(f"the fused kernels support the surrogate functions "
                          f"{', '.join(SUPPORTED_SURROGATES)} (spiking=True, real alpha); got "

@@ -69,9 +69,14 @@ OPENMP_FLAG = "-fopenmp"
 #: per build mode: the optimisation level and the sources compiled into the library, in order.
 #: ``'cpp'``: one configuration (the backend); ``'host'``: every configuration in one library,
 #: each GPU kernel run once per neuron (the tests of the kernel arithmetic; -O1 keeps the build
-#: of all 240 instantiations at a few seconds)
+#: of all 240 instantiations at a few seconds); ``'chip'``: the chip neurons, every chip and
+#: surrogate in one library (:mod:`snnquant.kernels.chip`)
 MODES = {"cpp": ("-O3", ("host_shim.h", "neuron.cu", "cpu_entry.h")),
-         "host": ("-O1", ("host_shim.h", "neuron.cu", "host_entry.h"))}
+         "host": ("-O1", ("host_shim.h", "neuron.cu", "host_entry.h")),
+         "chip": ("-O3", ("host_shim.h", "neuron.cu", "chip_entry.h"))}
+
+#: the modes whose one library holds every configuration (built with no ``KernelConfig``)
+_WHOLE_MODES = ("host", "chip")
 
 #: sources compiled into every library of the cpp backend, in this order
 SOURCES = MODES["cpp"][1]
@@ -290,9 +295,9 @@ def _config_defines(config: Optional[KernelConfig]) -> list[str]:
             f"-DSNQ_SURROGATE={config.surrogate}", f"-DSNQ_STORE_V_SEQ={int(config.store_v_seq)}"]
 
 
-def _config_tag(config: Optional[KernelConfig]) -> str:
+def _config_tag(config: Optional[KernelConfig], mode: str) -> str:
     if config is None:
-        return "host"
+        return mode
     return (f"{_SCALAR_NAMES[config.dtype]}_n{config.neuron}d{int(config.decay_input)}"
             f"h{int(config.hard_reset)}r{int(config.detach_reset)}s{config.surrogate}"
             f"v{int(config.store_v_seq)}")
@@ -306,8 +311,9 @@ def _sources(mode: str) -> dict[str, bytes]:
 def _check_mode(mode: str, config: Optional[KernelConfig]) -> None:
     if mode not in MODES:
         raise ValueError(f"mode must be one of {sorted(MODES)}, got {mode!r}")
-    if (config is None) != (mode == "host"):
-        raise ValueError(f"mode {mode!r} takes {'no' if mode == 'host' else 'a'} KernelConfig, "
+    whole = mode in _WHOLE_MODES
+    if (config is None) != whole:
+        raise ValueError(f"mode {mode!r} takes {'no' if whole else 'a'} KernelConfig, "
                          f"got {config!r}")
 
 
@@ -319,7 +325,7 @@ def library_path(config: Optional[KernelConfig], compiler: Optional[str] = None,
         config: the kernel configuration (``None`` in the test mode: every configuration).
         compiler: the C++ compiler (default: :func:`cpp_compiler`).
         directory: the cache directory (default: :func:`cache_dir`).
-        mode: ``'cpp'`` or ``'host'`` (:data:`MODES`).
+        mode: ``'cpp'``, ``'host'`` or ``'chip'`` (:data:`MODES`).
 
     Returns:
         The path of the shared library.
@@ -338,7 +344,7 @@ def library_path(config: Optional[KernelConfig], compiler: Optional[str] = None,
     for part in (compiler, identity, *_mode_flags(compiler, mode), *_config_defines(config)):
         digest.update(part.encode() + b"\0")
     directory = cache_dir() if directory is None else Path(directory)
-    return directory / f"snnquant_neuron_{_config_tag(config)}_{digest.hexdigest()[:24]}.so"
+    return directory / f"snnquant_neuron_{_config_tag(config, mode)}_{digest.hexdigest()[:24]}.so"
 
 
 def _checksum_path(library: Path) -> Path:
@@ -519,7 +525,7 @@ def build_library(config: Optional[KernelConfig], compiler: Optional[str] = None
         config: the kernel configuration (``None`` in the test mode).
         compiler: the C++ compiler (default: :func:`cpp_compiler`).
         directory: the cache directory (default: :func:`cache_dir`).
-        mode: ``'cpp'`` or ``'host'`` (:data:`MODES`).
+        mode: ``'cpp'``, ``'host'`` or ``'chip'`` (:data:`MODES`).
 
     Returns:
         The path of the library.
@@ -529,10 +535,13 @@ def build_library(config: Optional[KernelConfig], compiler: Optional[str] = None
         CppBuildError: the compilation failed (with the compiler's output).
         KernelCacheError: the cache folder cannot be created or written.
     """
-    return compile_into_cache(*_build_arguments(config, compiler, directory, mode))
+    return compile_into_cache(*build_arguments(config, compiler, directory, mode))
 
 
-def _build_arguments(config, compiler, directory, mode):
+def build_arguments(config, compiler, directory, mode):
+    """``(target, source, flags, compiler, what)`` of a build, for :func:`compile_into_cache` and
+    :func:`open_cached_library` (``config``, ``compiler``, ``directory``, ``mode`` as for
+    :func:`build_library`)."""
     compiler = compiler or cpp_compiler()
     target = library_path(config, compiler, directory, mode)
     return (target, _sources_text(mode), [*_mode_flags(compiler, mode), *_config_defines(config)],
@@ -619,7 +628,7 @@ class CppLauncher:
         """The loaded library of ``config`` (built first when the cache has none; rebuilt once
         when it does not load, see :func:`open_cached_library`)."""
         def load() -> KernelLibrary:
-            arguments = _build_arguments(config, None, None, "cpp")
+            arguments = build_arguments(config, None, None, "cpp")
             return KernelLibrary(arguments[0],
                                  open_cached_library(*arguments, KernelLibrary.SYMBOLS))
         return self._cache.get(config, load)

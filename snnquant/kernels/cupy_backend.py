@@ -83,7 +83,7 @@ def _compile(cupy, config: KernelConfig) -> tuple:
 KERNEL_CACHE: KernelCache = KernelCache()
 
 
-def _stream_for(cupy, device: torch.device):
+def stream_for(cupy, device: torch.device):
     """PyTorch's current stream on ``device`` as a CuPy stream object (no new stream is made)."""
     torch_stream = torch.cuda.current_stream(device)
     from_external = getattr(cupy.cuda.Stream, "from_external", None)
@@ -141,7 +141,7 @@ class CuPyLauncher:
         grid = ((n + BLOCK_SIZE - 1) // BLOCK_SIZE,)
         with cupy.cuda.Device(device.index):
             kernel = self._cache.get(config, lambda: _compile(cupy, config))[which]
-            kernel(grid, (BLOCK_SIZE,), args, stream=_stream_for(cupy, device))
+            kernel(grid, (BLOCK_SIZE,), args, stream=stream_for(cupy, device))
 
     def forward(self, config: KernelConfig, T: int, N: int, x_seq, v_init, step, k, spike_seq,
                 v_last, v_seq, h_seq, scalars: KernelScalars) -> None:

@@ -531,3 +531,352 @@ __global__ void snq_backward(const typename snq_compute<scalar_t>::type* __restr
         grad_k_partial[i] = grad_k;
     }
 }
+
+// =============================================================================================
+// Chip neurons (snnquant.targets): the neuron steps of Xylo, Loihi (Lava fixed point) and Speck,
+// as snnquant.functional.chip_neurons computes them; float64 throughout, every forward value an
+// integer below 2^53, so the arithmetic is exact and equal to the torch step's. The synaptic
+// input of each step (a matrix product or a convolution) is computed before the kernel; the
+// kernel runs the per-neuron recurrence over all T steps (one thread per neuron, as above).
+//
+// Layout: x, out, save0, save1 are [T, M] with M = N * out_features neurons (an element i is
+// neuron j = i % out_features of sample n = i / out_features); s0/s1 are the two states ([M]).
+//   Xylo : states (I, V); x the plain synaptic sum c W^T, up/down its positive and negative
+//          parts (c W+^T, c W-^T), counts [T, N, in] and weight [out, in] for the event-ordered
+//          saturating accumulation of the steps that may saturate; bias [out] or null;
+//          saves I and V (after the reset); out = spike counts.
+//   Loihi: states (u, v); x the Dense output a (already shifted); bias [out] mantissas or null;
+//          saves the voltage before its clip; out = spikes.
+//   Speck: state v (s1 unused); x the core's input current (bias included);
+//          saves the voltage before firing; out = spike counts (before the sum pooling).
+// The chip's integers come in P (see snq_chip_make_params):
+//   Xylo : threshold, dash_syn, dash_mem, max_spikes, state_bits, alpha
+//   Loihi: vth, du, dv, state_bits, bias_exp, alpha
+//   Speck: threshold, multi (1) or single (0) spike, v_min, alpha
+// =============================================================================================
+#define SNQ_CHIP_XYLO 0
+#define SNQ_CHIP_LOIHI 1
+#define SNQ_CHIP_SPECK 2
+
+struct snq_chip_params {
+    double threshold;   // spikes at v >= threshold (Xylo, Speck single), v > threshold (Loihi)
+    double fire_scale;  // the surrogate's threshold: dn/dv = sg'((v - f) / f) / f
+    double lo, hi;      // saturation (Xylo), clip (Loihi), lower bound lo (Speck)
+    double syn, mem;    // Xylo: 2^dash_syn, 2^dash_mem; Loihi: 4095 - du, 4096 - dv
+    double syn_grad;    // Xylo: 1 - 2^-dash_syn; Loihi: (4095 - du) / 4096
+    double mem_grad;    // Xylo: 2^-dash_mem (d leak / dV); Loihi: (4096 - dv) / 4096
+    double max_spikes;  // Xylo: the count's bound; Speck: 1 multi-spike, 0 single spike
+    double half;        // Loihi: 2^(state_bits - 1) (the current's wrap)
+    double bias_scale;  // Loihi: 2^bias_exp; else 1
+    double alpha;       // the surrogate's alpha
+};
+
+template <int CHIP>
+__device__ __forceinline__ snq_chip_params snq_chip_make_params(const double* P) {
+    snq_chip_params p;
+    p.bias_scale = 1.0;
+    p.half = 0.0;
+    p.max_spikes = 0.0;
+    p.syn = p.mem = p.syn_grad = p.mem_grad = 0.0;
+    p.hi = 0.0;
+    if (CHIP == SNQ_CHIP_XYLO) {
+        const double half = ldexp(1.0, (int)P[4] - 1);
+        p.threshold = P[0];
+        p.fire_scale = P[0];
+        p.lo = -half;
+        p.hi = half - 1.0;
+        p.syn = ldexp(1.0, (int)P[1]);
+        p.mem = ldexp(1.0, (int)P[2]);
+        p.syn_grad = 1.0 - ldexp(1.0, -(int)P[1]);
+        p.mem_grad = ldexp(1.0, -(int)P[2]);
+        p.max_spikes = P[3];
+        p.alpha = P[5];
+    } else if (CHIP == SNQ_CHIP_LOIHI) {
+        const double half = ldexp(1.0, (int)P[3] - 1);
+        p.threshold = 64.0 * P[0];
+        p.fire_scale = p.threshold > 1.0 ? p.threshold : 1.0;
+        p.lo = -half + 1.0;
+        p.hi = half - 1.0;
+        p.syn = 4095.0 - P[1];
+        p.mem = 4096.0 - P[2];
+        p.syn_grad = p.syn / 4096.0;
+        p.mem_grad = p.mem / 4096.0;
+        p.half = half;
+        p.bias_scale = ldexp(1.0, (int)P[4]);
+        p.alpha = P[5];
+    } else {
+        p.threshold = P[0];
+        p.fire_scale = P[0];
+        p.max_spikes = P[1];
+        p.lo = P[2];
+        p.alpha = P[3];
+    }
+    return p;
+}
+
+// Xylo's bit-shift decay: x - max(floor(x / 2^dash), 1) for x > 0, x - floor(x / 2^dash) else
+// (functional.bitshift.bitshift_decay; `scale` = 2^dash)
+__device__ __forceinline__ double snq_bitshift_decay(double x, double scale) {
+    double shifted = floor(x / scale);
+    if (x > 0.0 && shifted == 0.0) {
+        shifted = 1.0;
+    }
+    return x - shifted;
+}
+
+// Loihi's decay rounded toward zero: sign(x m) floor(|x m| / 4096) (bitshift.truncated_decay)
+__device__ __forceinline__ double snq_truncated_decay(double x, double m) {
+    const double prod = x * m;
+    const double magnitude = floor(fabs(prod) / 4096.0);
+    return prod > 0.0 ? magnitude : (prod < 0.0 ? -magnitude : 0.0);
+}
+
+// Lava's one wrap of the current (bitshift.wrap_signed)
+__device__ __forceinline__ double snq_wrap(double x, double half) {
+    return x > half ? x - 2.0 * half : (x <= -half ? x + 2.0 * half : x);
+}
+
+// the spike count of a voltage (no gradient)
+template <int CHIP>
+__device__ __forceinline__ double snq_chip_count(const snq_chip_params& p, double v) {
+    if (CHIP == SNQ_CHIP_XYLO) {
+        if (v < p.threshold) {
+            return 0.0;
+        }
+        const double n = floor(v / p.threshold);
+        return n > p.max_spikes ? p.max_spikes : n;
+    } else if (CHIP == SNQ_CHIP_LOIHI) {
+        return v > p.threshold ? 1.0 : 0.0;
+    }
+    if (p.max_spikes != 0.0) {
+        return v > 0.0 ? floor(v / p.threshold) : 0.0;
+    }
+    return v >= p.threshold ? 1.0 : 0.0;
+}
+
+// Xylo's membrane update from V[t-1] and I[t], before firing: the three saturations
+struct snq_xylo_membrane {
+    double v;         // the voltage before firing
+    bool m1, m2, m3;  // inside each saturation (the gradient passes)
+};
+
+__device__ __forceinline__ snq_xylo_membrane snq_xylo_charge(const snq_chip_params& p,
+                                                             double v_before, double isyn,
+                                                             const double* bias, int j) {
+    snq_xylo_membrane r;
+    const double leak = v_before - snq_bitshift_decay(v_before, p.mem);
+    const double r1 = isyn - leak;
+    r.m1 = r1 >= p.lo && r1 <= p.hi;
+    double d = snq_clamp(r1, p.lo, p.hi);
+    r.m2 = true;
+    if (bias != 0) {
+        const double r2 = d + bias[j];
+        r.m2 = r2 >= p.lo && r2 <= p.hi;
+        d = snq_clamp(r2, p.lo, p.hi);
+    }
+    const double r3 = v_before + d;
+    r.m3 = r3 >= p.lo && r3 <= p.hi;
+    r.v = snq_clamp(r3, p.lo, p.hi);
+    return r;
+}
+
+// One forward step of chip neuron i at time t (element e = t * M + i): updates the states s0, s1
+// and writes what the backward needs; returns the spike count.
+template <int CHIP>
+__device__ __forceinline__ double snq_chip_forward_step(
+    const snq_chip_params& p, double& s0, double& s1, const double* x, const double* up,
+    const double* down, const double* counts, const double* weight, const double* bias,
+    double* save0, double* save1, int t, long long i, long long e, long long N_samples,
+    int out_features, int in_features) {
+    const int j = (int)(i % out_features);
+    if (CHIP == SNQ_CHIP_XYLO) {
+        double acc;
+        if (s0 + up[e] <= p.hi && s0 + down[e] >= p.lo) {
+            acc = s0 + x[e];  // no partial sum can saturate: the plain sum
+        } else {
+            // one event source at a time, in ascending order, saturating after each
+            const long long n = i / out_features;
+            const double* c = counts + ((long long)t * N_samples + n) * in_features;
+            const double* w = weight + (long long)j * in_features;
+            acc = s0;
+            for (int k = 0; k < in_features; ++k) {
+                if (c[k] != 0.0) {
+                    acc = snq_clamp(acc + c[k] * w[k], p.lo, p.hi);
+                }
+            }
+        }
+        s0 = snq_bitshift_decay(acc, p.syn);
+        const snq_xylo_membrane m = snq_xylo_charge(p, s1, s0, bias, j);
+        const double n_spikes = snq_chip_count<CHIP>(p, m.v);
+        s1 = m.v - n_spikes * p.threshold;
+        save0[e] = s0;
+        save1[e] = s1;
+        return n_spikes;
+    } else if (CHIP == SNQ_CHIP_LOIHI) {
+        s0 = snq_wrap(snq_truncated_decay(s0, p.syn) + 64.0 * x[e], p.half);
+        double pre = snq_truncated_decay(s1, p.mem) + s0;
+        if (bias != 0) {
+            pre = pre + bias[j] * p.bias_scale;
+        }
+        const double v = snq_clamp(pre, p.lo, p.hi);
+        const double s = snq_chip_count<CHIP>(p, v);
+        s1 = v * (1.0 - s);
+        save0[e] = pre;
+        return s;
+    }
+    const double v = s0 + x[e];
+    const double n_spikes = snq_chip_count<CHIP>(p, v);
+    const double after = v - n_spikes * p.threshold;
+    s0 = after < p.lo ? p.lo : after;
+    save0[e] = v;
+    return n_spikes;
+}
+
+// dn/dv of the surrogate spike count
+template <int SURROGATE>
+__device__ __forceinline__ double snq_chip_surrogate(const snq_chip_params& p, double v) {
+    return snq_surrogate_grad<SURROGATE>((v - p.fire_scale) / p.fire_scale, p.alpha) /
+           p.fire_scale;
+}
+
+// One backward step of chip neuron i at time t: from dL/d(out[t]) (grad_out) and the carried
+// gradients g0, g1 of the states after step t, the gradient of x[t] (returned), of the states
+// before step t (g0, g1 updated) and this step's term of the bias gradient (grad_bias).
+template <int CHIP, int SURROGATE>
+__device__ __forceinline__ double snq_chip_backward_step(
+    const snq_chip_params& p, double& g0, double& g1, double& grad_bias, double grad_out,
+    const double* save0, const double* save1, const double* s1_init, const double* bias,
+    int t, long long i, long long e, long long M, int out_features) {
+    if (CHIP == SNQ_CHIP_XYLO) {
+        const double v_before = t > 0 ? save1[e - M] : (s1_init != 0 ? s1_init[i] : 0.0);
+        const snq_xylo_membrane m =
+            snq_xylo_charge(p, v_before, save0[e], bias, (int)(i % out_features));
+        const double g_count = grad_out - g1 * p.threshold;
+        const double g_v = g1 + g_count * snq_chip_surrogate<SURROGATE>(p, m.v);
+        const double g_r3 = m.m3 ? g_v : 0.0;
+        const double g_r2 = m.m2 ? g_r3 : 0.0;
+        const double g_r1 = m.m1 ? g_r2 : 0.0;
+        grad_bias = g_r2;
+        const double g_acc = (g0 + g_r1) * p.syn_grad;
+        g1 = g_r3 - g_r1 * p.mem_grad;
+        g0 = g_acc;
+        return g_acc;
+    } else if (CHIP == SNQ_CHIP_LOIHI) {
+        const double pre = save0[e];
+        const double v = snq_clamp(pre, p.lo, p.hi);
+        const double s = snq_chip_count<CHIP>(p, v);
+        const double g_s = grad_out - g1 * v;
+        const double g_v = g1 * (1.0 - s) + g_s * snq_chip_surrogate<SURROGATE>(p, v);
+        const double g_pre = (pre >= p.lo && pre <= p.hi) ? g_v : 0.0;
+        grad_bias = g_pre * p.bias_scale;
+        const double g_u = g0 + g_pre;
+        g1 = g_pre * p.mem_grad;
+        g0 = g_u * p.syn_grad;
+        return 64.0 * g_u;
+    }
+    const double v = save0[e];
+    const double n_spikes = snq_chip_count<CHIP>(p, v);
+    const double g_after = (v - n_spikes * p.threshold >= p.lo) ? g0 : 0.0;
+    const double g_count = grad_out - g_after * p.threshold;
+    const double g_v = g_after + g_count * snq_chip_surrogate<SURROGATE>(p, v);
+    grad_bias = 0.0;
+    g0 = g_v;
+    return g_v;
+}
+
+// Forward of neuron i: all T steps.
+template <int CHIP>
+__device__ __forceinline__ void snq_chip_forward_neuron(
+    const double* P, const double* x, const double* up, const double* down,
+    const double* counts, const double* weight, const double* bias, const double* s0_init,
+    const double* s1_init, double* out, double* save0, double* save1, double* s0_last,
+    double* s1_last, int T, long long M, int out_features, int in_features, long long i) {
+    const snq_chip_params p = snq_chip_make_params<CHIP>(P);
+    double s0 = s0_init != 0 ? s0_init[i] : 0.0;
+    double s1 = s1_init != 0 ? s1_init[i] : 0.0;
+    const long long n_samples = M / out_features;
+    long long e = i;
+    for (int t = 0; t < T; ++t, e += M) {
+        out[e] = snq_chip_forward_step<CHIP>(p, s0, s1, x, up, down, counts, weight, bias, save0,
+                                             save1, t, i, e, n_samples, out_features,
+                                             in_features);
+    }
+    s0_last[i] = s0;
+    if (s1_last != 0) {
+        s1_last[i] = s1;
+    }
+}
+
+// Backward of neuron i: reverse time. grad_out and the gradients of the last states may be null
+// (zero); grad_bias_partial [M] (the sum over time of the bias terms) may be null.
+template <int CHIP, int SURROGATE>
+__device__ __forceinline__ void snq_chip_backward_neuron(
+    const double* P, const double* save0, const double* save1, const double* s1_init,
+    const double* bias, const double* grad_out, const double* grad_s0_last,
+    const double* grad_s1_last, double* grad_x, double* grad_bias_partial, double* grad_s0_init,
+    double* grad_s1_init, int T, long long M, int out_features, long long i) {
+    const snq_chip_params p = snq_chip_make_params<CHIP>(P);
+    double g0 = grad_s0_last != 0 ? grad_s0_last[i] : 0.0;
+    double g1 = grad_s1_last != 0 ? grad_s1_last[i] : 0.0;
+    double g_bias = 0.0;
+    long long e = (long long)(T - 1) * M + i;
+    for (int t = T - 1; t >= 0; --t, e -= M) {
+        double term;
+        grad_x[e] = snq_chip_backward_step<CHIP, SURROGATE>(
+            p, g0, g1, term, grad_out != 0 ? grad_out[e] : 0.0, save0, save1, s1_init, bias, t,
+            i, e, M, out_features);
+        g_bias = g_bias + term;
+    }
+    grad_s0_init[i] = g0;
+    if (grad_s1_init != 0) {
+        grad_s1_init[i] = g1;
+    }
+    if (grad_bias_partial != 0) {
+        grad_bias_partial[i] = g_bias;
+    }
+}
+
+template <int CHIP>
+__global__ void snq_chip_forward(const double* __restrict__ P, const double* __restrict__ x,
+                                 const double* __restrict__ up, const double* __restrict__ down,
+                                 const double* __restrict__ counts,
+                                 const double* __restrict__ weight,
+                                 const double* __restrict__ bias,
+                                 const double* __restrict__ s0_init,
+                                 const double* __restrict__ s1_init, double* __restrict__ out,
+                                 double* __restrict__ save0, double* __restrict__ save1,
+                                 double* __restrict__ s0_last, double* __restrict__ s1_last,
+                                 const int T, const long long M, const int out_features,
+                                 const int in_features) {
+    const long long i = (long long)blockIdx.x * (long long)blockDim.x + (long long)threadIdx.x;
+    if (i >= M) {
+        return;
+    }
+    snq_chip_forward_neuron<CHIP>(P, x, up, down, counts, weight, bias, s0_init, s1_init, out,
+                                  save0, save1, s0_last, s1_last, T, M, out_features,
+                                  in_features, i);
+}
+
+template <int CHIP, int SURROGATE>
+__global__ void snq_chip_backward(const double* __restrict__ P,
+                                  const double* __restrict__ save0,
+                                  const double* __restrict__ save1,
+                                  const double* __restrict__ s1_init,
+                                  const double* __restrict__ bias,
+                                  const double* __restrict__ grad_out,
+                                  const double* __restrict__ grad_s0_last,
+                                  const double* __restrict__ grad_s1_last,
+                                  double* __restrict__ grad_x,
+                                  double* __restrict__ grad_bias_partial,
+                                  double* __restrict__ grad_s0_init,
+                                  double* __restrict__ grad_s1_init, const int T,
+                                  const long long M, const int out_features) {
+    const long long i = (long long)blockIdx.x * (long long)blockDim.x + (long long)threadIdx.x;
+    if (i >= M) {
+        return;
+    }
+    snq_chip_backward_neuron<CHIP, SURROGATE>(P, save0, save1, s1_init, bias, grad_out,
+                                              grad_s0_last, grad_s1_last, grad_x,
+                                              grad_bias_partial, grad_s0_init, grad_s1_init, T,
+                                              M, out_features, i);
+}

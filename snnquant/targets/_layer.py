@@ -17,6 +17,8 @@ import torch.nn as nn
 from spikingjelly.activation_based import base, layer as sj_layer, neuron, surrogate
 
 from .._io import atomic_write
+from ..functional.chip_neurons import surrogate_count
+from ..kernels.dispatch import DEFAULT_BACKEND, check_backend_name
 from ..functional.rounding import round as round_ste
 
 
@@ -78,14 +80,18 @@ class ChipLayer(base.MemoryModule):
     """Base of a chip's layer: weights and neurons in one module, stepping in the chip's integers.
 
     Subclasses define ``_step(c, w, b)`` (one step from the delayed input ``c``, the integer
-    weights ``w`` as the chip applies them and the integer bias ``b`` or ``None``) and
-    ``_chip_weight(w)`` (the integer weights as the chip applies them).
+    weights ``w`` as the chip applies them and the integer bias ``b`` or ``None``),
+    ``_multi_step(c_seq, w, b)`` (all steps, through :mod:`snnquant.kernels.chip` with the
+    layer's ``backend``) and ``_chip_weight(w)`` (the integer weights as the chip applies them).
     """
 
     def __init__(self, in_features: int, out_features: int, weight_step: float,
                  weight_range: tuple, bias_range: Optional[tuple], delay: int, input_max: int,
-                 surrogate_function, step_mode: str):
+                 surrogate_function, step_mode: str, backend: str = DEFAULT_BACKEND):
         super().__init__()
+        #: what runs the ``'m'`` step (:mod:`snnquant.kernels.chip`): ``'auto'``, ``'cpp'``,
+        #: ``'cupy'`` or ``'torch'``
+        self.backend = check_backend_name(backend)
         self.in_features = check_int("in_features", in_features, 1, 2 ** 31)
         self.out_features = check_int("out_features", out_features, 1, 2 ** 31)
         self.delay = check_int("delay", delay, 0, 1)
@@ -130,8 +136,7 @@ class ChipLayer(base.MemoryModule):
     def _fire(self, v: torch.Tensor, count: torch.Tensor, threshold: float) -> torch.Tensor:
         """Spikes with the exact ``count`` forward and the surrogate gradient
         :math:`\\sigma'((V - \\theta)/\\theta)/\\theta` backward."""
-        first = self.surrogate_function((v - threshold) / threshold)
-        return count + (first - first.detach())
+        return surrogate_count(self.surrogate_function, v, count, threshold)
 
     def integer_op(self, name: str):
         """The layer as an operation of an :class:`~snnquant.export.IntegerNetwork`
@@ -167,8 +172,12 @@ class ChipLayer(base.MemoryModule):
             first = self.last_input if self.last_input is not None else torch.zeros_like(x_seq[0])
             self.last_input = x_seq[-1]
             x_seq = torch.cat([first.unsqueeze(0), x_seq[:-1]])
-        w, b = self._chip_weight(self.integer_weight()), self.integer_bias()
-        return torch.stack([self._step(x_seq[t], w, b) for t in range(x_seq.shape[0])])
+        return self._multi_step(x_seq, self._chip_weight(self.integer_weight()),
+                                self.integer_bias())
+
+    def _multi_step(self, x_seq: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
+        """All steps from the delayed input; subclasses run :mod:`snnquant.kernels.chip`."""
+        raise NotImplementedError
 
 
 def sources(*modules) -> tuple:

@@ -45,6 +45,7 @@ from spikingjelly.activation_based import neuron
 
 from ..export.ir.chip_ops import LoihiLayerOp
 from ..functional.chip_neurons import loihi_lif_step
+from ..kernels.chip import loihi_lif_multi_step
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
                      pow2_step, read_checked_json, refuse, sources, write_checked_json)
 
@@ -129,15 +130,19 @@ class LoihiLIFLayer(ChipLayer):
         profile: :data:`LOIHI2`.
         surrogate_function: default ``surrogate.Sigmoid()``.
         step_mode: ``'s'`` or ``'m'``; the input is 0/1 spikes (``[N, in]`` or ``[T, N, in]``).
+        backend: what runs the ``'m'`` step: ``'auto'`` (the fused kernels of
+            :mod:`snnquant.kernels.chip` where they can run, else the torch loop), ``'cpp'``,
+            ``'cupy'`` or ``'torch'``; the spikes and states are the same.
     """
 
     def __init__(self, in_features: int, out_features: int, vth: int, du: int = 4095,
                  dv: int = 2048, weight_step: float = 2.0 ** -7, weight_exp: int = 0,
                  bias: bool = False, bias_exp: int = 0, profile: LoihiProfile = LOIHI2,
-                 surrogate_function=None, step_mode: str = "s"):
+                 surrogate_function=None, step_mode: str = "s",
+                 backend: str = "auto"):
         super().__init__(in_features, out_features, weight_step, profile.weight_range,
                          profile.bias_range if bias else None, 1, 1, surrogate_function,
-                         step_mode)
+                         step_mode, backend)
         self.profile = profile
         self.vth = check_int("vth", vth, *profile.vth_range)
         self.du = check_int("du", du, *profile.decay_range)
@@ -169,6 +174,14 @@ class LoihiLIFLayer(ChipLayer):
             state, c, w, b, vth=self.vth, du=self.du, dv=self.dv, weight_exp=self.weight_exp,
             bias_exp=self.bias_exp, state_bits=self.profile.state_bits, fire=self._fire)
         return s.to(c.dtype)
+
+    def _multi_step(self, c_seq: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
+        state = None if not isinstance(self.u, torch.Tensor) else (self.u, self.v)
+        s, (self.u, self.v) = loihi_lif_multi_step(
+            state, c_seq, w, b, vth=self.vth, du=self.du, dv=self.dv, weight_exp=self.weight_exp,
+            bias_exp=self.bias_exp, state_bits=self.profile.state_bits,
+            surrogate_function=self.surrogate_function, backend=self.backend)
+        return s.to(c_seq.dtype)
 
 
 def _loihi_layers(model: nn.Module) -> List[tuple]:

@@ -48,6 +48,7 @@ from spikingjelly.activation_based import layer as sj_layer, neuron
 
 from ..export.ir.chip_ops import SpeckLayerOp
 from ..functional.chip_neurons import speck_iaf_step, speck_synapse
+from ..kernels.chip import speck_iaf_multi_step
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, pow2_step, read_checked_json,
                      refuse, sources, write_checked_json)
 
@@ -149,13 +150,16 @@ class SpeckIAFLayer(ChipLayer):
         profile: :data:`SPECK2F`.
         surrogate_function: default ``surrogate.Sigmoid()``.
         step_mode: ``'s'`` or ``'m'`` (input ``[N, *in_shape]`` or ``[T, N, *in_shape]``).
+        backend: what runs the ``'m'`` step: ``'auto'`` (the fused kernels of
+            :mod:`snnquant.kernels.chip` where they can run, else the torch loop), ``'cpp'``,
+            ``'cupy'`` or ``'torch'``; the spikes and states are the same.
     """
 
     def __init__(self, in_shape: Sequence[int], out_channels: int, kernel_size: Optional[int],
                  threshold: int, stride: int = 1, padding: int = 0, pool: int = 1,
                  bias: bool = False, weight_step: float = 2.0 ** -7, spike: str = "multi",
                  input_max: int = 1, profile: SpeckProfile = SPECK2F, surrogate_function=None,
-                 step_mode: str = "s"):
+                 step_mode: str = "s", backend: str = "auto"):
         in_shape = tuple(in_shape)
         if len(in_shape) == 1:
             in_shape = (in_shape[0], 1, 1)
@@ -169,7 +173,7 @@ class SpeckIAFLayer(ChipLayer):
         fan_in = in_shape[0] * (in_shape[1] * in_shape[2] if self.linear else k * k)
         super().__init__(fan_in, out_channels, weight_step, profile.weight_range,
                          profile.bias_range if bias else None, 0, input_max, surrogate_function,
-                         step_mode)
+                         step_mode, backend)
         if spike not in ("multi", "single"):
             raise ValueError(f"spike must be 'multi' or 'single', got {spike!r}")
         self.in_shape, self.kernel_size, self.spike, self.profile = in_shape, k, spike, profile
@@ -260,7 +264,11 @@ class SpeckIAFLayer(ChipLayer):
         t, n = x_seq.shape[:2]
         y = self._synapse(x_seq.flatten(0, 1), self.integer_weight(), self.integer_bias())
         y = y.reshape(t, n, *y.shape[1:])
-        return torch.stack([self._neuron(y[i]) for i in range(t)]).to(torch.float32)
+        out, self.v = speck_iaf_multi_step(
+            self.v if isinstance(self.v, torch.Tensor) else None, y, threshold=self.threshold,
+            spike=self.spike, v_min=self.profile.v_min, pool=self.pool,
+            surrogate_function=self.surrogate_function, backend=self.backend)
+        return (out.flatten(2) if self.linear else out).to(torch.float32)
 
 
 def _speck_layers(model: nn.Module) -> List[tuple]:

@@ -50,6 +50,7 @@ from spikingjelly.activation_based import neuron
 
 from ..export.ir.chip_ops import XyloLayerOp
 from ..functional.chip_neurons import xylo_lif_step
+from ..kernels.chip import xylo_lif_multi_step
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
                      pow2_step, read_checked_json, refuse, sources, write_checked_json)
 
@@ -150,17 +151,21 @@ class XyloLIFLayer(ChipLayer):
         profile: the chip's :class:`XyloProfile`.
         surrogate_function: a SpikingJelly surrogate (default ``surrogate.Sigmoid()``).
         step_mode: ``'s'`` or ``'m'`` (SpikingJelly's contract: ``[N, in]`` or ``[T, N, in]``).
+        backend: what runs the ``'m'`` step: ``'auto'`` (the fused kernels of
+            :mod:`snnquant.kernels.chip` where they can run, else the torch loop), ``'cpp'``,
+            ``'cupy'`` or ``'torch'``; the spikes and states are the same.
     """
 
     def __init__(self, in_features: int, out_features: int, threshold: int, dash_syn: int = 1,
                  dash_mem: int = 1, weight_step: float = 2.0 ** -7, weight_shift: int = 0,
                  max_spikes: int = 31, delay: int = 0, bias: bool = False,
                  input_max: Optional[int] = None, profile: XyloProfile = XYLO_AUDIO2,
-                 surrogate_function=None, step_mode: str = "s"):
+                 surrogate_function=None, step_mode: str = "s",
+                 backend: str = "auto"):
         super().__init__(in_features, out_features, weight_step, profile.weight_range,
                          profile.state_range if bias else None, delay,
                          profile.max_input_events if input_max is None else input_max,
-                         surrogate_function, step_mode)
+                         surrogate_function, step_mode, backend)
         self.profile = profile
         self.threshold = check_int("threshold", threshold, *profile.threshold_range)
         self.dash_syn = check_int("dash_syn", dash_syn, *profile.dash_range)
@@ -194,6 +199,15 @@ class XyloLIFLayer(ChipLayer):
             state, c, w_shifted, b, threshold=self.threshold, dash_syn=self.dash_syn,
             dash_mem=self.dash_mem, max_spikes=self.max_spikes,
             state_bits=self.profile.state_bits, fire=self._fire)
+        return n
+
+    def _multi_step(self, c_seq: torch.Tensor, w_shifted: torch.Tensor, b) -> torch.Tensor:
+        state = None if not isinstance(self.isyn, torch.Tensor) else (self.isyn, self.vmem)
+        n, (self.isyn, self.vmem) = xylo_lif_multi_step(
+            state, c_seq, w_shifted, b, threshold=self.threshold, dash_syn=self.dash_syn,
+            dash_mem=self.dash_mem, max_spikes=self.max_spikes,
+            state_bits=self.profile.state_bits, surrogate_function=self.surrogate_function,
+            backend=self.backend)
         return n
 
 
