@@ -215,7 +215,7 @@ def _run(launcher, chip: str, surrogate_function, P: list, x: torch.Tensor, out_
     one sample's neurons): ``(out [T, M], s0 [M], s1 [M])`` in float64, with gradients."""
     code, alpha = surrogate_kind(surrogate_function)
     T = x.shape[0]
-    M = x[0].numel() if T else int(torch.Size(x.shape[1:]).numel())
+    M = x[0].numel()
     params = torch.tensor(P + [alpha], dtype=torch.float64, device=x.device)
     s0, s1 = (None if s is None else s.reshape(M) for s in state)
     return _ChipNeuronFunction.apply(launcher, CHIP_CODES[chip], code, params,
@@ -263,8 +263,10 @@ def xylo_lif_multi_step(state, counts_seq: torch.Tensor, weight: torch.Tensor, b
 
     Returns:
         ``(n_seq, (I, V))``: ``[T, N, out]`` counts and the last state, in the dtype of
-        ``counts_seq`` (as the torch step returns them).
+        ``counts_seq`` (as the torch step returns them); ``state`` itself when ``T`` is 0.
     """
+    if counts_seq.shape[0] == 0:
+        return counts_seq.new_zeros(0, counts_seq.shape[1], weight.shape[0]), state
     launcher = _resolve(backend, counts_seq, surrogate_function, "counts_seq")
     if launcher is None:
         fire = lambda v, n, th: surrogate_count(surrogate_function, v, n, th)  # noqa: E731
@@ -274,8 +276,6 @@ def xylo_lif_multi_step(state, counts_seq: torch.Tensor, weight: torch.Tensor, b
                                      dash_syn=dash_syn, dash_mem=dash_mem, max_spikes=max_spikes,
                                      state_bits=state_bits, fire=fire)
             outs.append(n)
-        if not outs:
-            return counts_seq.new_zeros(0, counts_seq.shape[1], weight.shape[0]), state
         return torch.stack(outs), state
     T, N, _ = counts_seq.shape
     out_features, in_features = weight.shape
@@ -326,8 +326,12 @@ def loihi_lif_multi_step(state, spikes_seq: torch.Tensor, weight: torch.Tensor, 
         backend: see the module documentation.
 
     Returns:
-        ``(S_seq, (u, v))``, float64 (as the torch step returns them).
+        ``(S_seq, (u, v))``, float64 (as the torch step returns them); ``state`` itself when
+        ``T`` is 0.
     """
+    if spikes_seq.shape[0] == 0:
+        return torch.zeros(0, spikes_seq.shape[1], weight.shape[0], dtype=torch.float64,
+                           device=spikes_seq.device), state
     launcher = _resolve(backend, spikes_seq, surrogate_function, "spikes_seq")
     if launcher is None:
         fire = lambda v, n, th: surrogate_count(surrogate_function, v, n, th)  # noqa: E731
@@ -337,9 +341,6 @@ def loihi_lif_multi_step(state, spikes_seq: torch.Tensor, weight: torch.Tensor, 
                                       weight_exp=weight_exp, bias_exp=bias_exp,
                                       state_bits=state_bits, fire=fire)
             outs.append(s)
-        if not outs:
-            return torch.zeros(0, spikes_seq.shape[1], weight.shape[0], dtype=torch.float64,
-                               device=spikes_seq.device), state
         return torch.stack(outs), state
     T, N, _ = spikes_seq.shape
     out_features = weight.shape[0]
@@ -377,10 +378,14 @@ def speck_iaf_multi_step(v, current_seq: torch.Tensor, *, threshold: int, spike:
         backend: see the module documentation.
 
     Returns:
-        ``(out_seq, v)``, float64.
+        ``(out_seq, v)``, float64; ``v`` itself when ``T`` is 0.
     """
     if spike not in ("multi", "single"):
         raise ValueError(f"spike must be 'multi' or 'single', got {spike!r}")
+    if current_seq.shape[0] == 0:
+        shape = current_seq.shape
+        return torch.zeros(0, shape[1], shape[2], shape[3] // pool, shape[4] // pool,
+                           dtype=torch.float64, device=current_seq.device), v
     launcher = _resolve(backend, current_seq, surrogate_function, "current_seq")
     if launcher is None:
         fire = lambda u, n, th: surrogate_count(surrogate_function, u, n, th)  # noqa: E731
@@ -389,10 +394,6 @@ def speck_iaf_multi_step(v, current_seq: torch.Tensor, *, threshold: int, spike:
             n, v = speck_iaf_step(v, current_seq[t], threshold=threshold, spike=spike,
                                   v_min=v_min, pool=pool, fire=fire)
             outs.append(n)
-        if not outs:
-            shape = current_seq.shape
-            return current_seq.new_zeros(0, shape[1], shape[2], shape[3] // pool,
-                                         shape[4] // pool).to(torch.float64), v
         return torch.stack(outs), v
     T, N = current_seq.shape[:2]
     _state_shape((v,), current_seq.shape[1:], "speck_iaf_multi_step")

@@ -168,7 +168,7 @@ class ChipLayer(base.MemoryModule):
 
     def multi_step_forward(self, x_seq: torch.Tensor) -> torch.Tensor:
         self._check_counts(x_seq)
-        if self.delay:
+        if self.delay and x_seq.shape[0]:
             first = self.last_input if self.last_input is not None else torch.zeros_like(x_seq[0])
             self.last_input = x_seq[-1]
             x_seq = torch.cat([first.unsqueeze(0), x_seq[:-1]])

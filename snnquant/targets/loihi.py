@@ -177,10 +177,12 @@ class LoihiLIFLayer(ChipLayer):
 
     def _multi_step(self, c_seq: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
         state = None if not isinstance(self.u, torch.Tensor) else (self.u, self.v)
-        s, (self.u, self.v) = loihi_lif_multi_step(
+        s, state = loihi_lif_multi_step(
             state, c_seq, w, b, vth=self.vth, du=self.du, dv=self.dv, weight_exp=self.weight_exp,
             bias_exp=self.bias_exp, state_bits=self.profile.state_bits,
             surrogate_function=self.surrogate_function, backend=self.backend)
+        if state is not None:   # None: no step was run on a fresh layer
+            self.u, self.v = state
         return s.to(c_seq.dtype)
 
 

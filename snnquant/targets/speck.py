@@ -264,10 +264,12 @@ class SpeckIAFLayer(ChipLayer):
         t, n = x_seq.shape[:2]
         y = self._synapse(x_seq.flatten(0, 1), self.integer_weight(), self.integer_bias())
         y = y.reshape(t, n, *y.shape[1:])
-        out, self.v = speck_iaf_multi_step(
+        out, v = speck_iaf_multi_step(
             self.v if isinstance(self.v, torch.Tensor) else None, y, threshold=self.threshold,
             spike=self.spike, v_min=self.profile.v_min, pool=self.pool,
             surrogate_function=self.surrogate_function, backend=self.backend)
+        if v is not None:   # None: no step was run on a fresh layer
+            self.v = v
         return (out.flatten(2) if self.linear else out).to(torch.float32)
 
 

@@ -203,11 +203,13 @@ class XyloLIFLayer(ChipLayer):
 
     def _multi_step(self, c_seq: torch.Tensor, w_shifted: torch.Tensor, b) -> torch.Tensor:
         state = None if not isinstance(self.isyn, torch.Tensor) else (self.isyn, self.vmem)
-        n, (self.isyn, self.vmem) = xylo_lif_multi_step(
+        n, state = xylo_lif_multi_step(
             state, c_seq, w_shifted, b, threshold=self.threshold, dash_syn=self.dash_syn,
             dash_mem=self.dash_mem, max_spikes=self.max_spikes,
             state_bits=self.profile.state_bits, surrogate_function=self.surrogate_function,
             backend=self.backend)
+        if state is not None:   # None: no step was run on a fresh layer
+            self.isyn, self.vmem = state
         return n
 
 
