@@ -132,3 +132,41 @@ def test_nvcc_compiles_every_configuration(tmp_path):
     assert "warning" not in result.stderr.lower(), result.stderr
     ptx = (tmp_path / "all.ptx").read_text(encoding="utf-8")
     assert ptx.count(".entry") == len(names)
+
+
+def test_nvrtc_compiles_the_chip_kernels():
+    lib, path = _find_nvrtc()
+    if lib is None:
+        pytest.skip("libnvrtc not found (no CUDA toolkit and no nvidia-cuda-nvrtc wheel)")
+    from snnquant.kernels import chip
+    from snnquant.kernels.cupy_backend import NVRTC_OPTIONS
+
+    names = list(chip.kernel_names())
+    assert len(names) == 9
+    log, lowered, ptx = _Nvrtc(lib).compile(_fused.kernel_source(), names,
+                                            [*NVRTC_OPTIONS, f"--gpu-architecture={ARCH}"])
+    assert "warning" not in log.lower(), log
+    entries = {line.split()[-1].rstrip("(") for line in ptx.splitlines() if ".entry" in line}
+    assert {lowered[name] for name in names} <= entries, (path, sorted(entries))
+
+
+def test_nvcc_compiles_the_chip_kernels(tmp_path):
+    nvcc = shutil.which("nvcc")
+    if nvcc is None:
+        pytest.skip("nvcc is not on PATH")
+    from snnquant.kernels import chip
+
+    names = chip.kernel_names()
+    kernel_dir = Path(_fused.__file__).resolve().parent
+    table = ",\n".join(f"    (const void*)&{name}" for name in names)
+    source = tmp_path / "instantiate_chips.cu"
+    source.write_text(f'#include "neuron.cu"\nextern const void* const snq_chip_kernels[];\n'
+                      f'const void* const snq_chip_kernels[] = {{\n{table}\n}};\n',
+                      encoding="utf-8")
+    result = subprocess.run([nvcc, "--ptx", f"-arch={ARCH}", "-I", str(kernel_dir), str(source),
+                             "-o", str(tmp_path / "chips.ptx")],
+                            capture_output=True, text=True, check=False)
+    assert result.returncode == 0, result.stderr
+    assert "warning" not in result.stderr.lower(), result.stderr
+    ptx = (tmp_path / "chips.ptx").read_text(encoding="utf-8")
+    assert ptx.count(".entry") == len(names)

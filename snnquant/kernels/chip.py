@@ -19,7 +19,7 @@ they can run (a C++ compiler and a writable cache folder on the CPU, CuPy on CUD
 ``'cupy'`` refuse what they cannot run.
 
 Public names: :func:`xylo_lif_multi_step`, :func:`loihi_lif_multi_step`,
-:func:`speck_iaf_multi_step`, :data:`CHIP_CODES`.
+:func:`speck_iaf_multi_step`, :data:`CHIP_CODES`, :func:`kernel_names`.
 """
 
 from __future__ import annotations
@@ -36,7 +36,8 @@ from ..functional.chip_neurons import (loihi_dense, loihi_lif_step, speck_iaf_st
 from ._fused import KernelCache, surrogate_kind, kernel_source, pointer
 from .dispatch import resolve_backend
 
-__all__ = ["CHIP_CODES", "xylo_lif_multi_step", "loihi_lif_multi_step", "speck_iaf_multi_step"]
+__all__ = ["CHIP_CODES", "kernel_names", "xylo_lif_multi_step", "loihi_lif_multi_step",
+           "speck_iaf_multi_step"]
 
 #: the chip codes of ``neuron.cu`` (``SNQ_CHIP_*``)
 CHIP_CODES = {"xylo": 0, "loihi": 1, "speck": 2}
@@ -89,6 +90,13 @@ def _backward_name(chip: int, surrogate: int) -> str:
     return f"snq_chip_backward<{chip}, {surrogate}>"
 
 
+def kernel_names() -> tuple:
+    """The name expressions of the chip kernels that the CuPy launcher compiles (NVRTC): one
+    forward per chip, one backward per chip and surrogate."""
+    return tuple(_forward_name(c) for c in CHIP_CODES.values()) + tuple(
+        _backward_name(c, s) for c in CHIP_CODES.values() for s in (0, 1))
+
+
 class _CuPyChipLauncher:
     """Launches the chip kernels of ``neuron.cu`` with CuPy on PyTorch's current stream."""
 
@@ -101,8 +109,7 @@ class _CuPyChipLauncher:
         if M == 0:
             return
         cupy = self._cupy
-        names = tuple(_forward_name(c) for c in CHIP_CODES.values()) + tuple(
-            _backward_name(c, s) for c in CHIP_CODES.values() for s in (0, 1))
+        names = kernel_names()
 
         def build():
             module = cupy.RawModule(code=kernel_source(), options=NVRTC_OPTIONS,
