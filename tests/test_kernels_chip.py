@@ -18,7 +18,7 @@ from spikingjelly.activation_based import surrogate
 
 from snnquant.functional.bitshift import saturating_accumulate
 from snnquant.functional.chip_neurons import speck_synapse
-from snnquant.kernels import chip, cpp_backend
+from snnquant.kernels import chip, cpp_backend, cupy_available
 from snnquant.kernels.cupy_backend import CUDATensorsRequiredError
 from snnquant.targets.loihi import LoihiLIFLayer
 from snnquant.targets.speck import SpeckIAFLayer
@@ -44,21 +44,24 @@ def _leaves(*tensors):
     return [None if t is None else t.detach().clone().requires_grad_(True) for t in tensors]
 
 
-def _both(run, inputs):
-    """``run(backend, *leaves)`` -> (out, states) for the torch and cpp backends, with the
-    gradients of a loss weighting every output and final state by fixed random coefficients."""
+def _both(run, inputs, device="cpu"):
+    """``run(backend, *leaves)`` -> (out, states) for the torch backend and the fused one of
+    ``device`` (cpp on the CPU, cupy on CUDA), with the gradients of a loss weighting every output
+    and final state by fixed random coefficients."""
     results = {}
-    for backend in ("torch", "cpp"):
-        leaves = _leaves(*inputs)
+    for backend in ("torch", "cpp" if device == "cpu" else "cupy"):
+        leaves = _leaves(*(None if t is None else t.to(device) for t in inputs))
         out, states = run(backend, *leaves)
         g = torch.Generator().manual_seed(7)
-        loss = (out * torch.randn(out.shape, generator=g, dtype=torch.float64)).sum()
+        weights = lambda t: torch.randn(t.shape, generator=g, dtype=torch.float64).to(device)  # noqa: E731
+        loss = (out * weights(out)).sum()
         for s in states:
-            loss = loss + (s * torch.randn(s.shape, generator=g, dtype=torch.float64)).sum()
+            loss = loss + (s * weights(s)).sum()
         loss.backward()
-        grads = [None if t is None else t.grad for t in leaves]
-        results[backend] = (out.detach(), [s.detach() for s in states], grads)
-    return results["torch"], results["cpp"]
+        grads = [None if t is None else t.grad.cpu() for t in leaves]
+        results[backend != "torch"] = (out.detach().cpu(), [s.detach().cpu() for s in states],
+                                       grads)
+    return results[False], results[True]
 
 
 def _check(reference, fused):
@@ -85,7 +88,7 @@ def _ints(g, shape, lo, hi):
 @pytest.mark.parametrize("surrogate_name", sorted(SURROGATES))
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("saturating", [True, False], ids=["saturating", "in-range"])
-def test_xylo_kernel_equals_the_torch_step(saturating, bias, surrogate_name):
+def test_xylo_kernel_equals_the_torch_step(saturating, bias, surrogate_name, device="cpu"):
     g = torch.Generator().manual_seed(1)
     T, N, n_in, n_out = 9, 3, 12, 10
     counts = _ints(g, (T, N, n_in), 0, 15)
@@ -104,7 +107,7 @@ def test_xylo_kernel_equals_the_torch_step(saturating, bias, surrogate_name):
                                         dash_mem=3, max_spikes=31,
                                         surrogate_function=SURROGATES[surrogate_name],
                                         backend=backend)
-    reference, fused = _both(run, (counts, weight, b, *state))
+    reference, fused = _both(run, (counts, weight, b, *state), device)
     _check(reference, fused)
     assert float(reference[0].max()) > 1   # multi-spike counts
 
@@ -112,7 +115,7 @@ def test_xylo_kernel_equals_the_torch_step(saturating, bias, surrogate_name):
 @pytest.mark.parametrize("surrogate_name", sorted(SURROGATES))
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 @pytest.mark.parametrize("weight_exp", [7, 0, -3])
-def test_loihi_kernel_equals_the_torch_step(weight_exp, bias, surrogate_name):
+def test_loihi_kernel_equals_the_torch_step(weight_exp, bias, surrogate_name, device="cpu"):
     g = torch.Generator().manual_seed(2)
     T, N, n_in, n_out = 10, 3, 30, 8
     spikes = (torch.rand((T, N, n_in), generator=g) < 0.5).to(torch.float64)
@@ -127,7 +130,7 @@ def test_loihi_kernel_equals_the_torch_step(weight_exp, bias, surrogate_name):
                                          weight_exp=weight_exp, bias_exp=2,
                                          surrogate_function=SURROGATES[surrogate_name],
                                          backend=backend)
-    reference, fused = _both(run, (spikes, weight, b, *state))
+    reference, fused = _both(run, (spikes, weight, b, *state), device)
     _check(reference, fused)
     assert 0 < float(reference[0].mean()) < 1
 
@@ -135,7 +138,7 @@ def test_loihi_kernel_equals_the_torch_step(weight_exp, bias, surrogate_name):
 @pytest.mark.parametrize("surrogate_name", sorted(SURROGATES))
 @pytest.mark.parametrize("spike", ["multi", "single"])
 @pytest.mark.parametrize("pool", [1, 2])
-def test_speck_kernel_equals_the_torch_step(pool, spike, surrogate_name):
+def test_speck_kernel_equals_the_torch_step(pool, spike, surrogate_name, device="cpu"):
     g = torch.Generator().manual_seed(3)
     T, N = 8, 2
     x = _ints(g, (T * N, 2, 6, 6), 0, 3)
@@ -144,14 +147,14 @@ def test_speck_kernel_equals_the_torch_step(pool, spike, surrogate_name):
     v0 = _ints(g, (N, 4, 6, 6), -100, 100)
 
     def run(backend, w, bb, v):
-        current = speck_synapse(x, w, bb, stride=1, padding=1, linear=False)
+        current = speck_synapse(x.to(w.device), w, bb, stride=1, padding=1, linear=False)
         current = current.reshape(T, N, *current.shape[1:])
         out, v_last = chip.speck_iaf_multi_step(v, current, threshold=60, spike=spike,
                                                 v_min=-150, pool=pool,
                                                 surrogate_function=SURROGATES[surrogate_name],
                                                 backend=backend)
         return out, (v_last,)
-    reference, fused = _both(run, (weight, b, v0))
+    reference, fused = _both(run, (weight, b, v0), device)
     _check(reference, fused)
     assert float(reference[0].max()) >= 1
     if spike == "multi" and pool == 1:
@@ -286,3 +289,16 @@ def test_the_chip_library_is_one_cached_build(private_cache):
     built = sorted(p.name for p in private_cache.glob("snnquant_neuron_chip_*.so"))
     assert len(built) == 1
     assert built[0] == cpp_backend.library_path(None, directory=private_cache, mode="chip").name
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+@pytest.mark.skipif(not cupy_available(),
+                    reason="CuPy is not installed (pip install snnquant[cuda12] or [cuda13])")
+def test_cupy_chip_kernels_equal_the_torch_steps_on_cuda():
+    test_xylo_kernel_equals_the_torch_step(True, True, "sigmoid", device="cuda")
+    test_xylo_kernel_equals_the_torch_step(False, False, "atan", device="cuda")
+    test_loihi_kernel_equals_the_torch_step(7, True, "atan", device="cuda")
+    test_loihi_kernel_equals_the_torch_step(-3, False, "sigmoid", device="cuda")
+    test_speck_kernel_equals_the_torch_step(2, "multi", "sigmoid", device="cuda")
+    test_speck_kernel_equals_the_torch_step(1, "single", "atan", device="cuda")

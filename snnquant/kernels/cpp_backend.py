@@ -12,6 +12,8 @@ copied and there is no Python loop over neurons or steps.
 The same build has a test mode, ``mode='host'`` (:mod:`snnquant.kernels.host`): one library with
 every configuration, ``-O1``, ``host_entry.h`` instead of ``cpu_entry.h``, which runs the GPU
 kernels themselves once per neuron; both modes have the same compiler, flags and entry points.
+A third mode, ``mode='chip'``, builds the chip neurons of :mod:`snnquant.kernels.chip` (the same
+source with ``chip_entry.h``: every chip in one library, with its own two entry points).
 
 Built libraries are cached on disk, per user, in :func:`cache_dir`, under a name that hashes the
 kernel sources, the compiler's identity (``--version`` and what ``-march=native`` means on this

@@ -18,8 +18,8 @@ from spikingjelly.activation_based import base, layer as sj_layer, neuron, surro
 
 from .._io import atomic_write
 from ..functional.chip_neurons import surrogate_count
-from ..kernels.dispatch import DEFAULT_BACKEND, check_backend_name
 from ..functional.rounding import round as round_ste
+from ..kernels.dispatch import DEFAULT_BACKEND, check_backend_name
 
 
 def check_int(name: str, value, lo: int, hi: int) -> int:
