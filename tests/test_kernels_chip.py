@@ -53,7 +53,8 @@ def _both(run, inputs, device="cpu"):
         leaves = _leaves(*(None if t is None else t.to(device) for t in inputs))
         out, states = run(backend, *leaves)
         g = torch.Generator().manual_seed(7)
-        weights = lambda t: torch.randn(t.shape, generator=g, dtype=torch.float64).to(device)  # noqa: E731
+        def weights(t):
+            return torch.randn(t.shape, generator=g, dtype=torch.float64).to(device)
         loss = (out * weights(out)).sum()
         for s in states:
             loss = loss + (s * weights(s)).sum()

@@ -156,7 +156,7 @@ class LoihiLIFLayer(ChipLayer):
         return (f"{self.in_features}, {self.out_features}, vth={self.vth}, du={self.du}, "
                 f"dv={self.dv}, weight_step=2**{int(math.log2(self.weight_step))}, "
                 f"weight_exp={self.weight_exp}, bias={self.bias is not None}, "
-                f"step_mode={self.step_mode}")
+                f"step_mode={self.step_mode}, backend={self.backend}")
 
     def integer_op(self, name: str) -> LoihiLayerOp:
         """The layer as a :class:`~snnquant.export.ir.chip_ops.LoihiLayerOp` named ``name``."""

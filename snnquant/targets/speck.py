@@ -230,7 +230,8 @@ class SpeckIAFLayer(ChipLayer):
                                              f"pool={self.pool}")
         return (f"{self.in_shape}, {self.out_features}, {kind}, threshold={self.threshold}, "
                 f"weight_step=2**{int(math.log2(self.weight_step))}, "
-                f"bias={self.bias is not None}, spike={self.spike}, step_mode={self.step_mode}")
+                f"bias={self.bias is not None}, spike={self.spike}, step_mode={self.step_mode}, "
+                f"backend={self.backend}")
 
     def _synapse(self, x: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
         if x.shape[1:] != self.in_shape and not (self.linear and x[0].numel() == self.in_features):

@@ -180,7 +180,8 @@ class XyloLIFLayer(ChipLayer):
                 f"dash_syn={self.dash_syn}, dash_mem={self.dash_mem}, "
                 f"weight_step=2**{int(math.log2(self.weight_step))}, "
                 f"weight_shift={self.weight_shift}, max_spikes={self.max_spikes}, "
-                f"delay={self.delay}, bias={self.bias is not None}, step_mode={self.step_mode}")
+                f"delay={self.delay}, bias={self.bias is not None}, step_mode={self.step_mode}, "
+                f"backend={self.backend}")
 
     def integer_op(self, name: str) -> XyloLayerOp:
         """The layer as a :class:`~snnquant.export.ir.chip_ops.XyloLayerOp` named ``name``."""
