@@ -21,6 +21,9 @@ Public names:
 * :func:`select_backend`: the same, checked, as the step function to call.
 * :class:`KernelCacheError`: the kernel cache folder cannot be written (``backend='cpp'``).
 * :func:`supports`: whether a surrogate function and dtype are implemented by the kernels.
+
+The chip neurons of :mod:`snnquant.targets` (Xylo, Loihi, Speck) have their own kernels in the
+same source, run by :mod:`snnquant.kernels.chip` (not imported by this package).
 """
 
 from ._fused import SUPPORTED_SURROGATES, supports
