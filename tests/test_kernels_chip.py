@@ -303,3 +303,25 @@ def test_cupy_chip_kernels_equal_the_torch_steps_on_cuda():
     test_loihi_kernel_equals_the_torch_step(-3, False, "sigmoid", device="cuda")
     test_speck_kernel_equals_the_torch_step(2, "multi", "sigmoid", device="cuda")
     test_speck_kernel_equals_the_torch_step(1, "single", "atan", device="cuda")
+
+
+def test_quantize_for_a_chip_passes_the_backend_to_every_layer():
+    from spikingjelly.activation_based import layer, neuron
+    import torch.nn as nn
+
+    from snnquant.targets import quantize_for_loihi, quantize_for_speck, quantize_for_xylo
+
+    def pairs(v_reset):
+        return nn.Sequential(layer.Linear(4, 3, step_mode="m"),
+                             neuron.LIFNode(v_reset=v_reset, step_mode="m"),
+                             layer.Linear(3, 2, step_mode="m"),
+                             neuron.LIFNode(v_reset=v_reset, step_mode="m"))
+    speck_net = nn.Sequential(layer.Conv2d(1, 2, 3, bias=False, step_mode="m"),
+                              neuron.IFNode(v_reset=None, step_mode="m"))
+    nets = [quantize_for_xylo(pairs(None), backend="torch"),
+            quantize_for_loihi(pairs(0.0), backend="torch"),
+            quantize_for_speck(speck_net, (1, 5, 5), backend="torch")]
+    for net in nets:
+        assert [m.backend for m in net] == ["torch"] * len(net)
+    with pytest.raises(ValueError, match=r"backend must be one of .*'numba'"):
+        quantize_for_xylo(pairs(None), backend="numba")

@@ -225,7 +225,8 @@ def check_loihi(model: nn.Module, profile: Optional[LoihiProfile] = None) -> Lis
 
 
 def quantize_for_loihi(model: nn.Module, profile: LoihiProfile = LOIHI2,
-                       surrogate_function=None, step_mode: str = "m") -> nn.Sequential:
+                       surrogate_function=None, step_mode: str = "m",
+                       backend: str = "auto") -> nn.Sequential:
     r"""A SpikingJelly network of ``Linear`` + ``LIFNode``/``IFNode`` pairs as a stack of
     :class:`LoihiLIFLayer` that trains in Lava's fixed point.
 
@@ -240,6 +241,12 @@ def quantize_for_loihi(model: nn.Module, profile: LoihiProfile = LOIHI2,
     with the smallest ``bias_exp`` that fits the 13-bit mantissa. The
     result computes a different network (one step of delay per layer, Lava's roundings and
     reset): train (or fine-tune) it.
+
+    Args:
+        model: the ``nn.Sequential``.
+        profile: :data:`LOIHI2`.
+        surrogate_function, step_mode: of every layer.
+        backend: of every layer (what runs its ``'m'`` step, see :class:`LoihiLIFLayer`).
 
     Raises:
         ValueError: naming the module, for any other module, a reset other than to 0
@@ -268,7 +275,8 @@ def quantize_for_loihi(model: nn.Module, profile: LoihiProfile = LOIHI2,
         new = LoihiLIFLayer(lin.in_features, lin.out_features, vth=vth, du=4095,
                             dv=min(dv, profile.decay_range[1]), weight_step=step, weight_exp=0,
                             bias=lin.bias is not None, bias_exp=bias_exp, profile=profile,
-                            surrogate_function=surrogate_function, step_mode=step_mode)
+                            surrogate_function=surrogate_function, step_mode=step_mode,
+                            backend=backend)
         with torch.no_grad():
             new.weight.copy_(lin.weight.clamp(lo * step, hi * step))
             if lin.bias is not None:

@@ -409,7 +409,7 @@ def _speck_units(model: nn.Module, chip: str) -> List[dict]:
 def quantize_for_speck(model: nn.Module, input_shape: Sequence[int],
                        profile: SpeckProfile = SPECK2F, input_max: int = 1,
                        spike: str = "multi", surrogate_function=None,
-                       step_mode: str = "m") -> nn.Sequential:
+                       step_mode: str = "m", backend: str = "auto") -> nn.Sequential:
     r"""A SpikingJelly network of ``Conv2d``/``Linear`` + ``IFNode`` units (each optionally
     followed by an ``AvgPool2d``) as a stack of :class:`SpeckIAFLayer` that trains in Sinabs'
     Speck arithmetic.
@@ -429,6 +429,7 @@ def quantize_for_speck(model: nn.Module, input_shape: Sequence[int],
             the later layers take up to :math:`2^{15}`).
         spike: ``'multi'`` or ``'single'`` (see :class:`SpeckIAFLayer`).
         surrogate_function, step_mode: of every layer.
+        backend: of every layer (what runs its ``'m'`` step, see :class:`SpeckIAFLayer`).
 
     Raises:
         ValueError: naming the module, for any other module, a neuron that leaks or resets to a
@@ -458,7 +459,8 @@ def quantize_for_speck(model: nn.Module, input_shape: Sequence[int],
         pool = unit["pool"][1] if "pool" in unit else 1
         common = dict(threshold=threshold, bias=syn.bias is not None, weight_step=step,
                       spike=spike, input_max=input_max if i == 0 else 2 ** 15, profile=profile,
-                      surrogate_function=surrogate_function, step_mode=step_mode)
+                      surrogate_function=surrogate_function, step_mode=step_mode,
+                      backend=backend)
         if isinstance(syn, nn.Conv2d):
             k, st, pad = syn.kernel_size, syn.stride, syn.padding
             if k[0] != k[1] or st[0] != st[1] or pad[0] != pad[1] or syn.groups != 1 \

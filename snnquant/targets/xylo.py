@@ -281,7 +281,8 @@ def check_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> List[
 
 
 def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash_syn: int = 1,
-                      surrogate_function=None, step_mode: str = "m") -> nn.Sequential:
+                      surrogate_function=None, step_mode: str = "m",
+                      backend: str = "auto") -> nn.Sequential:
     r"""A SpikingJelly network of ``Linear`` + neuron pairs as a stack of :class:`XyloLIFLayer`
     that trains in Xylo's arithmetic.
 
@@ -309,6 +310,7 @@ def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash
         dash_syn: the synaptic decay of every layer.
         surrogate_function: surrogate of the spikes (default ``surrogate.Sigmoid()``).
         step_mode: of the layers.
+        backend: of the layers (what runs their ``'m'`` step, see :class:`XyloLIFLayer`).
 
     Raises:
         ValueError: naming the module, for a module that is not one of the above, a neuron with
@@ -340,7 +342,7 @@ def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash
                            input_max=profile.max_input_events if previous is None
                            else previous.max_spikes,
                            profile=profile, surrogate_function=surrogate_function,
-                           step_mode=step_mode)
+                           step_mode=step_mode, backend=backend)
         with torch.no_grad():
             new.weight.copy_(lin.weight.clamp(lo * step, hi * step))
             if lin.bias is not None:
