@@ -1,9 +1,10 @@
 """``neuron.cu`` compiles for the GPU, checked without a GPU.
 
 * NVRTC (the compiler CuPy uses at run time) through ctypes, with the same name expressions the
-  launcher asks CuPy for, for every configuration; libnvrtc ships with PyTorch's CUDA wheels
+  launchers ask CuPy for, for every configuration and the chip kernels; libnvrtc ships with PyTorch's CUDA wheels
   (``nvidia/*/lib``) or the CUDA toolkit.
-* ``nvcc --ptx`` when nvcc is on PATH, for the float32 and bfloat16 instantiations.
+* ``nvcc --ptx`` when nvcc is on PATH, for the float32 and bfloat16 instantiations and the chip
+  kernels.
 
 Each is skipped, with the reason, where its compiler is missing.
 """
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from snnquant.kernels import _fused
+from snnquant.kernels import _fused, chip
 
 ARCH = "compute_80"  # accepted by NVRTC/nvcc from CUDA 11.1 to 13
 
@@ -95,8 +96,9 @@ def test_nvrtc_compiles_every_configuration():
         pytest.skip("libnvrtc not found (no CUDA toolkit and no nvidia-cuda-nvrtc wheel)")
     from snnquant.kernels.cupy_backend import NVRTC_OPTIONS
 
-    names = _kernel_names()
-    assert len(names) == 240
+    # the neuron kernels of every configuration and the chip kernels (kernels.chip's names)
+    names = _kernel_names() + list(chip.kernel_names())
+    assert len(names) == 240 + 9
     log, lowered, ptx = _Nvrtc(lib).compile(_fused.kernel_source(), names,
                                             [*NVRTC_OPTIONS, f"--gpu-architecture={ARCH}"])
     assert "warning" not in log.lower(), log
@@ -117,9 +119,11 @@ def test_nvcc_compiles_every_configuration(tmp_path):
     if nvcc is None:
         pytest.skip("nvcc is not on PATH")
     kernel_dir = Path(_fused.__file__).resolve().parent
-    # NVRTC above compiles all 240; nvcc (slower) checks the float32 and bfloat16 half of them
+    # NVRTC above compiles all 240; nvcc (slower) checks the float32 and bfloat16 half of them,
+    # and the 9 chip kernels
     names = [name for name in _kernel_names() if "<float," in name or "<snq_bfloat16," in name]
-    assert len(names) == 120
+    names += chip.kernel_names()
+    assert len(names) == 120 + 9
     # taking each kernel's address instantiates it, as NVRTC's name expressions do
     table = ",\n".join(f"    (const void*)&{name}" for name in names)
     source = tmp_path / "instantiate_all.cu"
@@ -133,40 +137,3 @@ def test_nvcc_compiles_every_configuration(tmp_path):
     ptx = (tmp_path / "all.ptx").read_text(encoding="utf-8")
     assert ptx.count(".entry") == len(names)
 
-
-def test_nvrtc_compiles_the_chip_kernels():
-    lib, path = _find_nvrtc()
-    if lib is None:
-        pytest.skip("libnvrtc not found (no CUDA toolkit and no nvidia-cuda-nvrtc wheel)")
-    from snnquant.kernels import chip
-    from snnquant.kernels.cupy_backend import NVRTC_OPTIONS
-
-    names = list(chip.kernel_names())
-    assert len(names) == 9
-    log, lowered, ptx = _Nvrtc(lib).compile(_fused.kernel_source(), names,
-                                            [*NVRTC_OPTIONS, f"--gpu-architecture={ARCH}"])
-    assert "warning" not in log.lower(), log
-    entries = {line.split()[-1].rstrip("(") for line in ptx.splitlines() if ".entry" in line}
-    assert {lowered[name] for name in names} <= entries, (path, sorted(entries))
-
-
-def test_nvcc_compiles_the_chip_kernels(tmp_path):
-    nvcc = shutil.which("nvcc")
-    if nvcc is None:
-        pytest.skip("nvcc is not on PATH")
-    from snnquant.kernels import chip
-
-    names = chip.kernel_names()
-    kernel_dir = Path(_fused.__file__).resolve().parent
-    table = ",\n".join(f"    (const void*)&{name}" for name in names)
-    source = tmp_path / "instantiate_chips.cu"
-    source.write_text(f'#include "neuron.cu"\nextern const void* const snq_chip_kernels[];\n'
-                      f'const void* const snq_chip_kernels[] = {{\n{table}\n}};\n',
-                      encoding="utf-8")
-    result = subprocess.run([nvcc, "--ptx", f"-arch={ARCH}", "-I", str(kernel_dir), str(source),
-                             "-o", str(tmp_path / "chips.ptx")],
-                            capture_output=True, text=True, check=False)
-    assert result.returncode == 0, result.stderr
-    assert "warning" not in result.stderr.lower(), result.stderr
-    ptx = (tmp_path / "chips.ptx").read_text(encoding="utf-8")
-    assert ptx.count(".entry") == len(names)

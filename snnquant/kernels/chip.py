@@ -230,6 +230,18 @@ def _run(launcher, chip: str, surrogate_function, P: list, x: torch.Tensor, out_
                                      s0, s1, up, down, counts, weight)
 
 
+def _torch_loop(step, state, seq: torch.Tensor, surrogate_function, *args, **kwargs):
+    """The torch backend: ``step(state, seq[t], *args, fire=..., **kwargs)`` (a step of
+    :mod:`snnquant.functional.chip_neurons`) at every ``t``; ``(stacked outputs, last state)``."""
+    def fire(v, n, threshold):
+        return surrogate_count(surrogate_function, v, n, threshold)
+    outs = []
+    for t in range(seq.shape[0]):
+        out, state = step(state, seq[t], *args, fire=fire, **kwargs)
+        outs.append(out)
+    return torch.stack(outs), state
+
+
 def _state_shape(state, shape, what: str):
     for s in state:
         if s is not None and tuple(s.shape) != tuple(shape):
@@ -276,14 +288,9 @@ def xylo_lif_multi_step(state, counts_seq: torch.Tensor, weight: torch.Tensor, b
         return counts_seq.new_zeros(0, counts_seq.shape[1], weight.shape[0]), state
     launcher = _resolve(backend, counts_seq, surrogate_function, "counts_seq")
     if launcher is None:
-        fire = lambda v, n, th: surrogate_count(surrogate_function, v, n, th)  # noqa: E731
-        outs = []
-        for t in range(counts_seq.shape[0]):
-            n, state = xylo_lif_step(state, counts_seq[t], weight, bias, threshold=threshold,
-                                     dash_syn=dash_syn, dash_mem=dash_mem, max_spikes=max_spikes,
-                                     state_bits=state_bits, fire=fire)
-            outs.append(n)
-        return torch.stack(outs), state
+        return _torch_loop(xylo_lif_step, state, counts_seq, surrogate_function, weight, bias,
+                           threshold=threshold, dash_syn=dash_syn, dash_mem=dash_mem,
+                           max_spikes=max_spikes, state_bits=state_bits)
     T, N, _ = counts_seq.shape
     out_features, in_features = weight.shape
     _state_shape(state or (), (N, out_features), "xylo_lif_multi_step")
@@ -341,14 +348,9 @@ def loihi_lif_multi_step(state, spikes_seq: torch.Tensor, weight: torch.Tensor, 
                            device=spikes_seq.device), state
     launcher = _resolve(backend, spikes_seq, surrogate_function, "spikes_seq")
     if launcher is None:
-        fire = lambda v, n, th: surrogate_count(surrogate_function, v, n, th)  # noqa: E731
-        outs = []
-        for t in range(spikes_seq.shape[0]):
-            s, state = loihi_lif_step(state, spikes_seq[t], weight, bias, vth=vth, du=du, dv=dv,
-                                      weight_exp=weight_exp, bias_exp=bias_exp,
-                                      state_bits=state_bits, fire=fire)
-            outs.append(s)
-        return torch.stack(outs), state
+        return _torch_loop(loihi_lif_step, state, spikes_seq, surrogate_function, weight, bias,
+                           vth=vth, du=du, dv=dv, weight_exp=weight_exp, bias_exp=bias_exp,
+                           state_bits=state_bits)
     T, N, _ = spikes_seq.shape
     out_features = weight.shape[0]
     _state_shape(state or (), (N, out_features), "loihi_lif_multi_step")
@@ -395,13 +397,8 @@ def speck_iaf_multi_step(v, current_seq: torch.Tensor, *, threshold: int, spike:
                            dtype=torch.float64, device=current_seq.device), v
     launcher = _resolve(backend, current_seq, surrogate_function, "current_seq")
     if launcher is None:
-        fire = lambda u, n, th: surrogate_count(surrogate_function, u, n, th)  # noqa: E731
-        outs = []
-        for t in range(current_seq.shape[0]):
-            n, v = speck_iaf_step(v, current_seq[t], threshold=threshold, spike=spike,
-                                  v_min=v_min, pool=pool, fire=fire)
-            outs.append(n)
-        return torch.stack(outs), v
+        return _torch_loop(speck_iaf_step, v, current_seq, surrogate_function,
+                           threshold=threshold, spike=spike, v_min=v_min, pool=pool)
     T, N = current_seq.shape[:2]
     _state_shape((v,), current_seq.shape[1:], "speck_iaf_multi_step")
     n, s0, _ = _run(launcher, "speck", surrogate_function,
