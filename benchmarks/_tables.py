@@ -16,13 +16,41 @@ import statistics
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
+#: an absolute path of this machine in a results file (where it ran, its interpreter, scratch
+#: folders): the files are read on other machines, so none may stay (:func:`portable`)
+ABSOLUTE_PATH = re.compile(r"(?<![\w.~<>$-])/(?:work|tmp|root|home|usr|opt|var|mnt|srv|scratch)"
+                           r"(?:/[^\s\"'`,;)\]|]+)*")
+_CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _portable_path(path: str) -> str:
+    if re.search(r"/bin/python[\d.]*$", path):
+        return "python"
+    if path == _CHECKOUT or path.startswith(_CHECKOUT + "/"):
+        return os.path.relpath(path, _CHECKOUT)
+    if "/shared/data/" in path:
+        return "../shared/data/" + path.split("/shared/data/", 1)[1]
+    if path.startswith("/tmp"):
+        return "$TMPDIR" + path[len("/tmp"):]
+    parts = path.strip("/").split("/")
+    return "/".join(parts[1:]) or parts[0]  # a scratch folder beside a checkout: its own name
+
+
+def portable(text: str) -> str:
+    """``text`` with every absolute path of this machine made portable: the checkout's paths
+    relative to it, the shared recordings as ``../shared/data/...``, an interpreter as ``python``,
+    ``/tmp/x`` as ``$TMPDIR/x`` and another folder by its path below the top folder."""
+    return ABSOLUTE_PATH.sub(lambda m: _portable_path(m.group(0)), text)
+
+
 def write_atomic(path, text: str) -> str:
     """Write ``text`` to ``path`` through ``<path>.tmp`` and a rename, so that a reader (or a run
-    cut short) never leaves half a file; return the path."""
+    cut short) never leaves half a file; return the path. Absolute paths of this machine in
+    ``text`` are written portable (:func:`portable`)."""
     path = str(path)
     tmp = path + ".tmp"
     with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
+        f.write(portable(text))
     os.replace(tmp, path)
     return path
 
@@ -88,7 +116,17 @@ def write_rst_table(results_dir: str, name: str) -> str:
     return write_atomic(os.path.join(results_dir, name + "_table.rst"), text)
 
 
-if __name__ == "__main__":  # python benchmarks/_tables.py NAME...: rewrite the tables of results/
+if __name__ == "__main__":
+    # python benchmarks/_tables.py NAME...: rewrite the tables of results/;
+    # python benchmarks/_tables.py --portable: make every results file's paths portable
     import sys
-    for name in sys.argv[1:]:
-        print(write_rst_table(RESULTS, name))
+    if sys.argv[1:] == ["--portable"]:
+        for folder, _, names in os.walk(RESULTS):
+            for name in names:
+                with open(os.path.join(folder, name), encoding="utf-8") as f:
+                    text = f.read()
+                if portable(text) != text:
+                    print(write_atomic(os.path.join(folder, name), text))
+    else:
+        for name in sys.argv[1:]:
+            print(write_rst_table(RESULTS, name))

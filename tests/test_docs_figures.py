@@ -72,3 +72,21 @@ def test_every_percentage_in_the_docs_is_in_the_results(name):
         if (path.name, figure) in CITED:
             continue
         assert figure in measured, f"{name}: {figure}% is in no file of benchmarks/results/"
+
+
+def test_no_results_file_holds_an_absolute_path_of_the_machine_that_wrote_it():
+    tables = _tables()
+    found = [f"{path.relative_to(RESULTS)}: {m.group(0)}" for path in sorted(RESULTS.rglob("*"))
+             if path.is_file() for m in tables.ABSOLUTE_PATH.finditer(path.read_text())]
+    assert found == [], "run python benchmarks/_tables.py --portable"
+
+
+def test_results_are_written_with_portable_paths(tmp_path):
+    tables = _tables()
+    checkout = str(ROOT)
+    text = (f"`{checkout}/.venv/bin/python {checkout}/benchmarks/x.py --real-split "
+            f"/work/shared/data/nmnist-real-1k --out /tmp/run1 --fp-cache /work/runs/fp_cache`")
+    path = tables.write_atomic(tmp_path / "r.md", text)
+    assert open(path).read() == ("`python benchmarks/x.py --real-split ../shared/data/"
+                                 "nmnist-real-1k --out $TMPDIR/run1 --fp-cache runs/fp_cache`")
+    assert tables.portable("W2/V4 at 0.5 ms, 10/20 (min..max)") == "W2/V4 at 0.5 ms, 10/20 (min..max)"
