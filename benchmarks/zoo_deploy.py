@@ -17,7 +17,13 @@ network:
   layers that never spiked; or the refusal (the submodule, its class and the operation);
 * C: ``to_c`` compiled with ``-std=c99 -Wall -Wextra -Werror -pedantic -O1``, run on the same
   input: equal to IntegerSNN's last layer at every step, with ROM and RAM; or the refusal;
-* NIR: ``to_nir``: the number of nodes, or the refusal.
+* NIR: ``to_nir``: the number of nodes, or the refusal;
+* Xylo, Loihi 2, Speck: ``quantize_for_xylo`` / ``quantize_for_loihi`` / ``quantize_for_speck``
+  of the float network (the chips' own layers train in the chip's arithmetic): the number of chip
+  layers, or the refusal.
+
+:func:`readme_table` is the short form of the table that the README shows (one word or the
+reason per cell); tests/test_readme.py checks the README's copy against ``zoo_deploy.json``.
 
 Prints a Markdown table and writes ``benchmarks/results/zoo_deploy.json`` and ``.md``, and the
 table the deploy guide includes, ``benchmarks/results/zoo_deploy_table.rst``. About fifteen minutes
@@ -56,7 +62,7 @@ from snnquant.export import (FoldWarning, SilentNetworkWarning, c_memory,  # noq
 
 T, N = 4, 2
 STRICT = ["-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O1"]
-COLUMNS = ("quantize", "train", "fold", "IntegerSNN", "C", "NIR")
+COLUMNS = ("quantize", "train", "fold", "IntegerSNN", "C", "NIR", "Xylo", "Loihi 2", "Speck")
 
 
 def networks():
@@ -197,6 +203,7 @@ def measure(name, build, shape, multi) -> dict:
     x_seq = (torch.rand((T, N) + shape, generator=g) > 0.5).float()
     x = x_seq if multi is True else x_seq[0]
     row = {"network": name}
+    row.update(chip_columns(build, shape, multi))
     try:
         net = keep_spiking(build())
         if multi:
@@ -260,6 +267,54 @@ def measure(name, build, shape, multi) -> dict:
         row["NIR"] = _first_line(err)
     row["seconds"] = round(time.perf_counter() - start, 1)
     return row
+
+
+def chip_columns(build, shape, multi) -> dict:
+    """The chip columns of a row: each chip's ``quantize_for_*`` of a fresh float network."""
+    from spikingjelly.activation_based import functional as sjf
+    from snnquant.targets import quantize_for_loihi, quantize_for_speck, quantize_for_xylo
+    cells = {}
+    for column, convert in (("Xylo", quantize_for_xylo), ("Loihi 2", quantize_for_loihi),
+                            ("Speck", lambda net: quantize_for_speck(net, shape))):
+        try:
+            net = build()
+            if multi:
+                sjf.set_step_mode(net, "m")
+            cells[column] = f"ok, {len(convert(net))} chip layers"
+        except Exception as err:
+            cells[column] = _first_line(err)
+    return cells
+
+
+def _short(cell: str) -> str:
+    """A README cell: the outcome in one or two words (the refusals' reasons are in
+    zoo_deploy.md)."""
+    if "DIFFERS" in cell:
+        return "differs"
+    if cell.startswith(("exact", "equal")):
+        return "exact"
+    if cell.startswith("ok"):
+        return "yes"
+    if cell == "not reached":
+        return "-"
+    return "refused"
+
+
+#: the README's columns: the deployment targets
+README_COLUMNS = ("IntegerSNN", "C", "NIR", "Xylo", "Loihi 2", "Speck")
+
+
+def readme_table(rows) -> str:
+    """The README's table of what deploys where: per network, ``exact`` (the integer network, or
+    the C model, equals the trained one at every layer and step), ``yes`` (NIR: written; a chip:
+    converted), ``refused`` (with a reason that ``zoo_deploy.md`` gives) or ``-`` (an earlier
+    step refused)."""
+    lines = ["| network | " + " | ".join(README_COLUMNS) + " |",
+             "|---" * (len(README_COLUMNS) + 1) + "|"]
+    for r in rows:
+        cells = [_short(r.get(c, "not reached")) for c in README_COLUMNS]
+        lines.append("| " + " | ".join([f"`{r['network']}`"] + cells) + " |")
+    return "\n".join(lines)
 
 
 def markdown(rows) -> str:
