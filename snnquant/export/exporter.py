@@ -53,6 +53,7 @@ from ..utils import copy_model
 from ..utils import is_multi_step as _is_multi_step
 from ..utils import model_walk as _model_walk
 from ..capture import CaptureError, capture, connect_functions, is_sequence, node_origin
+from ..functional.int_limits import INT64_HEADROOM_BITS
 from .ir.integer_ops import narrowest_int, pow2_exponent
 from .ir.program import adaptive_windows
 from .ir.validation import check_network
@@ -77,7 +78,6 @@ def __getattr__(name):
     raise AttributeError(f"module 'snnquant.export.exporter' has no attribute {name!r}")
 
 _MANTISSA_BITS = {torch.float32: 24, torch.float64: 53}
-_INT64_LIMIT_BITS = 62
 
 
 def _fail(name: str, module, reason: str):
@@ -387,7 +387,7 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
                             f"is not exact. Use fewer v_bits or a coarser weight/bias step")
     lm = max(k, math.log2(multiplier))  # |M * y| <= 2^lm |y|
     h_bits = max(cur_log2 + input_shift + lm, math.log2(R) + d + lm) + 2
-    if h_bits > _INT64_LIMIT_BITS:
+    if h_bits > INT64_HEADROOM_BITS:
         _fail(name, module, f"the integer charge needs {h_bits:.0f} bits, more than int64 holds")
     return NeuronOp(name=name, kind=kind, v_bits=int(grid.bits or (qmax - qmin).bit_length()),
                     v_min=qmin, v_max=qmax, membrane_scale=s_v, threshold=int(threshold),
@@ -1181,7 +1181,7 @@ class _GraphBuilder:
                    f"{total:.4g}, more than 2^{self.p}: the {self.dtype} addition of the "
                    f"fake-quantized model is not exact. Use fewer weight/membrane bits on the "
                    f"branches, or power-of-two steps that differ less between them")
-        if math.log2(max(total, 1.0)) + 2 > _INT64_LIMIT_BITS:
+        if math.log2(max(total, 1.0)) + 2 > INT64_HEADROOM_BITS:
             refuse(f"the integer sum needs {math.log2(total):.0f} bits, more than int64 holds")
         domain = "current" if any(v.domain == "current" for v in vals) else "event"
         value = _Value(domain, frac, ("abs", int(math.ceil(total))), math.log2(max(total, 1.0)))

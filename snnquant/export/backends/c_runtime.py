@@ -43,6 +43,7 @@ from typing import List, Optional, Sequence, Tuple, Union
 import torch
 
 from ..._io import atomic_write_files
+from ...functional.int_limits import INT64_HEADROOM_BITS
 from ..ir.description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork,
                               JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
                               check_input_shape)
@@ -56,7 +57,6 @@ __all__ = ["to_c", "c_memory", "CMemory", "check_c_name", "C_HEADER_NAMES",
            "C_SIZE_NOTICE_BYTES", "LargeCSourceWarning"]
 
 #: Largest magnitude any intermediate may reach (bits): int64 with a margin, no overflow.
-_LIMIT_BITS = 62
 #: Elements of a weight tensor formatted at a time (a 16 x 4096 block of the C text).
 _CONST_BLOCK = 1 << 16
 
@@ -257,11 +257,11 @@ class _Gen:
         factor = rescale_def.factor
         bound = synapse_bounds(op, rescale_def, in_range)
         for c in range(c_out):
-            if max(bound.current[c], bound.accumulator[c], abs(factor[c])) >= (1 << _LIMIT_BITS):
+            if max(bound.current[c], bound.accumulator[c], abs(factor[c])) >= (1 << INT64_HEADROOM_BITS):
                 raise ExportError(f"layer {op.name!r}: the current of output channel {c} is bounded "
                                   f"only by {bound.current[c]} (sum|w| = {bound.l1[c]}, max|x| = "
                                   f"{max(map(abs, in_range))}, rescale {factor[c]}), which reaches "
-                                  f"2^{_LIMIT_BITS}: the C code would overflow int64")
+                                  f"2^{INT64_HEADROOM_BITS}: the C code would overflow int64")
         wide = max([bound.widest] + [abs(f) for f in factor])
         acc_t = "int32_t" if wide < (1 << 31) else "int64_t"
         out_range = bound.out_range
@@ -658,10 +658,10 @@ class _Gen:
         regs, (v_lo, v_hi) = program.intervals((x_lo, x_hi))
         big = max(max(abs(lo), abs(hi)) for lo, hi in regs.values())
         shift = max(program.shifts() + [0])
-        if big >= (1 << _LIMIT_BITS) or shift >= _LIMIT_BITS:
+        if big >= (1 << INT64_HEADROOM_BITS) or shift >= INT64_HEADROOM_BITS:
             raise ExportError(f"layer {op.name!r}: the charge is bounded only by {big} (grid shift "
                               f"{op.grid_shift}, leak shift {op.leak_shift}), which reaches "
-                              f"2^{_LIMIT_BITS}: the C code would overflow int64")
+                              f"2^{INT64_HEADROOM_BITS}: the C code would overflow int64")
         reg_t = program.c_type((x_lo, x_hi))
         if any(ins.code == "rhe" for ins in program.instrs):
             self.rhe_types.add(reg_t)
@@ -706,9 +706,9 @@ class _Gen:
         out_range = join_range(op, in_ranges)
         if op.kind == "add":
             wide = join_bound(op, in_ranges)
-            if wide >= (1 << _LIMIT_BITS):
+            if wide >= (1 << INT64_HEADROOM_BITS):
                 raise ExportError(f"layer {op.name!r}: the add join is bounded only by {wide} "
-                                  f"(shifts {list(op.shifts)}), which reaches 2^{_LIMIT_BITS}: the "
+                                  f"(shifts {list(op.shifts)}), which reaches 2^{INT64_HEADROOM_BITS}: the "
                                   f"C code would overflow int64")
             acc_t = "int32_t" if wide < (1 << 31) else "int64_t"
             value = " + ".join(f"({acc_t})in{k}[j]" + (f" * {_lit(1 << s)}" if s else "")

@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from ...functional.int_limits import FRAC_LIMIT, INT64_HEADROOM_BITS, as_int, weight_range
 from ..ir.description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
                                SynapseOp)
 from ..ir.integer_ops import narrowest_int
@@ -529,12 +530,12 @@ def _join(e: "_Entry", node) -> JoinOp:
                  else ("and", "iand"))
     if node is not None:
         _check_close(e.name, "threshold", node.threshold, 1.5 if kind == "and" else 0.5)
-    shifts = _array(e.name, "shifts", meta["shifts"], integer=True, low=0, high=_INT64_BITS)
+    shifts = _array(e.name, "shifts", meta["shifts"], integer=True, low=0, high=INT64_HEADROOM_BITS)
     try:
         return JoinOp(name=str(meta.get("snnquant_name", e.name)), kind=kind,
                       shifts=tuple(int(v) for v in shifts.reshape(-1)),
                       out_frac_bits=_int(e.name, "out_frac_bits", meta["out_frac_bits"],
-                                         -_FRAC_LIMIT, _FRAC_LIMIT),
+                                         -FRAC_LIMIT, FRAC_LIMIT),
                       inputs=e.inputs)
     except ValueError as exc:
         raise NIRImportError(f"{e.where}: {exc}") from exc
@@ -548,8 +549,6 @@ MAX_ELEMENTS = 1 << 26
 #: The most bytes all datasets of a ``.nir`` file may hold together, each element counted at
 #: ``max(itemsize, 8)`` bytes (``from_nir(..., max_bytes=...)`` raises it): 1 GiB.
 MAX_BYTES = 1 << 30
-_INT64_BITS = 62          # head room the integer simulator keeps below int64
-_FRAC_LIMIT = 1022        # 2**-F must be a normal float64
 _SCALAR = object()
 
 
@@ -579,13 +578,9 @@ def _as_int(value) -> Optional[int]:
         if value.ndim != 0:
             return None
         value = value[()]
-    if isinstance(value, (bool, np.bool_)):
+    if isinstance(value, np.bool_):
         return None
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) and np.isfinite(value) and float(value).is_integer():
-        return int(value)
-    return None
+    return as_int(value, integral_float=True)
 
 
 def _int(name, field, value, low: int, high: int) -> int:
@@ -662,16 +657,6 @@ def _array(name, field, value, *, integer: bool, shape=None, low=None, high=None
     return a
 
 
-def _fits_bits(a: np.ndarray, bits: int) -> Tuple[int, int]:
-    """The range of ``bits``-bit integers that ``a`` can be in: signed when it has a negative
-    value, else unsigned (an unsigned quantizer's levels); 1 bit: -1, 0 and +1."""
-    if bits == 1:
-        return -1, 1
-    if a.size and int(a.min()) < 0:
-        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    return 0, (1 << bits) - 1
-
-
 def _node_meta(name: str, node) -> Tuple[dict, str]:
     """A node's snnquant metadata and its role (``snnquant_op``), or an error naming the node."""
     meta = dict(getattr(node, "metadata", None) or {})
@@ -731,9 +716,9 @@ def _check_graph_metadata(gmeta) -> None:
     from ..ir.description import READABLE_FORMAT_VERSIONS
 
     _real(None, "dt", gmeta["dt"], positive=True)
-    _int(None, "input_max", gmeta["input_max"], 0, 1 << _INT64_BITS)
+    _int(None, "input_max", gmeta["input_max"], 0, 1 << INT64_HEADROOM_BITS)
     _text(None, "output_kind", gmeta["output_kind"], ("spikes", "current"))
-    _int(None, "output_frac_bits", gmeta["output_frac_bits"], -_FRAC_LIMIT, _FRAC_LIMIT)
+    _int(None, "output_frac_bits", gmeta["output_frac_bits"], -FRAC_LIMIT, FRAC_LIMIT)
     ref = _text(None, "reference_dtype", gmeta["reference_dtype"], ("float32", "float64"))
     mantissa = {"float32": 24, "float64": 53}[ref]
     if _as_int(gmeta["mantissa_bits"]) != mantissa:
@@ -753,7 +738,7 @@ def _check_synapse(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
     w = _array(name, "weight_int", meta["weight_int"], integer=True, shape=weight_nir.shape)
     if w.size == 0:
         raise _bad(name, "weight_int", w, "is empty")
-    lo, hi = _fits_bits(w, bits)
+    lo, hi = weight_range(bits, bool(w.size) and int(w.min()) < 0)
     _array(name, "weight_int", w, integer=True, low=lo, high=hi)  # names the first one outside
     if isinstance(node, (nir.Affine, nir.Linear)):
         if w.ndim != 2 or len(shape) != 1 or w.shape[1] != shape[0]:
@@ -793,16 +778,16 @@ def _check_synapse(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
            shape=channels if np.asarray(meta["weight_scale"]).size != 1 else None)
     _array(name, "weight_multiplier", meta["weight_multiplier"], integer=True, low=1,
            high=1 << 52, shape=channels if np.asarray(meta["weight_multiplier"]).size != 1 else None)
-    _array(name, "weight_shift", meta["weight_shift"], integer=True, low=0, high=_INT64_BITS,
+    _array(name, "weight_shift", meta["weight_shift"], integer=True, low=0, high=INT64_HEADROOM_BITS,
            shape=channels if np.asarray(meta["weight_shift"]).size != 1 else None)
     _real(name, "unit_factor", meta["unit_factor"], positive=True)
-    _int(name, "in_frac_bits", meta["in_frac_bits"], -_FRAC_LIMIT, _FRAC_LIMIT)
-    out_frac = _int(name, "out_frac_bits", meta["out_frac_bits"], -_FRAC_LIMIT, _FRAC_LIMIT)
+    _int(name, "in_frac_bits", meta["in_frac_bits"], -FRAC_LIMIT, FRAC_LIMIT)
+    out_frac = _int(name, "out_frac_bits", meta["out_frac_bits"], -FRAC_LIMIT, FRAC_LIMIT)
     if "bias_int" in meta:
         bias_bits = None
         if "bias_bits" in meta:
             bias_bits = _int(name, "bias_bits", meta["bias_bits"], 1, 64)
-        high = (1 << _INT64_BITS) if bias_bits is None else (1 << (bias_bits - 1)) - 1
+        high = (1 << INT64_HEADROOM_BITS) if bias_bits is None else (1 << (bias_bits - 1)) - 1
         _array(name, "bias_int", meta["bias_int"], integer=True, shape=channels,
                low=-high - 1, high=high)
         _array(name, "bias", node.bias, integer=False, shape=channels)
@@ -834,7 +819,7 @@ def _check_neuron(name, node, meta, nir, shape) -> None:
     theta = _int(name, "threshold_int", meta["threshold_int"], -(1 << 40), 1 << 40)
     _real(name, "membrane_scale", meta["membrane_scale"], positive=True)
     _real(name, "membrane_unit", meta["membrane_unit"], positive=True)
-    k = _int(name, "leak_shift", meta["leak_shift"], 0, _INT64_BITS)
+    k = _int(name, "leak_shift", meta["leak_shift"], 0, INT64_HEADROOM_BITS)
     m = _int(name, "leak_multiplier", meta["leak_multiplier"], 1, 1 << k)
     _int(name, "leak_round_shift", meta["leak_round_shift"], 0, k)
     _flag(name, "decay_input", meta["decay_input"])
@@ -845,16 +830,16 @@ def _check_neuron(name, node, meta, nir, shape) -> None:
     if exact and (m != 1 or _as_int(meta["leak_round_shift"]) != 0):
         raise _bad(name, "exact", meta["exact"], f"needs leak_multiplier 1 and leak_round_shift "
                                                  f"0 (got {m} and {meta['leak_round_shift']!r})")
-    input_shift = _int(name, "input_shift", meta["input_shift"], 0, _INT64_BITS)
-    d = _int(name, "grid_shift", meta["grid_shift"], 0, _INT64_BITS)
-    in_frac = _int(name, "in_frac_bits", meta["in_frac_bits"], -_FRAC_LIMIT, _FRAC_LIMIT)
-    grid_frac = _int(name, "grid_frac_bits", meta["grid_frac_bits"], -_FRAC_LIMIT, _FRAC_LIMIT)
+    input_shift = _int(name, "input_shift", meta["input_shift"], 0, INT64_HEADROOM_BITS)
+    d = _int(name, "grid_shift", meta["grid_shift"], 0, INT64_HEADROOM_BITS)
+    in_frac = _int(name, "in_frac_bits", meta["in_frac_bits"], -FRAC_LIMIT, FRAC_LIMIT)
+    grid_frac = _int(name, "grid_frac_bits", meta["grid_frac_bits"], -FRAC_LIMIT, FRAC_LIMIT)
     if grid_frac != in_frac + input_shift:
         raise _bad(name, "input_shift", meta["input_shift"], f"must be grid_frac_bits - "
                                                              f"in_frac_bits = {grid_frac - in_frac}")
     # the simulator's bound (the exporter's): the largest charge term fits int64
     reach = max(abs(v_min), abs(v_max)) + abs(theta) + 1
-    if math.log2(reach) + d + max(k, math.log2(m)) + 2 > _INT64_BITS:
+    if math.log2(reach) + d + max(k, math.log2(m)) + 2 > INT64_HEADROOM_BITS:
         raise _bad(name, "grid_shift", meta["grid_shift"], f"with leak_shift={k} and the "
                                                            f"membrane range [{v_min}, {v_max}] "
                                                            f"overflows int64 in the charge")
@@ -868,7 +853,7 @@ def _check_pool(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
     padding = _per_dim(name, "padding", meta["padding"], 2, 0)
     if any(p > k // 2 for p, k in zip(padding, ks)):
         raise _bad(name, "padding", meta["padding"], f"must be at most half the kernel {ks}")
-    added = _int(name, "frac_bits_added", meta["frac_bits_added"], 0, _INT64_BITS)
+    added = _int(name, "frac_bits_added", meta["frac_bits_added"], 0, INT64_HEADROOM_BITS)
     if (kind == "max" and added) or (kind == "sum" and 1 << added != ks[0] * ks[1]):
         raise _bad(name, "frac_bits_added", meta["frac_bits_added"],
                    f"does not match {kind} pooling over a {ks} window")
@@ -964,9 +949,9 @@ def _check_join(e: "_Entry", shapes, fracs) -> Tuple[Tuple[int, ...], int]:
     if len(set(operand_shapes)) != 1:
         raise NIRImportError(f"{where}: the join's operands {list(e.inputs)} have the shapes "
                              f"{operand_shapes}; a join needs one shape")
-    shifts = _array(e.name, "shifts", meta.get("shifts"), integer=True, low=0, high=_INT64_BITS)
-    out_frac = _int(e.name, "out_frac_bits", meta.get("out_frac_bits"), -_FRAC_LIMIT,
-                    _FRAC_LIMIT)
+    shifts = _array(e.name, "shifts", meta.get("shifts"), integer=True, low=0, high=INT64_HEADROOM_BITS)
+    out_frac = _int(e.name, "out_frac_bits", meta.get("out_frac_bits"), -FRAC_LIMIT,
+                    FRAC_LIMIT)
     if shifts.shape != (len(e.inputs),) or any(
             fracs[j] + int(k) != out_frac for j, k in zip(e.inputs, shifts)):
         raise _bad(e.name, "shifts", meta.get("shifts"),
@@ -978,7 +963,7 @@ def _check_join(e: "_Entry", shapes, fracs) -> Tuple[Tuple[int, ...], int]:
 def _check_voting(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
     """A 1-d average over groups of ``kernel_size`` features (SpikingJelly's VotingLayer)."""
     ks = _per_dim(name, "kernel_size", meta["kernel_size"], 1, 1)
-    added = _int(name, "frac_bits_added", meta["frac_bits_added"], 0, _INT64_BITS)
+    added = _int(name, "frac_bits_added", meta["frac_bits_added"], 0, INT64_HEADROOM_BITS)
     divisor = _int(name, "divisor", meta.get("divisor", 1), 1, MAX_ELEMENTS)
     if (1 << added) * divisor != ks[0]:
         raise _bad(name, "divisor", meta.get("divisor", 1), f"times 2^frac_bits_added must be "

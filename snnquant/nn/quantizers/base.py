@@ -28,6 +28,7 @@ import torch.nn as nn
 from spikingjelly.activation_based import base
 
 from ...functional import check_bit_width
+from ...functional.int_limits import int_range
 
 __all__ = ["Grid", "QuantizerBase", "check_bits", "signed_range"]
 
@@ -37,11 +38,9 @@ __all__ = ["Grid", "QuantizerBase", "check_bits", "signed_range"]
 check_bits = check_bit_width
 
 
-def signed_range(bits: int, signed: bool):
-    r"""``(q_min, q_max)`` of a ``bits``-bit integer: :math:`[-2^{b-1}, 2^{b-1}-1]` or :math:`[0, 2^b-1]`."""
-    if signed:
-        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-    return 0, 2 ** bits - 1
+#: :func:`snnquant.functional.int_limits.int_range` under the name the quantizer modules import:
+#: ``(q_min, q_max)`` of a ``bits``-bit integer.
+signed_range = int_range
 
 
 @dataclass(frozen=True)
