@@ -257,7 +257,8 @@ class _Gen:
         factor = rescale_def.factor
         bound = synapse_bounds(op, rescale_def, in_range)
         for c in range(c_out):
-            if max(bound.current[c], bound.accumulator[c], abs(factor[c])) >= (1 << INT64_HEADROOM_BITS):
+            if max(bound.current[c], bound.accumulator[c],
+                   abs(factor[c])) >= (1 << INT64_HEADROOM_BITS):
                 raise ExportError(f"layer {op.name!r}: the current of output channel {c} is bounded "
                                   f"only by {bound.current[c]} (sum|w| = {bound.l1[c]}, max|x| = "
                                   f"{max(map(abs, in_range))}, rescale {factor[c]}), which reaches "
@@ -708,8 +709,8 @@ class _Gen:
             wide = join_bound(op, in_ranges)
             if wide >= (1 << INT64_HEADROOM_BITS):
                 raise ExportError(f"layer {op.name!r}: the add join is bounded only by {wide} "
-                                  f"(shifts {list(op.shifts)}), which reaches 2^{INT64_HEADROOM_BITS}: the "
-                                  f"C code would overflow int64")
+                                  f"(shifts {list(op.shifts)}), which reaches "
+                                  f"2^{INT64_HEADROOM_BITS}: the C code would overflow int64")
             acc_t = "int32_t" if wide < (1 << 31) else "int64_t"
             value = " + ".join(f"({acc_t})in{k}[j]" + (f" * {_lit(1 << s)}" if s else "")
                                for k, s in enumerate(op.shifts))

@@ -530,7 +530,8 @@ def _join(e: "_Entry", node) -> JoinOp:
                  else ("and", "iand"))
     if node is not None:
         _check_close(e.name, "threshold", node.threshold, 1.5 if kind == "and" else 0.5)
-    shifts = _array(e.name, "shifts", meta["shifts"], integer=True, low=0, high=INT64_HEADROOM_BITS)
+    shifts = _array(e.name, "shifts", meta["shifts"], integer=True, low=0,
+                    high=INT64_HEADROOM_BITS)
     try:
         return JoinOp(name=str(meta.get("snnquant_name", e.name)), kind=kind,
                       shifts=tuple(int(v) for v in shifts.reshape(-1)),
@@ -778,7 +779,8 @@ def _check_synapse(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
            shape=channels if np.asarray(meta["weight_scale"]).size != 1 else None)
     _array(name, "weight_multiplier", meta["weight_multiplier"], integer=True, low=1,
            high=1 << 52, shape=channels if np.asarray(meta["weight_multiplier"]).size != 1 else None)
-    _array(name, "weight_shift", meta["weight_shift"], integer=True, low=0, high=INT64_HEADROOM_BITS,
+    _array(name, "weight_shift", meta["weight_shift"], integer=True, low=0,
+           high=INT64_HEADROOM_BITS,
            shape=channels if np.asarray(meta["weight_shift"]).size != 1 else None)
     _real(name, "unit_factor", meta["unit_factor"], positive=True)
     _int(name, "in_frac_bits", meta["in_frac_bits"], -FRAC_LIMIT, FRAC_LIMIT)
@@ -949,7 +951,8 @@ def _check_join(e: "_Entry", shapes, fracs) -> Tuple[Tuple[int, ...], int]:
     if len(set(operand_shapes)) != 1:
         raise NIRImportError(f"{where}: the join's operands {list(e.inputs)} have the shapes "
                              f"{operand_shapes}; a join needs one shape")
-    shifts = _array(e.name, "shifts", meta.get("shifts"), integer=True, low=0, high=INT64_HEADROOM_BITS)
+    shifts = _array(e.name, "shifts", meta.get("shifts"), integer=True, low=0,
+                    high=INT64_HEADROOM_BITS)
     out_frac = _int(e.name, "out_frac_bits", meta.get("out_frac_bits"), -FRAC_LIMIT,
                     FRAC_LIMIT)
     if shifts.shape != (len(e.inputs),) or any(
