@@ -10,13 +10,13 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer
 from _dtype_recorder import RecordDtypes
 
-import snnquant.export.simulator as simulator_module
+import snnquant.export.backends.simulator as simulator_module
 from snnquant import QuantConfig, quantize_model
-from snnquant.export import compiled_neuron
+from snnquant.export.backends import compiled_neuron
 from snnquant.export import (FlattenOp, IntegerSNN, JoinOp, NeuronOp, fold_batchnorm,
                              round_half_even_shift, to_integer)
-from snnquant.export.program import neuron_program
-from snnquant.export.simulator import float32_sums_are_exact
+from snnquant.export.ir.program import neuron_program
+from snnquant.export.backends.simulator import float32_sums_are_exact
 from test_export import inputs, quantized, random_net
 from test_export_graph import _deployable
 from test_export_leak import grid_net

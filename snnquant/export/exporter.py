@@ -66,17 +66,6 @@ from .ir.description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, In
 __all__ = ["to_integer"]
 
 
-def __getattr__(name):
-    # Deprecated: model_walk and is_multi_step live in snnquant.utils; reached only by the old
-    # spelling `from snnquant.export.exporter import is_multi_step`.
-    if name in ("model_walk", "is_multi_step"):
-        import warnings
-        warnings.warn(f"snnquant.export.exporter.{name} is deprecated: import it from "
-                      f"snnquant.utils (from snnquant.utils import {name})", DeprecationWarning,
-                      stacklevel=2)
-        return _model_walk if name == "model_walk" else _is_multi_step
-    raise AttributeError(f"module 'snnquant.export.exporter' has no attribute {name!r}")
-
 _MANTISSA_BITS = {torch.float32: 24, torch.float64: 53}
 
 
