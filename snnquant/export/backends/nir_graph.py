@@ -223,7 +223,7 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     input_shape = check_input_shape(input_shape)
     from .nir_consumers import narrow_registers, warn_narrow_registers
     if isinstance(source, nn.Module):
-        from ..exporter import to_integer
+        from ..frontend.torch_model import to_integer
         desc = to_integer(source, input_shape=input_shape)
     elif isinstance(source, IntegerNetwork):
         desc = source
@@ -318,7 +318,7 @@ def to_nir(source: Union[IntegerNetwork, nn.Module], input_shape: Sequence[int],
     graph = nir.NIRGraph(nodes=nodes, edges=edges, metadata=meta, type_check=False)
     warn_narrow_registers(desc, consumers, stacklevel=2)
     if data is not None:
-        from ..saturation import nir_saturation_warning
+        from ..verification.saturation import nir_saturation_warning
         nir_saturation_warning(source, graph, data)
     if path is not None:
         from ..._io import atomic_write

@@ -48,18 +48,18 @@ from typing import Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..nn import registry
-from ..utils import copy_model
-from ..utils import is_multi_step as _is_multi_step
-from ..utils import model_walk as _model_walk
-from ..capture import CaptureError, capture, connect_functions, is_sequence, node_origin
-from ..functional.int_limits import INT64_HEADROOM_BITS
-from .ir.integer_ops import narrowest_int, pow2_exponent
-from .ir.program import adaptive_windows
-from .ir.validation import check_network
-from .backends.simulator import op_shapes
+from ...nn import registry
+from ...utils import copy_model
+from ...utils import is_multi_step as _is_multi_step
+from ...utils import model_walk as _model_walk
+from ...capture import CaptureError, capture, connect_functions, is_sequence, node_origin
+from ...functional.int_limits import INT64_HEADROOM_BITS
+from ..ir.integer_ops import narrowest_int, pow2_exponent
+from ..ir.program import adaptive_windows
+from ..ir.validation import check_network
+from ..backends.simulator import op_shapes
 
-from .ir.description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork,
+from ..ir.description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork,
                               JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
                               check_input_shape)
 
@@ -729,7 +729,7 @@ class _GraphBuilder:
         if isinstance(module, nn.Flatten):
             return self._emit(_export_flatten(name, module, lead), v, (src,))
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
-            from .fold import batchnorm_refusal
+            from ..passes.fold import batchnorm_refusal
             _fail(name, module, batchnorm_refusal(self.work, name, self.captured.example_input))
         self.notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")
         return src
