@@ -25,7 +25,7 @@ from .backends.simulator import IntegerSNN
 from .verification.agreement import IntegerAgreement, SilentNetworkWarning, compare_integer, integer_agreement
 from .passes.fold import FoldedLayer, FoldReport, FoldWarning, fold_batchnorm
 from .backends.files import load_integer, save_integer
-from .backends.nir_graph import to_nir
+from .pipeline import to_nir
 from .verification.saturation import (LayerSaturation, SaturationReport, SaturationWarning,
                                       nir_out_of_bounds, saturation_report)
 from .passes.widen import widen_membrane_range
