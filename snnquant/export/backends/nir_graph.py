@@ -338,4 +338,4 @@ def _pool_nodes(nir, op: PoolOp, key: str, shape, c: float, dt: float, max_pool:
 
 def _pool_shape(shape, op: PoolOp):
     x = torch.zeros((1,) + tuple(shape), dtype=torch.int64)
-    return tuple(IntegerSNN._pool(op, x).shape[1:])
+    return tuple(IntegerSNN.pool(op, x).shape[1:])

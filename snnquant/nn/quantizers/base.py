@@ -313,10 +313,11 @@ class InitFlagMixin:
             self._init_cache = bool(self.initialized)
         return self._init_cache
 
-    def _set_initialized(self, value: bool = True):
+    def set_initialized(self, value: bool = True):
+        """Record that the quantizer has (or, with ``value=False``, lacks) its statistics."""
         self.initialized.fill_(value)
         self._init_cache = value
 
     def mark_uninitialized(self) -> None:
         """Forget the statistics: the next call initialises them again from its input."""
-        self._set_initialized(False)
+        self.set_initialized(False)
