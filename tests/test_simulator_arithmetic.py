@@ -301,7 +301,8 @@ def test_one_narrowest_integer_rule_for_every_reader():
     """narrowest_int sizes the exporter's weights, the simulator's registers, the C types and the
     NIR import's weights; the simulator's symmetric bound and C's uint8_t come from it."""
     from snnquant.export import ExportError
-    from snnquant.export.backends import c_runtime, simulator
+    from snnquant.export.backends import simulator
+    from snnquant.export.backends.c.common import c_int_type
     from snnquant.export.ir.integer_ops import narrowest_int
 
     assert narrowest_int(-128, 127) == torch.int8 and narrowest_int(0, 128) == torch.int16
@@ -314,8 +315,8 @@ def test_one_narrowest_integer_rule_for_every_reader():
     assert simulator._dtype_for(1 << 15, torch.int16) == torch.int32
     assert simulator._dtype_for(5) == torch.int32 and simulator._dtype_for(1 << 31) == torch.int64
     assert simulator._dtype_for(1 << 70) == torch.int64
-    assert c_runtime._ctype(0, 255) == ("uint8_t", 1)
-    assert c_runtime._ctype(0, 255, signed=True) == ("int16_t", 2)
-    assert c_runtime._ctype(-(1 << 31), 0) == ("int32_t", 4)
+    assert c_int_type(0, 255) == ("uint8_t", 1)
+    assert c_int_type(0, 255, signed=True) == ("int16_t", 2)
+    assert c_int_type(-(1 << 31), 0) == ("int32_t", 4)
     with pytest.raises(ExportError, match=r"no C integer type holds \[0, 18446744073709551616\]"):
-        c_runtime._ctype(0, 1 << 64)
+        c_int_type(0, 1 << 64)
