@@ -20,15 +20,17 @@ from .ir.description import (FORMAT_VERSION, NETWORK_INPUT, DescriptionError, Ex
                               PoolOp, ReduceOp, ScaleOp, SynapseOp, check_input_shape)
 from .ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from .ir.integer_ops import pack_int, round_half_even_shift, unpack_int
-from .exporter import to_integer
+from .frontend.torch_model import to_integer
 from .backends.simulator import IntegerSNN
-from .agreement import IntegerAgreement, SilentNetworkWarning, compare_integer, integer_agreement
-from .fold import FoldedLayer, FoldReport, FoldWarning, fold_batchnorm
+from .verification.agreement import IntegerAgreement, SilentNetworkWarning, compare_integer, integer_agreement
+from .passes.fold import FoldedLayer, FoldReport, FoldWarning, fold_batchnorm
 from .backends.files import load_integer, save_integer
-from .backends.nir_graph import to_nir
-from .saturation import (LayerSaturation, SaturationReport, SaturationWarning,
-                         nir_out_of_bounds, saturation_report, widen_membrane_range)
-from .backends.nir_import import NIRImportError, from_nir, simulate_nir
+from .pipeline import to_nir
+from .verification.saturation import (LayerSaturation, SaturationReport, SaturationWarning,
+                                      nir_out_of_bounds, saturation_report)
+from .passes.widen import widen_membrane_range
+from .frontend.nir_import import NIRImportError, from_nir
+from .verification.nir_reference import simulate_nir
 from .backends.c_runtime import CMemory, c_memory, to_c
 from .ir.validation import check_network
 from .backends.nir_consumers import ConsumerRegisterWarning, narrow_registers, shift_flatten_dims
