@@ -46,7 +46,7 @@ from ..._io import atomic_write_files
 from ..ir.description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork,
                               JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
                               check_input_shape)
-from ..ir.integer_ops import narrowest_int
+from ..ir.integer_ops import PACKABLE_BITS, fits_packed, narrowest_int, pack_int
 from ..ir.program import (SynapseRescale, adaptive_windows, c_literal, c_rhe_helper, join_bound,
                           join_range, matmul_range, neuron_program, pool_range, reduce_range,
                           scale_range, synapse_bounds)
@@ -189,6 +189,73 @@ def _numel(shape) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
+# packed weights (1, 2 and 4 bits: eight, four and two to a byte)
+
+def packed_weight_bits(op: SynapseOp) -> Optional[int]:
+    """The bits per weight of layer ``op`` in the C model's ROM: the narrowest of
+    :data:`~snnquant.export.ir.integer_ops.PACKABLE_BITS` (1, 2, 4) that is at least
+    ``op.weight_bits`` and holds every weight as :func:`~snnquant.export.pack_int` packs it
+    (signed two's complement; 1 bit: -1 and +1 only; so 3-bit weights take 4), or ``None``:
+    a weight per byte or wider (8-bit weights, unsigned codes, a 0 among 1-bit weights)."""
+    for bits in PACKABLE_BITS:
+        if bits >= op.weight_bits and fits_packed(op.weight, bits):
+            return bits
+    return None
+
+
+def c_unpack_helper(prefix: str, bits: int) -> str:
+    """The C99 function ``<prefix>_unpack<bits>(w, k)``: weight ``k`` (C order of the array the
+    layer reads) of a ROM array packed by :func:`~snnquant.export.pack_int`, first weight in
+    the low bits of a byte; the inverse of ``pack_int`` as
+    :func:`~snnquant.export.unpack_int` computes it."""
+    per_byte = 8 // bits
+    mask = (1 << bits) - 1
+    shift = {1: 3, 2: 2, 4: 1}[bits]
+    where = f"k & {per_byte - 1}" if bits == 1 else f"(k & {per_byte - 1}) * {bits}"
+    value = ("2 * u - 1" if bits == 1 else f"u - ((u & {1 << (bits - 1)}) << 1)")
+    about = ("-1 (bit 0) or +1 (bit 1)" if bits == 1
+             else f"two's complement in {bits} bits")
+    return f"""/* weight k of an array packed {per_byte} to a byte, first in the low bits: {about} */
+static int32_t {prefix}_unpack{bits}(const uint8_t *w, int32_t k)
+{{
+    const int32_t u = (w[k >> {shift}] >> ({where})) & {mask};
+    return {value};
+}}
+"""
+
+
+class _Weights:
+    """How the C text of a synaptic layer reads its weights: from a ``static const`` array of
+    the narrowest integer type (a weight per element: ``w[k]``, through pointers into it), or,
+    packed (:func:`packed_weight_bits`), through ``<name>_unpack<bits>(array, k)`` with ``int32_t``
+    indices where the other form has pointers."""
+
+    def __init__(self, array: str, ctype: str, helper: Optional[str] = None):
+        self.array, self.ctype, self.helper = array, ctype, helper
+
+    def ref(self, var: str, offset: Optional[str] = None, base: Optional[str] = None) -> str:
+        """Declare ``var``: where the weights at ``base`` (the array by default) plus
+        ``offset`` start (no value without ``offset``)."""
+        if self.helper is None:
+            start = "" if offset is None else f" = {base or self.array} + {offset}"
+            return f"const {self.ctype} *{var}{start};"
+        if offset is None:
+            return f"int32_t {var};"
+        return f"const int32_t {var} = {offset if base is None else f'{base} + {offset}'};"
+
+    def set(self, var: str, offset: str) -> str:
+        """Point ``var`` (declared by :meth:`ref` without an offset) at the array plus
+        ``offset``."""
+        return f"{var} = {offset};" if self.helper else f"{var} = {self.array} + {offset};"
+
+    def at(self, index: str, var: Optional[str] = None) -> str:
+        """The C expression of the weight at ``index`` from ``var`` (the array by default)."""
+        if self.helper is None:
+            return f"{var or self.array}[{index}]"
+        return f"{self.helper}({self.array}, {index if var is None else f'{var} + {index}'})"
+
+
+# ------------------------------------------------------------------------------------------------
 # code generation
 
 class _Gen:
@@ -207,6 +274,7 @@ class _Gen:
         self.state_members: List[Tuple[int, str]] = []   # (element bytes, declaration)
         self.state_bytes = 0
         self.rhe_types: set = set()   # the C types a rounding helper is written for
+        self.unpack_bits: set = set()   # the widths of packed weights an unpack helper reads
         self.fire: dict = {}   # neuron layer -> the event-driven sums it reads (_fire_function)
         self.protos: List[str] = []
 
@@ -234,6 +302,17 @@ class _Gen:
         self.rom += size * count
         self.const_types[ident] = ctype
         return ident
+
+    def weights(self, i: int, op: SynapseOp, values: torch.Tensor) -> _Weights:
+        """Declare layer ``i``'s weights ``values`` (``op.weight`` in the order the C text reads
+        them), packed where :func:`packed_weight_bits` says so; return how to read them."""
+        bits = packed_weight_bits(op)
+        if bits is None:
+            array = self.const_array(f"w{i}", values)
+            return _Weights(array, self.const_types[array])
+        self.unpack_bits.add(bits)
+        array = self.const_array(f"w{i}", pack_int(values, bits))
+        return _Weights(array, self.const_types[array], f"{self.name}_unpack{bits}")
 
     def scratch_arrays(self, i: int, sum_t: str, n: int, fired: bool) -> str:
         """The sums (``n`` ``sum_t``) of event-driven layer ``i`` and, where it feeds a neuron
@@ -293,11 +372,12 @@ class _Gen:
             n_in = int(w.shape[1])
             if events:
                 # a weight column per nonzero input: weights stored [in][out]
-                wname = self.const_array(f"w{i}", w.t())
+                wts = self.weights(i, op, w.t())
                 sums = self.scratch_arrays(i, sum_t, c_out, fuse_with is not None)
-                column = [f"const {self.const_types[wname]} *wj = {wname} + j * {c_out};",
+                column = [wts.ref("wj", f"j * {c_out}"),
                           f"for (oc = 0; oc < {c_out}; oc++) {{",
-                          f"    sum[oc] = ({sum_t})(sum[oc] + ({acc_t})wj[oc]{times_x});", "}"]
+                          f"    sum[oc] = ({sum_t})(sum[oc] + ({acc_t}){wts.at('oc', 'wj')}"
+                          f"{times_x});", "}"]
                 body = f"""{{
     {sum_t} *sum = {sums}.sum;
     int32_t oc;
@@ -305,14 +385,14 @@ class _Gen:
 {self._event_outputs(sums, sum_t, 1, c_out, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
-                wname = self.const_array(f"w{i}", w)
+                wts = self.weights(i, op, w)
                 body = f"""{{
     int32_t oc, j;
     for (oc = 0; oc < {c_out}; oc++) {{
         const int32_t o = oc;
         {acc_t} acc = 0;
         for (j = 0; j < {n_in}; j++) {{
-            acc += ({acc_t}){wname}[oc * {n_in} + j] * ({acc_t})in[j];
+            acc += ({acc_t}){wts.at(f"oc * {n_in} + j")} * ({acc_t})in[j];
         }}
         {{
 {rescale_code(12)}
@@ -341,7 +421,7 @@ class _Gen:
                 # a kernel stamp per nonzero input: weights stored [c_in][ky][kx][out of group],
                 # sums [oy][ox][oc]; the columns the stamp reaches are clipped once per event
                 wt = w.reshape(op.groups, cog, cig, kh, kw).permute(0, 2, 3, 4, 1)
-                wname = self.const_array(f"w{i}", wt)
+                wts = self.weights(i, op, wt)
                 sums = self.scratch_arrays(i, sum_t, co * ho_ * wo, fuse_with is not None)
 
                 def target(axis, stride, size):
@@ -369,17 +449,18 @@ class _Gen:
                     f"for (ky = 0; ky < {kh}; ky++) {{",
                     f"    const int32_t ty = iy + {ph} - ky * {dh};",
                     f"    {sum_t} *row;",
-                    f"    const {self.const_types[wname]} *wrow;",
+                    "    " + wts.ref("wrow"),
                     f"    if ({miss_y}) {{",
                     "        continue;",
                     "    }",
                     f"    row = sum + ({oy_expr}) * {wo * co};",
-                    f"    wrow = {wname} + (c * {kh} + ky) * {kw * cog};",
+                    "    " + wts.set("wrow", f"(c * {kh} + ky) * {kw * cog}"),
                     "    for (r = 0; r < reach; r++) {",
                     f"        {sum_t} *dst = row + sum_at[r];",
-                    f"        const {self.const_types[wname]} *wk = wrow + w_at[r];",
+                    "        " + wts.ref("wk", "w_at[r]", base="wrow"),
                     f"        for (oc = 0; oc < {cog}; oc++) {{",
-                    f"            dst[oc] = ({sum_t})(dst[oc] + ({acc_t})wk[oc]{times_x});",
+                    f"            dst[oc] = ({sum_t})(dst[oc] + ({acc_t}){wts.at('oc', 'wk')}"
+                    f"{times_x});",
                     "        }",
                     "    }",
                     "}"]
@@ -391,7 +472,7 @@ class _Gen:
 {self._event_outputs(sums, sum_t, ho_ * wo, co, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
-                wname = self.const_array(f"w{i}", w)
+                wts = self.weights(i, op, w)
 
                 def window(indent, *inner):
                     return self._window(indent, kh, kw, f"oy * {sh} - {ph}", f"ox * {sw} - {pw}",
@@ -406,7 +487,7 @@ class _Gen:
                 {acc_t} acc = 0;
                 for (ic = 0; ic < {cig}; ic++) {{
                     const int32_t c = g * {cig} + ic;
-{window(20, f"acc += ({acc_t}){wname}[((oc * {cig} + ic) * {kh} + ky) * {kw} + kx]",
+{window(20, f"acc += ({acc_t}){wts.at(f'((oc * {cig} + ic) * {kh} + ky) * {kw} + kx')}",
         f"    * ({acc_t})in[(c * {hi_} + iy) * {wi} + ix];")}
                 }}
                 {{
@@ -1041,6 +1122,8 @@ void {n}_step({n}_state *s, const int32_t *input, int64_t *output);
         rhe = ""
         for c_type in sorted(self.rhe_types):
             rhe += c_rhe_helper(n, c_type) + "\n"
+        for bits in sorted(self.unpack_bits):
+            rhe += c_unpack_helper(n, bits) + "\n"
         reset_body = "\n    ".join(self.reset_lines)
         step_body = "\n    ".join(self.calls)
         needs_j_reset = bool(self.reset_lines)
