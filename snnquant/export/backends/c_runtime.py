@@ -230,8 +230,10 @@ class _Weights:
     packed (:func:`packed_weight_bits`), through ``<name>_unpack<bits>(array, k)`` with ``int32_t``
     indices where the other form has pointers."""
 
-    def __init__(self, array: str, ctype: str, helper: Optional[str] = None):
-        self.array, self.ctype, self.helper = array, ctype, helper
+    def __init__(self, array: str, ctype: str, helper: Optional[str] = None,
+                 bits: Optional[int] = None, used: Optional[set] = None):
+        self.array, self.ctype, self.helper, self.bits = array, ctype, helper, bits
+        self.used = used   # the widths whose helper the C text calls (written once, if called)
 
     def ref(self, var: str, offset: Optional[str] = None, base: Optional[str] = None) -> str:
         """Declare ``var``: where the weights at ``base`` (the array by default) plus
@@ -252,7 +254,32 @@ class _Weights:
         """The C expression of the weight at ``index`` from ``var`` (the array by default)."""
         if self.helper is None:
             return f"{var or self.array}[{index}]"
+        self.used.add(self.bits)
         return f"{self.helper}({self.array}, {index if var is None else f'{var} + {index}'})"
+
+    def loop(self, var: str, count: int, statement) -> List[str]:
+        """C lines: for ``oc`` from 0 to ``count - 1`` (``oc`` declared by the caller),
+        ``statement(w)`` with ``w`` the weight at ``var`` + ``oc``. Packed weights whose run
+        starts on a byte (``count`` a multiple of the weights per byte, as every run of these
+        layers then starts) are read a byte at a time, each weight by shifts and masks in line,
+        so that the loop has no call and no per-weight byte index."""
+        per_byte = 8 // self.bits if self.bits else 0
+        if self.helper is None or count % per_byte:
+            return [f"for (oc = 0; oc < {count}; oc++) {{",
+                    "    " + statement(self.at("oc", var)), "}"]
+        shift = {1: 3, 2: 2, 4: 1}[self.bits]
+        lines = [f"for (ob = 0; ob < {count // per_byte}; ob++) {{",
+                 f"    const int32_t byte = {self.array}[({var} >> {shift}) + ob];"]
+        half, mask = 1 << (self.bits - 1), (1 << self.bits) - 1
+        for i in range(per_byte):
+            u = f"((byte >> {i * self.bits}) & {mask})" if i else f"(byte & {mask})"
+            value = f"({u} * 2 - 1)" if self.bits == 1 else f"(({u} ^ {half}) - {half})"
+            lines += [f"    oc = ob * {per_byte} + {i};", "    " + statement(value)]
+        return lines + ["}"]
+
+    def loop_declarations(self, count: int) -> str:
+        """What :meth:`loop` needs declared beside ``oc`` (``", ob"`` or nothing)."""
+        return ", ob" if self.helper is not None and count % (8 // self.bits) == 0 else ""
 
 
 # ------------------------------------------------------------------------------------------------
@@ -310,9 +337,9 @@ class _Gen:
         if bits is None:
             array = self.const_array(f"w{i}", values)
             return _Weights(array, self.const_types[array])
-        self.unpack_bits.add(bits)
         array = self.const_array(f"w{i}", pack_int(values, bits))
-        return _Weights(array, self.const_types[array], f"{self.name}_unpack{bits}")
+        return _Weights(array, self.const_types[array], f"{self.name}_unpack{bits}", bits,
+                        self.unpack_bits)
 
     def scratch_arrays(self, i: int, sum_t: str, n: int, fired: bool) -> str:
         """The sums (``n`` ``sum_t``) of event-driven layer ``i`` and, where it feeds a neuron
@@ -374,13 +401,11 @@ class _Gen:
                 # a weight column per nonzero input: weights stored [in][out]
                 wts = self.weights(i, op, w.t())
                 sums = self.scratch_arrays(i, sum_t, c_out, fuse_with is not None)
-                column = [wts.ref("wj", f"j * {c_out}"),
-                          f"for (oc = 0; oc < {c_out}; oc++) {{",
-                          f"    sum[oc] = ({sum_t})(sum[oc] + ({acc_t}){wts.at('oc', 'wj')}"
-                          f"{times_x});", "}"]
+                column = [wts.ref("wj", f"j * {c_out}")] + wts.loop(
+                    "wj", c_out, lambda wv: f"sum[oc] = ({sum_t})(sum[oc] + ({acc_t}){wv}{times_x});")
                 body = f"""{{
     {sum_t} *sum = {sums}.sum;
-    int32_t oc;
+    int32_t oc{wts.loop_declarations(c_out)};
 {self._events(4, in_list, in_t, n_in, column)}
 {self._event_outputs(sums, sum_t, 1, c_out, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
@@ -457,16 +482,13 @@ class _Gen:
                     "    " + wts.set("wrow", f"(c * {kh} + ky) * {kw * cog}"),
                     "    for (r = 0; r < reach; r++) {",
                     f"        {sum_t} *dst = row + sum_at[r];",
-                    "        " + wts.ref("wk", "w_at[r]", base="wrow"),
-                    f"        for (oc = 0; oc < {cog}; oc++) {{",
-                    f"            dst[oc] = ({sum_t})(dst[oc] + ({acc_t}){wts.at('oc', 'wk')}"
-                    f"{times_x});",
-                    "        }",
-                    "    }",
-                    "}"]
+                    "        " + wts.ref("wk", "w_at[r]", base="wrow")]
+                stamp += ["        " + ln for ln in wts.loop(
+                    "wk", cog, lambda wv: f"dst[oc] = ({sum_t})(dst[oc] + ({acc_t}){wv}{times_x});")]
+                stamp += ["    }", "}"]
                 body = f"""{{
     {sum_t} *sum = {sums}.sum;
-    int32_t ky, kx, r, oc;
+    int32_t ky, kx, r, oc{wts.loop_declarations(cog)};
     int32_t sum_at[{kw}] = {{0}}, w_at[{kw}] = {{0}};
 {self._events(4, in_list, in_t, ci * hi_ * wi, stamp)}
 {self._event_outputs(sums, sum_t, ho_ * wo, co, acc_t, rescale, fuse_with, out_list, out_t)}
