@@ -15,6 +15,23 @@ machine, to compare.
 Targets (issue 46): of the processes, none above 1.5x the median time of the cpp neuron, and the
 median ratio to ``LIFNode`` at most 0.35.
 
+What was found so far (2026-12-08, on a loaded 2-core machine, so no timing here is a result):
+
+* one OpenMP runtime per process: the kernel library (built with the system's g++ and
+  ``-fopenmp``, ``NEEDED libgomp.so.1``) binds at load time to the ``libgomp.so.1`` torch ships
+  (``torch/lib``), already loaded under that soname; ``/proc/self/maps`` holds no second runtime,
+  so two thread pools spinning against each other are ruled out (each process here reports its
+  runtimes, to confirm on the slow ones);
+* under load the kernel's OpenMP regions (two threads from 32,768 elements) wait for the
+  worker thread to get a CPU: 38 ms instead of 0.35 ms per forward+backward at 4 x 2 x 4096 when
+  interleaved with torch's operations, erratically (fast again after a few calls); one thread
+  does not show it. A quiet machine with an idle second core should not either;
+* not yet tested: the per-block state arrays on the stack sit at an offset from the streamed
+  tensors that ASLR changes per process; an offset equal modulo 4096 (4K aliasing of loads and
+  stores) would slow a whole process, in some processes only. Compare ``--threads 1`` runs
+  across processes on a quiet machine: a bimodal single-thread time points there, a unimodal one
+  to the thread pool (then try ``--env OMP_PROC_BIND=close --env OMP_PLACES=cores``).
+
 Writes ``benchmarks/results/bench_neuron_processes.json`` and ``.md`` (``--tag`` appends to the
 name; ``_quick`` with ``--quick``). Timings need a quiet machine::
 

@@ -164,10 +164,15 @@ ZOO_CASES = ([("graph", n) for n in sorted(GRAPH_ZOO)]
                                              "spike_driven_transformer", "qkformer")])
 
 
+# MS-ResNet and MaxResNet at 8 bits: to_integer refuses them (the float32 sum of the downsample's
+# fake-quantized convolution exceeds 2^24, so it is not exact): no C model to compare
+ZOO_BITS = [(family, name, bits) for family, name in ZOO_CASES for bits in (1, 2, 4, 8)
+            if not (bits == 8 and name in ("ms_resnet", "max_resnet"))]
+
+
 @pytest.mark.heavy
 @pytest.mark.filterwarnings("ignore::UserWarning")
-@pytest.mark.parametrize("bits", (1, 2, 4, 8))
-@pytest.mark.parametrize("family,name", ZOO_CASES)
+@pytest.mark.parametrize("family,name,bits", ZOO_BITS)
 def test_zoo_network_at_every_bit_width_in_c(family, name, bits, tmp_path):
     """Every network of the model zoo the C tests build (test_export_c_graph's, narrowed as
     there, and test_export_transformers'), at 1, 2, 4 and 8-bit weights: the C model equals
