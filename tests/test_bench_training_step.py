@@ -47,7 +47,7 @@ def test_the_layer_before_issue_46_trains_the_same_values_up_to_rounding(bench):
         (current * torch.linspace(-1, 1, current.numel()).reshape(current.shape)).sum().backward()
         outs.append((current.detach(), net[0].weight.grad.clone(), net[1].weight.grad.clone()))
     for now, then in zip(*outs):   # sums of T * N * H * W terms: rounding relative to their size
-        torch.testing.assert_close(now, then, rtol=1e-4, atol=1e-5 * float(then.abs().max()))
+        torch.testing.assert_close(now, then, rtol=1e-4, atol=1e-4 * float(then.abs().max()))
 
 
 def test_targets_and_table(bench, tmp_path):
