@@ -193,7 +193,7 @@ def _numel(shape) -> int:
 
 def packed_weight_bits(op: SynapseOp) -> Optional[int]:
     """The bits per weight of layer ``op`` in the C model's ROM: the narrowest of
-    :data:`~snnquant.export.ir.integer_ops.PACKABLE_BITS` (1, 2, 4) that is at least
+    ``PACKABLE_BITS`` of the IR (1, 2, 4) that is at least
     ``op.weight_bits`` and holds every weight as :func:`~snnquant.export.pack_int` packs it
     (signed two's complement; 1 bit: -1 and +1 only; so 3-bit weights take 4), or ``None``:
     a weight per byte or wider (8-bit weights, unsigned codes, a 0 among 1-bit weights)."""
@@ -1264,8 +1264,10 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
     (:class:`~snnquant.export.JoinOp`: ``'add'`` with the operands aligned by shifts,
     ``'and'``/``'iand'`` of spikes), adaptive average pools and SpikingJelly's ``VotingLayer``. The code uses integers only, no ``malloc``, includes only
     ``<stdint.h>`` and ``<string.h>``, and compiles warning-free with
-    ``gcc -std=c99 -Wall -Wextra -Werror -pedantic``. Weights are ``static const`` arrays of the
-    narrowest integer type that holds them.
+    ``gcc -std=c99 -Wall -Wextra -Werror -pedantic``. Weights are ``static const`` arrays: 1-, 2-
+    and 4-bit weights packed eight, four and two to a byte (3-bit ones two to a byte) by
+    :func:`~snnquant.export.pack_int` (:func:`~snnquant.export.backends.c_runtime.packed_weight_bits`), wider ones in the narrowest
+    integer type that holds them, so that ``NAME_ROM_BYTES`` follows the bits.
 
     API of ``<name>.h`` (``NAME`` is ``name`` in capitals):
 
