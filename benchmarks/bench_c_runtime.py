@@ -18,10 +18,19 @@ Also: synaptic operations per sample (nonzero input x output it reaches, counted
 event-driven C model's nanoseconds per synaptic operation, the ratios the targets name, and the
 agreement of both C models with IntegerSNN (over all samples).
 
+Footprint (deterministic, measured whatever the load): ROM and RAM of the C model
+(``c_memory``) of the example's CSNN and of a Spike-driven Transformer (SpikingJelly's
+``SpikeDrivenTransformer(T=4, in_channels=2, embed_dims=32, num_heads=2, depths=1)``, 2 x 32 x 32,
+as ``benchmarks/transformer_nmnist.py``) at 1-, 2-, 4- and 8-bit weights (8-bit membranes), in the
+event-driven form (the default) and the dense one; ``to_c`` packs 1-, 2- and 4-bit weights eight,
+four and two to a byte. Each row gives the weights' bit-true footprint (weights x bits / 8), the
+other constants (biases, rescale factors) and the ROM relative to the same network's at 8 bits.
+
 Prints a table and writes ``benchmarks/results/bench_c_runtime.json`` (and ``.md``).
 
     python benchmarks/bench_c_runtime.py --epochs 5 --repeats 21   # the real numbers (quiet machine)
     python benchmarks/bench_c_runtime.py --quick       # smoke test
+    python benchmarks/bench_c_runtime.py --footprint-only   # the footprint table alone
 """
 from __future__ import annotations
 
@@ -34,6 +43,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -105,14 +115,98 @@ int main(int argc, char **argv)
 """
 
 
-def example_network(channels: int, epochs: int = 0, T: int = 8, N: int = 64, density=0.05):
+FOOTPRINT_BITS = (1, 2, 4, 8)
+
+
+def _footprint_networks(channels: int):
+    """``{name: (float network builder, per-sample input shape, T, capture example or None)}``
+    of the footprint table."""
+    from spikingjelly.activation_based.model import spike_driven_transformer
+
+    ex = _nmnist_common.example()
+
+    def sdt():
+        return spike_driven_transformer.SpikeDrivenTransformer(
+            T=4, in_channels=2, num_classes=10, embed_dims=32, num_heads=2, depths=1)
+    return {f"CSNN (the example's, {channels} channels, 2 x 34 x 34)":
+            (lambda: ex.build_csnn(channels=channels, tau=2.0), (2, 34, 34), 8, False),
+            "Spike-driven Transformer (embed 32, depth 1, 2 x 32 x 32)":
+            (sdt, (2, 32, 32), 4, True)}
+
+
+def footprint(channels: int, bits_list=FOOTPRINT_BITS) -> list:
+    """Rows of the footprint table: per network and weight bit width, the C model's ROM and RAM
+    (event-driven and dense), the weights, their bit-true bytes and the other constants.
+    Deterministic: sizes depend on the shapes and the bit widths, not on trained values."""
+    import math
+
+    from spikingjelly.activation_based import functional
+
+    from snnquant.export import SynapseOp
+    from snnquant.export.backends.c.weights import packed_weight_bits
+    rows = []
+    for name, (build, shape, T, capture) in _footprint_networks(channels).items():
+        w8_rom = None
+        for bits in sorted(bits_list, reverse=True):
+            torch.manual_seed(0)
+            x = (torch.rand((T, 2) + shape, generator=torch.Generator().manual_seed(1))
+                 < 0.2).float()
+            example = x if capture else None
+            q, _ = quantize_model(build(), QuantConfig(weight_bits=bits, v_bits=8),
+                                  example_input=example)
+            functional.reset_net(q)
+            with torch.no_grad():
+                q.train()(x)
+            functional.reset_net(q)
+            with warnings.catch_warnings():   # folding W1 after training says what it changes
+                warnings.simplefilter("ignore")
+                folded = fold_batchnorm(q.eval(), example_input=example)
+            # input_max as the timed network and transformer_nmnist.py: the largest the bounds allow
+            desc = to_integer(folded, example_input=example,
+                              input_shape=None if capture else shape)
+            mem = {form: c_memory(desc, shape, synapses=form) for form in ("events", "dense")}
+            synapses = [op for op in desc.ops if isinstance(op, SynapseOp)]
+            weights = sum(op.weight.numel() for op in synapses)
+            stored = sum(math.ceil(op.weight.numel() * (packed_weight_bits(op) or 8) / 8)
+                         for op in synapses)
+            rom = mem["events"].rom_bytes
+            w8_rom = rom if bits == 8 else w8_rom
+            rows.append(dict(network=name, weight_bits=bits, weights=weights,
+                             bit_true_weight_bytes=weights * bits / 8,
+                             stored_weight_bytes=stored, other_constant_bytes=rom - stored,
+                             rom_bytes=rom, rom_bytes_dense=mem["dense"].rom_bytes,
+                             ram_bytes=mem["events"].ram_bytes,
+                             ram_bytes_dense=mem["dense"].ram_bytes,
+                             rom_over_bit_true=rom / (weights * bits / 8 + rom - stored),
+                             rom_over_w8=None if w8_rom is None else rom / w8_rom))
+    order = {b: i for i, b in enumerate(bits_list)}
+    rows.sort(key=lambda r: (r["network"], order[r["weight_bits"]]))
+    return rows
+
+
+def footprint_markdown(rows) -> str:
+    """The footprint rows as a Markdown table."""
+    lines = ["| network | weight bits | ROM (B) | / ROM at 8 bits | weights, bit-true (B) | other "
+             "constants (B) | ROM / (bit-true + other) | RAM event-driven (B) | RAM dense (B) |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        w8 = "n/a" if r["rom_over_w8"] is None else f"{r['rom_over_w8']:.2f}"
+        lines.append(f"| {r['network']} | {r['weight_bits']} | {r['rom_bytes']:,} | {w8} | "
+                     f"{r['bit_true_weight_bytes']:,.0f} | {r['other_constant_bytes']:,} | "
+                     f"{r['rom_over_bit_true']:.3f} | {r['ram_bytes']:,} | "
+                     f"{r['ram_bytes_dense']:,} |")
+    return "\n".join(lines) + "\n"
+
+
+def example_network(channels: int, epochs: int = 0, T: int = 8, N: int = 64, density=0.05,
+                    weight_bits: int = 4):
     """``(desc, folded float model, x [T, N, 2, 34, 34] int64)``: the example's CSNN quantized
-    (W4/V8), untrained on random events of ``density`` (``epochs=0``), or trained ``epochs``
+    (``weight_bits``/V8, W4/V8 by default), untrained on random events of ``density`` (``epochs=0``), or trained ``epochs``
     epochs on the built-in data and run on its first ``N`` test samples (its real activity)."""
     from spikingjelly.activation_based import functional
 
     ex = _nmnist_common.example()
-    config = QuantConfig(weight_bits=4, v_bits=8)
+    config = QuantConfig(weight_bits=weight_bits, v_bits=8)
     if epochs:
         bench = _nmnist_common.Bench(epochs, T=T)
         q, acc = bench.train(config, seed=0)
@@ -183,6 +277,10 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=0,
                     help="train the example this many epochs on the built-in data and time it on "
                          "test samples (its real activity); 0: untrained, random events")
+    ap.add_argument("--weight-bits", type=int, default=4, choices=FOOTPRINT_BITS,
+                    help="weight bits of the timed network (8-bit membranes)")
+    ap.add_argument("--footprint-only", action="store_true",
+                    help="write the footprint table alone (no timing; deterministic)")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"))
     ap.add_argument("--quick", action="store_true", help="smoke test: tiny sizes, 3 repeats")
     ap.add_argument("--out", default=RESULTS)
@@ -192,7 +290,18 @@ def main(argv=None):
     if shutil.which(args.cc) is None:
         sys.exit(f"--cc={args.cc!r}: no such C compiler")
     torch.set_num_threads(1)
-    desc, folded, x = example_network(args.channels, args.epochs, args.T, args.N, args.density)
+    rows = footprint(args.channels if not args.quick else 4)
+    foot_md = footprint_markdown(rows)
+    if args.footprint_only:
+        print(foot_md)
+        stem = "bench_c_runtime_footprint" + ("_quick" if args.quick else "")
+        command = " ".join([sys.executable] + sys.argv)
+        write_files(args.out, {f"{stem}.json": json.dumps(dict(
+            benchmark="bench_c_runtime footprint", command=command, footprint=rows), indent=2)
+            + "\n", f"{stem}.md": foot_md + f"\n`{command}`\n"})
+        return rows
+    desc, folded, x = example_network(args.channels, args.epochs, args.T, args.N, args.density,
+                                      args.weight_bits)
     args.N = x.shape[1]
     shape = (2, 34, 34)
     mems = {form: c_memory(desc, shape, synapses=form) for form in ("events", "dense")}
@@ -266,13 +375,13 @@ def main(argv=None):
 
     stats = {k: spread(v) for k, v in times.items()}  # (median, min, max)
     med = {k: s[0] for k, s in stats.items()}
-    rows = []
+    rows_t = []
     for k, (median, low, high) in stats.items():
-        rows.append(dict(case=k, median_ms_per_sample=median * 1e3, min_ms=low * 1e3,
+        rows_t.append(dict(case=k, median_ms_per_sample=median * 1e3, min_ms=low * 1e3,
                          max_ms=high * 1e3, relative_to_float=median / med[FLOAT]))
     head = f"{'case':<46} {'ms/sample':>10} {'min':>9} {'max':>9} {'x float':>8}"
     lines = [head, "-" * len(head)]
-    for r in rows:
+    for r in rows_t:
         lines.append(f"{r['case']:<46} {r['median_ms_per_sample']:>10.3f} {r['min_ms']:>9.3f} "
                      f"{r['max_ms']:>9.3f} {r['relative_to_float']:>8.2f}")
     ns_per_synop = med[C_EVENTS] * 1e9 / (synops * args.T) if synops else float("nan")
@@ -297,6 +406,7 @@ def main(argv=None):
     result = dict(
         benchmark="bench_c_runtime", command=" ".join([sys.executable] + sys.argv),
         params=dict(T=args.T, N=args.N, channels=args.channels, repeats=args.repeats,
+                    weight_bits=args.weight_bits,
                     density=None if args.epochs else args.density, epochs=args.epochs,
                     quick=args.quick),
         machine=dict(platform=platform.platform(), cpu=cpu_name(), cores=os.cpu_count(),
@@ -307,9 +417,12 @@ def main(argv=None):
         rom_bytes=mems["events"].rom_bytes, ram_bytes=mems["events"].ram_bytes,
         ram_bytes_dense=mems["dense"].ram_bytes, scratch_bytes=mems["events"].scratch_bytes,
         list_bytes=mems["events"].list_bytes, synaptic_ops_per_sample=synops * args.T,
-        ns_per_synaptic_op=ns_per_synop, ratios=ratios, agreement=agreement, results=rows)
+        ns_per_synaptic_op=ns_per_synop, ratios=ratios, agreement=agreement, results=rows_t,
+        footprint=rows)
     stem = "bench_c_runtime_quick" if args.quick else "bench_c_runtime"
-    markdown = "```\n" + table + "\n```\n\n" + f"`{result['command']}`\n"
+    markdown = ("```\n" + table + "\n```\n\n" + f"`{result['command']}`\n\n"
+                + f"Timed at {args.weight_bits}-bit weights. C model footprint (deterministic):\n\n"
+                + foot_md)
     write_files(args.out, {f"{stem}.json": json.dumps(result, indent=2) + "\n",
                            f"{stem}.md": markdown})
     return result

@@ -339,9 +339,10 @@ def test_generated_code_is_plain_integer_c99(tmp_path):
     assert set(re.findall(r"#include\s*[<\"]([^>\"]+)", code)) == {"stdint.h", "string.h", "net0.h"}
     for word in ("float", "double", "malloc", "free", "calloc", "math.h", "stdio.h"):
         assert not re.search(rf"\b{re.escape(word)}\b", code), word
-    # weights: static const arrays of the narrowest type (4-bit weights in int8_t)
-    assert re.search(r"static const int8_t net0_w0\[120\]", c)
-    assert re.search(r"static const int8_t net0_w2\[50\]", c)
+    # weights: static const arrays, 4-bit weights packed two to a byte (issue 46)
+    assert re.search(r"static const uint8_t net0_w0\[60\]", c)
+    assert re.search(r"static const uint8_t net0_w2\[25\]", c)
+    assert "static int32_t net0_unpack4(const uint8_t *w, int32_t k)" in c
     for api in ("#define NET0_INPUT_SIZE 12", "#define NET0_OUTPUT_SIZE 5", "NET0_ROM_BYTES",
                 "NET0_RAM_BYTES", "} net0_state;", "void net0_reset(net0_state *s);",
                 "void net0_step(net0_state *s, const int32_t *input, int64_t *output);"):
@@ -349,8 +350,9 @@ def test_generated_code_is_plain_integer_c99(tmp_path):
     mem = c_memory(desc)
     assert f"#define NET0_ROM_BYTES {mem.rom_bytes}\n" in h
     assert f"#define NET0_RAM_BYTES {mem.ram_bytes}\n" in h
-    # ROM: 120 + 50 int8 weights, 10 + 5 biases (8-bit bias quantizer) + per-channel rescale
-    assert mem.rom_bytes >= 120 + 50 + 10 + 5
+    # ROM: (120 + 50) / 2 bytes of weights, 10 + 5 biases (8-bit bias quantizer) + per-channel
+    # rescale
+    assert mem.rom_bytes >= 60 + 25 + 10 + 5
     assert mem.state_bytes == 10    # one int8 membrane per neuron of the hidden layer
     assert (mem.input_size, mem.output_size) == (12, 5)
 
@@ -632,8 +634,9 @@ def test_summary_reports_the_c_model_memory():
     assert (s.c_rom_bytes, s.c_ram_bytes) == (mem.rom_bytes, mem.ram_bytes)
     assert f"C model (to_c): ROM {mem.rom_bytes} B, RAM {mem.ram_bytes} B" in str(s)
     assert summary(model, x).c_rom_bytes is None
-    # weights: 4*2*9 + 5*36 int8 (per-tensor steps: no rescale arrays); membranes: 144 + 5 int8
-    assert mem.rom_bytes == 4 * 2 * 9 + 5 * 36
+    # weights: 4*2*9 + 5*36 4-bit, two to a byte (per-tensor steps: no rescale arrays);
+    # membranes: 144 + 5 int8
+    assert mem.rom_bytes == (4 * 2 * 9 + 5 * 36) // 2
     assert mem.state_bytes == 144 + 5
 
 

@@ -90,15 +90,20 @@ class _FoldedBatchNormMixin:
         r"""Before the first training batch ever (``num_batches_tracked == 0``), set the running
         statistics to those of ``y``, the layer's unquantized output on that batch, so that the
         weight quantizer's first step is chosen for the folded weight it will see, not for
-        :math:`W\gamma/\sqrt{1 + \epsilon}` of the initial statistics. Reads the counter once."""
+        :math:`W\gamma/\sqrt{1 + \epsilon}` of the initial statistics. Runs once per module,
+        without reading the counter on the host (``torch.where`` keeps statistics already
+        tracked), so ``torch.compile`` takes it without a graph break."""
         if self.__dict__.get("_started", False):
             return
         self.__dict__["_started"] = True
-        if self.num_batches_tracked is None or int(self.num_batches_tracked) > 0:
+        if self.num_batches_tracked is None:
             return
         dims = [d for d in range(y.dim()) if d != channel_dim % y.dim()]
-        self.running_mean.copy_(y.mean(dims).to(self.running_mean.dtype))
-        self.running_var.copy_(y.var(dims).to(self.running_var.dtype))
+        first = self.num_batches_tracked == 0
+        self.running_mean.copy_(torch.where(first, y.mean(dims).to(self.running_mean.dtype),
+                                            self.running_mean))
+        self.running_var.copy_(torch.where(first, y.var(dims).to(self.running_var.dtype),
+                                           self.running_var))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.folded_form:  # the synaptic layer already computed the folded layer

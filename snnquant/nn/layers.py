@@ -80,6 +80,17 @@ def make_bias_quantizer(spec, weight_quant: Optional[QuantizerBase], has_bias: b
     return make_weight_quantizer(spec, "bias_quant")
 
 
+def _snapshot(statistic: torch.Tensor) -> torch.Tensor:
+    """A copy of a running statistic that the BatchNorm after the layer updates in place.
+
+    Eager autograd saves what it needs. Under ``torch.compile``, AOTAutograd's partitioner
+    (torch 2.14) may instead save the buffer itself and recompute from it in the backward,
+    after the BatchNorm's update: wrong gradients, silently (pytorch/pytorch#197039). An
+    explicit copy is not in its list of operations to recompute, so the value is saved.
+    """
+    return torch.empty_like(statistic).copy_(statistic)
+
+
 class _QuantLayerMixin:
     """Shared quantized-weight machinery of the layers."""
 
@@ -196,15 +207,11 @@ class _QuantLayerMixin:
         if bn is not None:
             bn.detach_from_layer()
 
-    def _channels(self, t: torch.Tensor) -> torch.Tensor:
-        """A per-output-channel vector shaped to broadcast over this layer's output."""
-        return t.reshape((-1,) + (1,) * self._spatial_dims)
-
     def batchnorm_scale(self) -> torch.Tensor:
         r""":math:`s = \gamma / \sqrt{\sigma^2 + \epsilon}` of the folded BatchNorm (running
         statistics), one value per output channel."""
         bn = self.batchnorm
-        scale = torch.rsqrt(bn.running_var + bn.eps)
+        scale = torch.rsqrt(_snapshot(bn.running_var) + bn.eps)
         return scale * bn.weight if bn.affine else scale
 
     def effective_weight(self) -> torch.Tensor:
@@ -225,8 +232,17 @@ class _QuantLayerMixin:
         return b + bn.bias if bn.affine else b
 
     def _apply_parameters(self, run, x):
-        """``run(x, weight, bias)`` with the quantized parameters; with a BatchNorm folded in
-        and batch statistics in use, :math:`Q_w(W') * x / s + b` for the BatchNorm to normalise.
+        r"""``run(x, weight, bias)`` with the quantized parameters; with a BatchNorm folded in
+        and batch statistics in use, :math:`(Q_w(W') / s) * x + b` for the BatchNorm to
+        normalise.
+
+        Dividing the quantized folded weight by :math:`s` (not the output) gives the same
+        values up to float rounding and the same gradients, at the cost of a weight-sized
+        operation instead of three output-sized ones forward and backward. A channel whose
+        :math:`s` is 0 (:math:`\gamma = 0`, a zero-initialised residual BatchNorm, so
+        :math:`W' = 0`) uses the float :math:`W`: the BatchNorm outputs :math:`\beta` there
+        whatever it normalises, and :math:`W x` gives it the statistics and :math:`\gamma` the
+        gradient of the float network. No branch on data (``torch.compile`` takes it whole).
         """
         bn = self.batchnorm
         if bn is None or bn.folded_form:
@@ -234,14 +250,16 @@ class _QuantLayerMixin:
         if not bn.__dict__.get("_started", False):
             with torch.no_grad():
                 bn.start_statistics(run(x, self.weight, self.bias), -1 - self._spatial_dims)
-        scale = self.batchnorm_scale()
-        dead = scale == 0  # gamma = 0 (zero-initialised residual BatchNorms): W' = 0
-        y = run(x, self.quantized_weight(), None) / self._channels(torch.where(dead, 1.0, scale))
-        if bool(dead.any()):
-            # the BatchNorm outputs beta there whatever it normalises; the float W x gives it
-            # the statistics and gamma the gradient of the float network
-            y = torch.where(self._channels(dead), run(x, self.weight, None), y)
-        return y if self.bias is None else y + self._channels(self.bias)
+        return run(x, self._batch_statistics_weight(), self.bias)
+
+    def _batch_statistics_weight(self) -> torch.Tensor:
+        r"""The weight of training with batch statistics: :math:`Q_w(W') / s` per output channel,
+        :math:`W` where :math:`s = 0` (see :meth:`_apply_parameters`)."""
+        shape = (-1,) + (1,) * (self.weight.dim() - 1)
+        scale = self.batchnorm_scale().reshape(shape)
+        dead = scale == 0
+        return torch.where(dead, self.weight,
+                           self.quantized_weight() / torch.where(dead, 1.0, scale))
 
     def _quant_extra_repr(self) -> str:
         wb = None if self.weight_quant is None else self.weight_quant.num_bits

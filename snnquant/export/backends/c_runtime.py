@@ -221,8 +221,11 @@ def to_c(desc: IntegerNetwork, out_dir: Union[str, os.PathLike], name: str = "sn
     (:class:`~snnquant.export.JoinOp`: ``'add'`` with the operands aligned by shifts,
     ``'and'``/``'iand'`` of spikes), adaptive average pools and SpikingJelly's ``VotingLayer``. The code uses integers only, no ``malloc``, includes only
     ``<stdint.h>`` and ``<string.h>``, and compiles warning-free with
-    ``gcc -std=c99 -Wall -Wextra -Werror -pedantic``. Weights are ``static const`` arrays of the
-    narrowest integer type that holds them.
+    ``gcc -std=c99 -Wall -Wextra -Werror -pedantic``. Weights are ``static const`` arrays: 1-, 2-
+    and 4-bit weights packed eight, four and two to a byte (3-bit ones two to a byte) by
+    :func:`~snnquant.export.pack_int` (:func:`~snnquant.export.backends.c.weights.packed_weight_bits`),
+    wider ones in the narrowest integer type that holds them, so that ``NAME_ROM_BYTES`` follows
+    the bits.
 
     API of ``<name>.h`` (``NAME`` is ``name`` in capitals):
 

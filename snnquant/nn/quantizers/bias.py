@@ -71,8 +71,10 @@ class WeightGridBiasQuantizer(ConfigCheckMixin, QuantizerBase):
             v_grid = vq.grid()
             if v_grid is not None and v_grid.per_tensor and v_grid.step is not None:
                 v_step = v_grid.step.detach().to(step)
-                if bool(torch.exp2(torch.round(torch.log2(v_step))) == v_step):
-                    step = torch.minimum(step, v_step)
+                # a learned membrane step that is not a power of two is left out; chosen with
+                # tensor arithmetic, not a branch on its value (no host read, no graph break)
+                power_of_two = torch.exp2(torch.round(torch.log2(v_step))) == v_step
+                step = torch.where(power_of_two, torch.minimum(step, v_step), step)
         return step
 
     def quantize(self, x):

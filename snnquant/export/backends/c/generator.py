@@ -10,6 +10,7 @@ import torch
 
 from ...ir.description import (ExportError, GatherOp, IntegerNetwork, JoinOp, MatMulOp,
                                NETWORK_INPUT, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp)
+from ...ir.integer_ops import pack_int
 from ...ir.program import c_rhe_helper
 from ..simulator import op_shapes
 from .common import CONST_BLOCK, TYPES_BYTES, aliases, c_int_type, lit, numel
@@ -17,6 +18,7 @@ from .synapse import SynapseEmitter
 from .neuron import NeuronEmitter
 from .pool import PoolEmitter
 from .elementwise import ElementwiseEmitter
+from .weights import Weights, c_unpack_helper, packed_weight_bits
 
 __all__ = ["CGenerator"]
 
@@ -40,6 +42,7 @@ class CGenerator(SynapseEmitter, NeuronEmitter, PoolEmitter, ElementwiseEmitter)
         self.state_members: List[Tuple[int, str]] = []   # (element bytes, declaration)
         self.state_bytes = 0
         self.rhe_types: set = set()   # the C types a rounding helper is written for
+        self.unpack_bits: set = set()   # the widths of packed weights an unpack helper reads
         self.fire: dict = {}   # neuron layer -> the event-driven sums it reads (_fire_function)
         self.protos: List[str] = []
 
@@ -67,6 +70,17 @@ class CGenerator(SynapseEmitter, NeuronEmitter, PoolEmitter, ElementwiseEmitter)
         self.rom += size * count
         self.const_types[ident] = ctype
         return ident
+
+    def weights(self, i: int, op: SynapseOp, values: torch.Tensor) -> Weights:
+        """Declare layer ``i``'s weights ``values`` (``op.weight`` in the order the C text reads
+        them), packed where :func:`.weights.packed_weight_bits` says so; return how to read them."""
+        bits = packed_weight_bits(op)
+        if bits is None:
+            array = self.const_array(f"w{i}", values)
+            return Weights(array, self.const_types[array])
+        array = self.const_array(f"w{i}", pack_int(values, bits))
+        return Weights(array, self.const_types[array], f"{self.name}_unpack{bits}", bits,
+                       self.unpack_bits)
 
     # -- whole network --------------------------------------------------------------------------
     def _schedule(self):
@@ -281,6 +295,8 @@ void {n}_step({n}_state *s, const int32_t *input, int64_t *output);
         rhe = ""
         for c_type in sorted(self.rhe_types):
             rhe += c_rhe_helper(n, c_type) + "\n"
+        for bits in sorted(self.unpack_bits):
+            rhe += c_unpack_helper(n, bits) + "\n"
         reset_body = "\n    ".join(self.reset_lines)
         step_body = "\n    ".join(self.calls)
         needs_j_reset = bool(self.reset_lines)

@@ -77,26 +77,25 @@ class SynapseEmitter:
             n_in = int(w.shape[1])
             if events:
                 # a weight column per nonzero input: weights stored [in][out]
-                wname = self.const_array(f"w{i}", w.t())
+                wts = self.weights(i, op, w.t())
                 sums = self.scratch_arrays(i, sum_t, c_out, fuse_with is not None)
-                column = [f"const {self.const_types[wname]} *wj = {wname} + j * {c_out};",
-                          f"for (oc = 0; oc < {c_out}; oc++) {{",
-                          f"    sum[oc] = ({sum_t})(sum[oc] + ({acc_t})wj[oc]{times_x});", "}"]
+                column = [wts.ref("wj", f"j * {c_out}")] + wts.loop(
+                    "wj", c_out, lambda wv: f"sum[oc] = ({sum_t})(sum[oc] + ({acc_t}){wv}{times_x});")
                 body = f"""{{
     {sum_t} *sum = {sums}.sum;
-    int32_t oc;
+    int32_t oc{wts.loop_declarations(c_out)};
 {self._events(4, in_list, in_t, n_in, column)}
 {self._event_outputs(sums, sum_t, 1, c_out, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
-                wname = self.const_array(f"w{i}", w)
+                wts = self.weights(i, op, w)
                 body = f"""{{
     int32_t oc, j;
     for (oc = 0; oc < {c_out}; oc++) {{
         const int32_t o = oc;
         {acc_t} acc = 0;
         for (j = 0; j < {n_in}; j++) {{
-            acc += ({acc_t}){wname}[oc * {n_in} + j] * ({acc_t})in[j];
+            acc += ({acc_t}){wts.at(f"oc * {n_in} + j")} * ({acc_t})in[j];
         }}
         {{
 {rescale_code(12)}
@@ -125,7 +124,7 @@ class SynapseEmitter:
                 # a kernel stamp per nonzero input: weights stored [c_in][ky][kx][out of group],
                 # sums [oy][ox][oc]; the columns the stamp reaches are clipped once per event
                 wt = w.reshape(op.groups, cog, cig, kh, kw).permute(0, 2, 3, 4, 1)
-                wname = self.const_array(f"w{i}", wt)
+                wts = self.weights(i, op, wt)
                 sums = self.scratch_arrays(i, sum_t, co * ho_ * wo, fuse_with is not None)
 
                 def target(axis, stride, size):
@@ -153,29 +152,27 @@ class SynapseEmitter:
                     f"for (ky = 0; ky < {kh}; ky++) {{",
                     f"    const int32_t ty = iy + {ph} - ky * {dh};",
                     f"    {sum_t} *row;",
-                    f"    const {self.const_types[wname]} *wrow;",
+                    "    " + wts.ref("wrow"),
                     f"    if ({miss_y}) {{",
                     "        continue;",
                     "    }",
                     f"    row = sum + ({oy_expr}) * {wo * co};",
-                    f"    wrow = {wname} + (c * {kh} + ky) * {kw * cog};",
+                    "    " + wts.set("wrow", f"(c * {kh} + ky) * {kw * cog}"),
                     "    for (r = 0; r < reach; r++) {",
                     f"        {sum_t} *dst = row + sum_at[r];",
-                    f"        const {self.const_types[wname]} *wk = wrow + w_at[r];",
-                    f"        for (oc = 0; oc < {cog}; oc++) {{",
-                    f"            dst[oc] = ({sum_t})(dst[oc] + ({acc_t})wk[oc]{times_x});",
-                    "        }",
-                    "    }",
-                    "}"]
+                    "        " + wts.ref("wk", "w_at[r]", base="wrow")]
+                stamp += ["        " + ln for ln in wts.loop(
+                    "wk", cog, lambda wv: f"dst[oc] = ({sum_t})(dst[oc] + ({acc_t}){wv}{times_x});")]
+                stamp += ["    }", "}"]
                 body = f"""{{
     {sum_t} *sum = {sums}.sum;
-    int32_t ky, kx, r, oc;
+    int32_t ky, kx, r, oc{wts.loop_declarations(cog)};
     int32_t sum_at[{kw}] = {{0}}, w_at[{kw}] = {{0}};
 {self._events(4, in_list, in_t, ci * hi_ * wi, stamp)}
 {self._event_outputs(sums, sum_t, ho_ * wo, co, acc_t, rescale, fuse_with, out_list, out_t)}
 }}"""
             else:
-                wname = self.const_array(f"w{i}", w)
+                wts = self.weights(i, op, w)
 
                 def window(indent, *inner):
                     return self.window_loops(indent, kh, kw, f"oy * {sh} - {ph}", f"ox * {sw} - {pw}",
@@ -190,7 +187,7 @@ class SynapseEmitter:
                 {acc_t} acc = 0;
                 for (ic = 0; ic < {cig}; ic++) {{
                     const int32_t c = g * {cig} + ic;
-{window(20, f"acc += ({acc_t}){wname}[((oc * {cig} + ic) * {kh} + ky) * {kw} + kx]",
+{window(20, f"acc += ({acc_t}){wts.at(f'((oc * {cig} + ic) * {kh} + ky) * {kw} + kx')}",
         f"    * ({acc_t})in[(c * {hi_} + iy) * {wi} + ix];")}
                 }}
                 {{
