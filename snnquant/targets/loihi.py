@@ -5,7 +5,9 @@ process models, training in it, and export to Lava processes checked on Lava's C
 ``PyLifModelBitAcc``, ``lava/proc/dense/models.py`` ``AbstractPyDenseModelBitAcc``,
 ``lava/utils/weightutils.py``; tested against Lava's own run in ``tests/test_targets_loihi.py``).
 Per step, for a ``Dense`` layer with Lava weights :math:`w` (``num_weight_bits=8``, mixed signs:
-even integers in :math:`[-256, 254]`, i.e. :math:`w = 2W` with an 8-bit :math:`W`), weight
+even integers in :math:`[-256, 254]`, i.e. :math:`w = 2W` with an 8-bit :math:`W`, except that
+a layer whose weights are all :math:`\le 0` runs in Lava's inhibitory sign mode, where
+:math:`-256` becomes :math:`-255`: :func:`~snnquant.functional.chip_neurons.lava_weight`), weight
 exponent :math:`e`, and its ``LIF`` neurons with current :math:`u`, voltage :math:`v` (24-bit),
 decays :math:`d_u, d_v` (12-bit), threshold mantissa :math:`\vartheta` (17-bit), bias
 :math:`b` (``bias_mant << bias_exp``):
@@ -44,7 +46,7 @@ import torch.nn as nn
 from spikingjelly.activation_based import neuron
 
 from ..export.ir.chip_ops import LoihiLayerOp
-from ..functional.chip_neurons import loihi_lif_step
+from ..functional.chip_neurons import lava_weight, loihi_lif_step
 from ..kernels.chip import loihi_lif_multi_step
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
                      pow2_step, read_checked_json, refuse, sources, write_checked_json)
@@ -166,7 +168,7 @@ class LoihiLIFLayer(ChipLayer):
                             state_bits=self.profile.state_bits)
 
     def _chip_weight(self, w: torch.Tensor) -> torch.Tensor:
-        return 2.0 * w.to(torch.float64)
+        return lava_weight(w)
 
     def _step(self, c: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
         state = None if not isinstance(self.u, torch.Tensor) else (self.u, self.v)
