@@ -97,13 +97,21 @@ class FileFields:
         """``value`` (nested lists of ints, or an integer array) as a ``dtype`` array whose
         values are in ``[lo, hi]`` and whose shape is ``shape`` (``None``: any; an entry
         ``None``: any size there)."""
-        try:
+        why = "must be an array of ints (not floats, bools or strings)"
+        if isinstance(value, (np.ndarray, torch.Tensor)):
             arr = np.asarray(value)
-        except (ValueError, TypeError, OverflowError):
-            self.fail(field_name, "must be an array of ints", value)
-        if arr.dtype.kind not in "iu" and not (arr.size == 0 and arr.dtype.kind == "f"):
-            self.fail(field_name, "must be an array of ints (not floats, bools or strings)",
-                      value if not isinstance(value, np.ndarray) else arr.dtype)
+            if arr.dtype.kind not in "iu":
+                self.fail(field_name, why, arr.dtype)
+        else:
+            try:
+                items = np.asarray(value, dtype=object)
+            except (ValueError, TypeError):
+                self.fail(field_name, why, value)
+            if not all(type(v) is int for v in items.ravel()):
+                self.fail(field_name, why, value)
+            if items.size and not all(-2 ** 63 <= v < 2 ** 63 for v in items.ravel()):
+                self.fail(field_name, f"values must be in [{lo}, {hi}]", value)
+            arr = items.astype(np.int64)
         if shape is not None and (arr.ndim != len(shape) or any(
                 s is not None and s != n for s, n in zip(shape, arr.shape))):
             want = tuple("any" if s is None else s for s in shape)
