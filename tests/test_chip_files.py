@@ -158,10 +158,10 @@ def test_save_refuses_what_load_would_refuse(tmp_path):
         save_xylo(spec, path)
     spec = _loihi()
     spec.layers[0]["du"] = 5000
-    with pytest.raises(ValueError, match="'du'"):
+    with pytest.raises(ValueError, match="du' must"):
         save_loihi(spec, tmp_path / "net.loihi.json")
     spec = _speck()
     spec.layers[0]["pool"] = 0
-    with pytest.raises(ValueError, match="'pool'"):
+    with pytest.raises(ValueError, match="pool' must"):
         save_speck(spec, tmp_path / "net.speck.json")
     assert not any(tmp_path.iterdir())
