@@ -346,6 +346,34 @@ def _layer_field_violations(name: str, m: "SpeckIAFLayer", profile: SpeckProfile
     return found
 
 
+#: Sinabs computes in float32, which holds every integer up to this magnitude
+FLOAT32_EXACT = 2 ** 24
+
+
+def _float32_violation(name: str, m: "SpeckIAFLayer", x_max: float) -> tuple:
+    r"""``(violations, largest count the layer sends per step)`` for input counts up to
+    ``x_max``: the partial sums of a neuron's current lie in :math:`[-\sum_j W^-_j x_{max} -
+    b^-,\ \sum_j W^+_j x_{max} + b^+]`, and with multi-spike neurons the membrane before firing
+    is at most :math:`	heta - 1` plus the positive end; both must stay within :math:`2^{24}`
+    (Sinabs adds in float32). A neuron then sends at most :math:`\lfloor(	heta - 1 +
+    \sum_j W^+_j x_{max} + b^+)/	hetafloor` spikes (1 with single spikes), times
+    :math:`k^2` after a :math:`k 	imes k` sum pooling."""
+    with torch.no_grad():
+        w = m.integer_weight().detach().to(torch.float64).flatten(1)
+        pos, neg = w.clamp(min=0).sum(1) * x_max, (-w).clamp(min=0).sum(1) * x_max
+        if m.bias is not None:
+            b = m.integer_bias().detach().to(torch.float64)
+            pos, neg = pos + b.clamp(min=0), neg + (-b).clamp(min=0)
+    top = m.threshold - 1 + float(pos.max())
+    sent = (top // m.threshold if m.spike == "multi" else 1) * m.pool ** 2
+    reach = max(top, float(neg.max()))
+    if reach <= FLOAT32_EXACT:
+        return [], sent
+    return [Violation(name, f"input current and membrane within 2^24 = {FLOAT32_EXACT} for "
+                            f"input counts up to {x_max:.0f} (Sinabs computes in float32; "
+                            f"lower input_max or the weights)", f"{reach:.0f}")], sent
+
+
 def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> List[Violation]:
     r"""Every way ``model`` (a stack of :class:`SpeckIAFLayer`) exceeds ``profile``'s limits: a
     layer's profile, consecutive shapes, a layer larger than every core's memory, more layers than
@@ -353,7 +381,10 @@ def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Lis
     membrane's top: the chip updates a neuron event by event and fires as soon as
     :math:`v \ge \theta`, so its membrane reaches at most :math:`\theta - 1` plus one event's
     weight (and the bias), which must stay within :math:`2^{15}-1` (below, the membrane is bounded
-    at :math:`-2^{15}`). Weights, biases and thresholds are checked when a layer is built.
+    at :math:`-2^{15}`); and a layer whose input current could leave :math:`\pm 2^{24}`, where
+    Sinabs' float32 stops holding every integer (:func:`_float32_violation`). Each layer's
+    threshold, stride, padding, pool, kernel and spike are checked as they are now, by the rules
+    its constructor applies.
 
     Returns:
         The list of :class:`Violation` (empty when the network fits).
@@ -362,7 +393,7 @@ def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Lis
     if not layers:
         return [Violation("", "at least one SpeckIAFLayer", "none")]
     profile = profile or layers[0][1].profile
-    found, previous = [], None
+    found, previous, sent_max = [], None, 0
     top = 2 ** (profile.state_bits - 1) - 1
     n_cores = len(profile.kernel_memory)
     for name, m in layers:
@@ -385,6 +416,9 @@ def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Lis
             if mem[key] > max(caps):
                 found.append(Violation(name, f"{key} memory <= {max(caps)} (the largest core)",
                                        mem[key]))
+        x_max = m.input_max if previous is None else min(m.input_max, sent_max)
+        bad, sent_max = _float32_violation(name, m, x_max)
+        found += bad
         with torch.no_grad():
             reach = max(float(m.integer_weight().max()), 0.0)
             if m.bias is not None:
