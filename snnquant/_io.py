@@ -26,7 +26,7 @@ from typing import Callable, Union
 
 __all__ = ["atomic_write", "atomic_write_files", "host_name", "pid_alive",
            "remove_stale_temporaries", "save_checkpoint", "load_checkpoint", "check_writable",
-           "read_bounded", "loads_strict", "MAX_FILE_BYTES"]
+           "read_bounded", "loads_strict", "MAX_FILE_BYTES", "MAX_JSON_BYTES"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -333,9 +333,12 @@ def load_checkpoint(path: PathLike, map_location=None):
 # --------------------------------------------------------------------------------------------------
 # reading files that may be hostile: a size bound before reading, strict JSON
 
-#: the largest file snnquant's loaders read (bytes): a chip file, an integer network file or a
-#: run folder's ``run.json``; larger files are refused before anything is read
+#: the largest integer network file snnquant reads (bytes); larger files are refused before
+#: anything is read
 MAX_FILE_BYTES = 1 << 30
+#: the largest JSON file snnquant reads (bytes): a chip file (Xylo's largest network is about
+#: 5 MB of JSON) or a run folder's ``run.json``
+MAX_JSON_BYTES = 1 << 26
 
 
 def read_bounded(path: PathLike, limit: int = MAX_FILE_BYTES, what: str = "file") -> bytes:

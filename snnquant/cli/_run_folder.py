@@ -17,6 +17,8 @@ import time
 from pathlib import Path
 from typing import Optional
 
+from snnquant._io import MAX_JSON_BYTES, loads_strict, read_bounded
+
 MANIFEST = "run.json"
 # rewritten every epoch: a resumed run continues them
 EPOCH_FILES = ("checkpoint.pt", "metrics.json", "accuracy.png", "firing_rates.png", "tensorboard")
@@ -40,7 +42,7 @@ def _sha256(path: Path) -> str:
 
 def _describe(folder: Path, names: list) -> str:
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest = read_manifest(folder)
         return f"the outputs of `{manifest['command']}` ({len(names)} entries)"
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -156,6 +158,17 @@ class RunFolder:
             self._fd = None
 
 
+def read_manifest(folder: Path) -> dict:
+    """``<folder>/run.json`` as a dict: a regular file under the JSON size bound, strict JSON
+    (no NaN, no duplicate keys, no nesting beyond the recursion limit); a ``ValueError`` naming
+    the file otherwise."""
+    path = Path(folder) / MANIFEST
+    manifest = loads_strict(read_bounded(path, MAX_JSON_BYTES, MANIFEST), str(path))
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: must hold a JSON object, got {type(manifest).__name__}")
+    return manifest
+
+
 def verify_manifest(folder: Path) -> dict:
     """Read ``<folder>/run.json`` and check every file it lists against its SHA-256.
 
@@ -164,7 +177,7 @@ def verify_manifest(folder: Path) -> dict:
     """
     folder = Path(folder)
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest = read_manifest(folder)
         files = manifest["files"]
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise ValueError(f"{folder} has no readable {MANIFEST} (not a finished run folder of "

@@ -16,7 +16,7 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import base, layer as sj_layer, neuron, surrogate
 
-from .._io import atomic_write, loads_strict, read_bounded
+from .._io import MAX_JSON_BYTES, atomic_write, loads_strict, read_bounded
 from ..functional.chip_neurons import surrogate_count
 from ..functional.rounding import round as round_ste
 from ..kernels.dispatch import DEFAULT_BACKEND, check_backend_name
@@ -295,11 +295,11 @@ def read_checked_json(path, fmt: str) -> dict:
     """The payload of a file written by :func:`write_checked_json` with ``fmt`` (without
     ``format`` and ``format_version``), after verifying its checksum; a ``ValueError`` naming the
     file otherwise (also for a file that is not a regular file, is larger than
-    :data:`~snnquant._io.MAX_FILE_BYTES` or is not strict JSON)."""
+    :data:`~snnquant._io.MAX_JSON_BYTES` (64 MiB) or is not strict JSON)."""
     path_s = os.fspath(path)
     what = f"a snnquant {fmt} file of format_version 1"
     try:
-        payload = loads_strict(read_bounded(path_s, what=f"{fmt} file"), path_s)
+        payload = loads_strict(read_bounded(path_s, MAX_JSON_BYTES, f"{fmt} file"), path_s)
         digest = payload.pop("sha256")
     except (ValueError, KeyError, AttributeError, TypeError) as exc:
         raise ValueError(f"{path_s}: not {what} ({exc})") from None
