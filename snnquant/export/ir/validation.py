@@ -266,8 +266,8 @@ def _check_gather(i: int, op: GatherOp) -> None:
             tuple(index.shape) != (size,):
         raise _fail(i, op, "index", index, f"it must be an int64 tensor of shape ({size},)")
     if size and (int(index.min()) < 0 or int(index.max()) > MAX_INDEX):
-        raise _fail(i, op, "index", index, f"its entries must be input positions in [0, "
-                                           f"{MAX_INDEX}]")
+        raise _fail(i, op, "index", index, f"its entries must be >= 0 and <= {MAX_INDEX} "
+                                           f"(input positions)")
 
 
 def _check_bounds(i: int, op, field: str, bound: int, what: str) -> None:
