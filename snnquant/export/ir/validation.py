@@ -20,6 +20,10 @@ from the input to the output and checks, per operation:
   every register of a neuron's step stays below :math:`2^{62}`, so int64 arithmetic is exact;
 * a chip network (:mod:`~snnquant.export.ir.chip_ops`): a sequence of one chip's layer
   operations, each field in its range, the weights' inputs those of the layer before;
+* the sizes that would allocate in proportion at the first run, against documented bounds:
+  pooling kernels, strides, dilations and adaptive output sizes, and convolution strides and
+  dilations up to :data:`MAX_EXTENT`, a convolution's padding up to what its kernel reaches, a
+  gather's input positions up to :data:`MAX_INDEX`;
 * the channels (features) along the edges where the description alone says them: a synapse
   reads what the synapse before it writes, the operands of a join have the same; the whole
   shapes need one sample's input shape: :func:`~snnquant.export.backends.simulator.op_shapes` checks
