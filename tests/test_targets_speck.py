@@ -383,7 +383,8 @@ def test_check_speck_refuses_a_current_beyond_float32():
 @needs_sinabs
 def test_sinabs_rounds_a_current_beyond_float32():
     """Why the bound: Sinabs (float32) counts another number of spikes than the exact
-    27,171,045 (threshold 1: one spike per unit of current; the network written as a spec by hand, past the check)."""
+    27,171,045 (threshold 1: one spike per unit of current; the network written as a spec by
+    hand, past the check)."""
     from snnquant.targets.speck import run_sinabs
 
     net, x = _float32_network()

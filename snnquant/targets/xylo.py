@@ -532,8 +532,9 @@ def load_xylo(path) -> XyloSpec:
     Raises:
         ValueError: naming the file, when it is not such a file (strict JSON: no ``NaN``, no
             duplicate keys; a regular file of at most
-            :data:`~snnquant._io.MAX_JSON_BYTES` bytes, 64 MiB) or its content changed, and naming the
-            field, for a value out of its range, of the wrong type or of the wrong shape.
+            :data:`~snnquant._io.MAX_JSON_BYTES` bytes, 64 MiB) or its content changed, and
+            naming the field, for a value out of its range, of the wrong type or of the wrong
+            shape.
     """
     return _checked_spec(read_checked_json(path, "snnquant-xylo"), os.fspath(path))
 
