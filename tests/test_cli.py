@@ -499,3 +499,20 @@ def test_a_resealed_run_json_is_still_checked_field_by_field(env, run_folder, tm
     (folder / "run.json").write_text(json.dumps(_seal(manifest)))
     line = one_error_line(snnquant(env, "summary", folder))
     assert "'configuration.T'" in line and "int" in line, line
+
+
+def test_export_of_a_transformer_file_to_int_and_nir_writes_nothing(env, tmp_path):
+    """NIR has no node for a spiking transformer's operations: the NIR graph is built before
+    any file is written, so --to int --to nir leaves no integer file behind."""
+    from test_export_transformers import deployed
+    from snnquant.export import save_integer
+
+    _, x, desc = deployed("spikformer")
+    path = tmp_path / "spikformer.safetensors"
+    save_integer(desc, path)
+    out = tmp_path / "deploy"
+    shape = ",".join(map(str, x.shape[2:]))
+    line = one_error_line(snnquant(env, "export", path, "--to", "int", "--to", "nir",
+                                   "--input-shape", shape, "--out", out))
+    assert "NIR has no node" in line and "nothing was written" in line, line
+    assert not out.exists()
