@@ -25,7 +25,8 @@ import struct
 from typing import Callable, Union
 
 __all__ = ["atomic_write", "atomic_write_files", "host_name", "pid_alive",
-           "remove_stale_temporaries", "save_checkpoint", "load_checkpoint", "check_writable"]
+           "remove_stale_temporaries", "save_checkpoint", "load_checkpoint", "check_writable",
+           "read_bounded", "loads_strict", "MAX_FILE_BYTES", "MAX_JSON_BYTES"]
 
 PathLike = Union[str, os.PathLike]
 
@@ -327,3 +328,86 @@ def load_checkpoint(path: PathLike, map_location=None):
     except Exception as exc:
         raise ValueError(f"{path!r} passed its checksum but torch.load(weights_only=True) cannot "
                          f"read it: {exc}") from exc
+
+
+# --------------------------------------------------------------------------------------------------
+# reading files that may be hostile: a size bound before reading, strict JSON
+
+#: the largest integer network file snnquant reads (bytes); larger files are refused before
+#: anything is read
+MAX_FILE_BYTES = 1 << 30
+#: the largest JSON file snnquant reads (bytes): a chip file (Xylo's largest network is about
+#: 5 MB of JSON) or a run folder's ``run.json``
+MAX_JSON_BYTES = 1 << 26
+
+
+def read_bounded(path: PathLike, limit: int = MAX_FILE_BYTES, what: str = "file") -> bytes:
+    r"""The bytes of the regular file ``path``, refused before reading when it is larger than
+    ``limit`` or not a regular file (a FIFO, a device such as ``/dev/zero``, a folder).
+
+    Raises:
+        ValueError: naming the file and its size or kind.
+        OSError: the file cannot be opened.
+    """
+    import stat
+
+    path_s = os.fspath(path)
+    fd = os.open(path_s, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path_s}: not a regular file (a FIFO, a device or a folder); "
+                             f"snnquant reads a {what} only from a regular file")
+        if info.st_size > limit:
+            raise ValueError(f"{path_s}: {info.st_size} bytes, larger than the {limit} bytes a "
+                             f"{what} may have")
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 24))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+    finally:
+        os.close(fd)
+    data = b"".join(chunks)
+    if len(data) > limit:
+        raise ValueError(f"{path_s}: larger than the {limit} bytes a {what} may have (it grew "
+                         f"while read)")
+    return data
+
+
+def _refuse_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number (strict JSON has no NaN or Infinity)")
+
+
+def _unique_keys(pairs):
+    out = {}
+    for key, value in pairs:
+        if key in out:
+            raise ValueError(f"duplicate key {key!r}")
+        out[key] = value
+    return out
+
+
+def loads_strict(text, where: str):
+    r"""Parse the JSON ``text`` strictly: no ``NaN``/``Infinity``, no duplicate keys in an object,
+    and nesting no deeper than Python's recursion limit (deeper is a ``ValueError``, not a
+    ``RecursionError``).
+
+    Raises:
+        ValueError: naming ``where`` (a file, or a file and a field) and what is wrong.
+    """
+    import json
+
+    if isinstance(text, (bytes, bytearray)):
+        try:
+            text = bytes(text).decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{where}: not UTF-8 text ({exc})") from None
+    try:
+        return json.loads(text, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
+    except RecursionError:
+        raise ValueError(f"{where}: JSON nested too deeply") from None
+    except ValueError as exc:
+        raise ValueError(f"{where}: not strict JSON ({exc})") from None

@@ -388,3 +388,131 @@ def test_progress_in_a_redirected_log_is_one_line_per_epoch(env, tmp_path):
     assert sum(line.startswith("epoch ") for line in lines) == 2, res.stdout
     assert sum(line.startswith("fine-tune folded: loss ") for line in lines) == 1, res.stdout
     assert "it/s" not in res.stdout + res.stderr
+
+
+# ---- issue 47, E: the command line's cases ------------------------------------------------------
+def _chip_integer_file(tmp_path):
+    import torch.nn as nn
+    from snnquant.export import save_integer, to_integer
+    from snnquant.targets import XyloLIFLayer
+
+    net = nn.Sequential(XyloLIFLayer(3, 4, threshold=50),
+                        XyloLIFLayer(4, 2, threshold=60, delay=1, max_spikes=1, input_max=31))
+    path = tmp_path / "chip.safetensors"
+    save_integer(to_integer(net), path)
+    return path
+
+
+@pytest.mark.parametrize("targets", [["int", "nir"], ["nir"], ["int", "c"]],
+                         ids=["int+nir", "nir", "int+c"])
+def test_export_checks_every_target_before_writing_any(env, tmp_path, targets):
+    path = _chip_integer_file(tmp_path)
+    out = tmp_path / "deploy"
+    flags = [f for t in targets for f in ("--to", t)]
+    line = one_error_line(snnquant(env, "export", path, *flags, "--input-shape", "3",
+                                   "--out", out))
+    assert str(path) in line, line
+    assert not out.exists(), sorted(p.name for p in out.iterdir())
+
+
+def test_summary_of_a_chip_file_has_no_c_figures(env, tmp_path):
+    path = _chip_integer_file(tmp_path)
+    res = snnquant(env, "summary", path)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert "Xylo" in res.stdout and "C model: ROM" not in res.stdout
+    assert "no C model for a chip network" in res.stdout
+
+
+@pytest.mark.parametrize("flags", [["--no-fold-bn-training"], ["--freeze-bn-epochs", "1"]])
+def test_ptq_refuses_the_training_only_options(env, run_folder, tmp_path, flags):
+    out = tmp_path / "o"
+    line = one_error_line(snnquant(env, "train", *TINY, "--ptq", run_folder / "model.pt",
+                                   *flags, "--out", out))
+    assert flags[0] in line and "--ptq" in line, line
+    assert not out.exists()
+
+
+def test_train_refusals_are_one_line_without_the_usage_block(env, tmp_path):
+    res = snnquant(env, "train", "--epochs", "0", "--out", tmp_path / "o")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    res = snnquant(env, "train", "--dataset", "mnist", "--out", tmp_path / "o")
+    assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
+    assert "invalid choice: 'mnist'" in res.stderr
+
+
+def _copy_run(run_folder, tmp_path):
+    import shutil
+
+    folder = tmp_path / "run"
+    shutil.copytree(run_folder, folder)
+    return folder
+
+
+def _edit_manifest(folder, edit):
+    manifest = json.loads((folder / "run.json").read_text())
+    edit(manifest)
+    (folder / "run.json").write_text(json.dumps(manifest))
+
+
+RUN_JSON_EDITS = {
+    "channels": (lambda m: m["configuration"].update(channels=20000), "configuration.channels"),
+    "T": (lambda m: m["configuration"].update(T="2; rm -rf /"), "configuration.T"),
+    "configuration": (lambda m: m.update(configuration=[]), "configuration"),
+    "files": (lambda m: m.update(files={"x": 1}), "files"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RUN_JSON_EDITS))
+def test_run_json_is_sealed_and_an_edit_is_refused_naming_the_field(env, run_folder, tmp_path,
+                                                                     case):
+    folder = _copy_run(run_folder, tmp_path)
+    edit, field = RUN_JSON_EDITS[case]
+    _edit_manifest(folder, edit)
+    for command in (["summary", folder], ["export", folder, "--to", "int", "--out",
+                                          tmp_path / "e"]):
+        line = one_error_line(snnquant(env, *command, timeout=120))
+        assert "run.json" in line and f"'{field}'" in line, line
+    assert not (tmp_path / "e").exists()
+
+
+def test_run_json_entries_outside_the_folder_are_refused(env, run_folder, tmp_path):
+    from snnquant.cli._run_folder import _seal
+
+    folder = _copy_run(run_folder, tmp_path)
+    (tmp_path / "outside.txt").write_text("x")
+    manifest = json.loads((folder / "run.json").read_text())
+    manifest["files"]["../outside.txt"] = {"sha256": sha256(tmp_path / "outside.txt"),
+                                           "bytes": 1}
+    (folder / "run.json").write_text(json.dumps(_seal(manifest)))
+    line = one_error_line(snnquant(env, "export", folder, "--to", "int", "--out",
+                                   tmp_path / "e"))
+    assert "../outside.txt" in line and "outside" in line, line
+    assert not (tmp_path / "e").exists()
+
+
+def test_a_resealed_run_json_is_still_checked_field_by_field(env, run_folder, tmp_path):
+    from snnquant.cli._run_folder import _seal
+
+    folder = _copy_run(run_folder, tmp_path)
+    manifest = json.loads((folder / "run.json").read_text())
+    manifest["configuration"]["T"] = "2; rm -rf /"
+    (folder / "run.json").write_text(json.dumps(_seal(manifest)))
+    line = one_error_line(snnquant(env, "summary", folder))
+    assert "'configuration.T'" in line and "int" in line, line
+
+
+def test_export_of_a_transformer_file_to_int_and_nir_writes_nothing(env, tmp_path):
+    """NIR has no node for a spiking transformer's operations: the NIR graph is built before
+    any file is written, so --to int --to nir leaves no integer file behind."""
+    from test_export_transformers import deployed
+    from snnquant.export import save_integer
+
+    _, x, desc = deployed("spikformer")
+    path = tmp_path / "spikformer.safetensors"
+    save_integer(desc, path)
+    out = tmp_path / "deploy"
+    shape = ",".join(map(str, x.shape[2:]))
+    line = one_error_line(snnquant(env, "export", path, "--to", "int", "--to", "nir",
+                                   "--input-shape", shape, "--out", out))
+    assert "NIR has no node" in line and "nothing was written" in line, line
+    assert not out.exists()

@@ -210,3 +210,50 @@ def test_from_nir_refuses_what_the_description_check_refuses(tmp_path):
     node.v_threshold = node.v_threshold * 0 + (300 - 0.5) * unit
     with pytest.raises((NIRImportError, DescriptionError), match=r"'sn'.*threshold.*300"):
         from_nir(graph)
+
+
+# ---- issue 47, C: sizes bounded at load, before anything is allocated ---------------------------
+def _conv_pool_desc():
+    from test_export_io import conv_net
+
+    return to_integer(conv_net())
+
+
+def _index_of(desc, cls, **where):
+    return next(i for i, op in enumerate(desc.ops) if isinstance(op, cls) and all(
+        getattr(op, k) == v for k, v in where.items()))
+
+
+def test_sizes_that_would_allocate_are_refused_at_load(tmp_path, monkeypatch):
+    """A PoolOp output_size of 2^24, a sum-pool kernel of 2^14 and a conv padding of 2048 load
+    today and allocate gigabytes at the first run: refused by check_network (and so by
+    load_integer), naming the field, against the documented bound."""
+    from snnquant.export.ir.description import PoolOp, SynapseOp
+    from snnquant.export.ir.validation import MAX_EXTENT
+
+    desc = _conv_pool_desc()
+    pool = _index_of(desc, PoolOp)
+    conv = _index_of(desc, SynapseOp, kind="conv2d")
+    k = 1 << 14
+    cases = [(pool, dict(output_size=(1 << 24, 1 << 24)), "output_size"),
+             (pool, dict(kind="sum", kernel_size=(k, k), stride=(k, k), frac_bits_added=28),
+              "kernel_size"),
+             (conv, dict(padding=(2048, 2048)), "padding")]
+    for index, changes, field in cases:
+        bad = _edited(desc, index, **changes)
+        with pytest.raises(DescriptionError, match=rf"operation {index} .* has {field}="):
+            check_network(bad)
+        path = _saved_unchecked(bad, tmp_path / f"{field}.safetensors", monkeypatch)
+        with pytest.raises(DescriptionError, match=field):
+            load_integer(path)
+    assert MAX_EXTENT >= 64
+
+
+def test_a_gather_index_beyond_the_bound_is_refused():
+    from snnquant.export.ir.description import GatherOp
+
+    op = GatherOp(name="g", shape=(2,), index=torch.tensor([0, 2 ** 62]))
+    desc = _edited(_conv_pool_desc(), 0)
+    desc.ops = list(desc.ops) + [dataclasses.replace(op, inputs=())]
+    with pytest.raises(DescriptionError, match="index"):
+        check_network(desc)

@@ -240,8 +240,41 @@ def runnable_doc_files():
     return [p for p in doc_files() if any(kind in ("python", "doctest") for _, kind, _ in blocks_of(p))]
 
 
+#: the guides whose code needs an optional extra: guide name -> (extra, its modules)
+GUIDE_EXTRAS = {"xylo.rst": ("xylo", ("rockpool", "xylosim"))}
+
+
+def missing_extra(path: pathlib.Path):
+    """Why ``path``'s code cannot run here (a missing optional extra, named), or ``None``."""
+    import importlib.util
+
+    extra, modules = GUIDE_EXTRAS.get(path.name, (None, ()))
+    for module in modules:
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return (f"{path.name} runs {module}, of the {extra!r} extra: pip install "
+                    f"'snnquant[{extra}]'")
+    return None
+
+
+def test_a_guide_of_a_missing_extra_is_skipped_naming_it(monkeypatch):
+    import sys
+
+    xylo = ROOT / "docs" / "guide" / "xylo.rst"
+    monkeypatch.setitem(sys.modules, "xylosim", None)
+    reason = missing_extra(xylo)
+    assert reason is not None and "'xylo' extra" in reason and "snnquant[xylo]" in reason
+    assert missing_extra(ROOT / "docs" / "guide" / "quantize.rst") is None
+
+
 @pytest.mark.parametrize("path", runnable_doc_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_code_blocks_run(path, tmp_path, monkeypatch):
+    reason = missing_extra(path)
+    if reason is not None:
+        pytest.skip(reason)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("SNNQUANT_DATA", str(tmp_path / "data"))
     monkeypatch.setenv("MPLBACKEND", "Agg")

@@ -328,3 +328,10 @@ def test_a_batchnorm_whose_gamma_is_zero_trains_folded():
     assert all(torch.isfinite(p).all() for p in q.parameters())
     assert all(torch.isfinite(b).all() for b in q.buffers() if b.is_floating_point())
     fold_batchnorm(q.eval())
+
+
+def test_freeze_batchnorm_refuses_what_is_not_a_module():
+    import pytest
+
+    with pytest.raises(TypeError, match="model must be an nn.Module, got str"):
+        snnquant.freeze_batchnorm("model")

@@ -214,3 +214,48 @@ def test_check_loihi_refuses_an_int32_overflow():
     assert [v.layer for v in found] == ["0"] and "int32" in found[0].limit
     m.weight_exp = 0
     assert check_loihi(nn.Sequential(m)) == []
+
+
+def _inhibitory_network():
+    """The issue-47 network: Linear(1, 1) with the weight -128 (Lava's -256), bias 2050 << 3,
+    du 4095, dv 0, vth 300: every weight <= 0, so Lava's Dense runs in its inhibitory sign mode,
+    where the weight -256 is clipped to -255."""
+    m = LoihiLIFLayer(1, 1, vth=300, du=4095, dv=0, weight_step=1.0, weight_exp=0, bias=True,
+                      bias_exp=3, step_mode="m")
+    with torch.no_grad():
+        m.weight.fill_(-128.0)
+        m.bias.fill_(2050.0)
+    return nn.Sequential(m)
+
+
+def test_inhibitory_sign_mode_is_modelled():
+    """Lava's sign mode, modelled exactly (not refused): a layer whose Lava weights are all <= 0
+    and some < 0 applies -256 as -255; a mixed-sign layer keeps -256."""
+    from snnquant.functional.chip_neurons import lava_weight
+
+    w = torch.tensor([[-128.0, 0.0], [-3.0, -128.0]], dtype=torch.float64)
+    assert lava_weight(w).tolist() == [[-255.0, 0.0], [-6.0, -255.0]]
+    mixed = torch.tensor([[-128.0, 1.0]], dtype=torch.float64)
+    assert lava_weight(mixed).tolist() == [[-256.0, 2.0]]
+    net = _inhibitory_network()
+    x = torch.ones(50, 1, 1)
+    sjf.reset_net(net)
+    with torch.no_grad():
+        ours = net(x)[:, 0, 0]
+    assert ours.sum() > 0 and int(ours.nonzero()[0]) == 36
+    assert integer_layers(net, x)[0][0, :, 0].tolist() == ours.tolist()
+
+
+@needs_lava
+def test_inhibitory_sign_mode_equals_lava():
+    """The network of issue 47 on Lava: it spikes first at step 36 (the weight -256 applied as
+    -255), and snnquant's layer and its IntegerSNN export compute the same spikes."""
+    net = _inhibitory_network()
+    x = torch.ones(50, 1, 1)
+    sjf.reset_net(net)
+    with torch.no_grad():
+        ours = net(x).permute(1, 0, 2).numpy()
+    lava = run_lava(to_loihi(net), x.permute(1, 0, 2).numpy())["layers"][0]
+    assert lava.sum() > 0 and int(np.flatnonzero(lava[0, :, 0])[0]) == 36
+    np.testing.assert_array_equal(ours, lava)
+    np.testing.assert_array_equal(integer_layers(net, x)[0], lava)

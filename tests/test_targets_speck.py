@@ -343,3 +343,60 @@ def test_check_speck_lists_a_threshold_at_the_membranes_top():
     with torch.no_grad():
         m.weight[0, 0, 0, 0] = 60.0
     assert check_speck(nn.Sequential(m)) == []
+
+
+def _float32_network():
+    """Issue 47's case: a 16-8-1 network, thresholds 1, whose second layer's input current
+    exceeds 2^24 (above which float32, Sinabs' arithmetic, no longer holds every integer)."""
+    first = SpeckIAFLayer((16,), 8, None, threshold=1, weight_step=1.0, input_max=16,
+                          step_mode="m")
+    second = SpeckIAFLayer((8,), 1, None, threshold=1, weight_step=1.0, input_max=2 ** 15,
+                           step_mode="m")
+    with torch.no_grad():
+        first.weight.fill_(127.0)
+        first.weight[:, 0] = 1.0
+        second.weight.fill_(127.0)
+        second.weight[0, 7] = 2.0
+    x = torch.full((1, 1, 16), 16.0)
+    x[..., 0] = 15.0
+    return nn.Sequential(first, second), x
+
+
+def test_check_speck_refuses_a_current_beyond_float32():
+    """The exact current of the second layer is 27,171,045 here: float32 rounds it, so Sinabs
+    counts differently from the exact rule; check_speck lists the layer with the 2^24 bound, and
+    to_speck refuses it."""
+    net, x = _float32_network()
+    counts = x[0, 0].double() @ net[0].weight.double().t()      # threshold 1: the spikes
+    exact = int((counts @ net[1].weight.double().t()).item())
+    assert exact > 2 ** 24 and float(np.float32(exact)) != exact
+    found = check_speck(net)
+    assert [v.layer for v in found] == ["1"] and "2^24" in found[0].limit, found
+    with pytest.raises(ValueError, match="1: .*2\\^24"):
+        to_speck(net)
+    small, _ = _float32_network()
+    with torch.no_grad():
+        small[1].weight.fill_(60.0)
+    assert check_speck(small) == []
+
+
+@needs_sinabs
+def test_sinabs_rounds_a_current_beyond_float32():
+    """Why the bound: Sinabs (float32) counts another number of spikes than the exact
+    27,171,045 (threshold 1: one spike per unit of current; the network written as a spec by
+    hand, past the check)."""
+    from snnquant.targets.speck import run_sinabs
+
+    net, x = _float32_network()
+    spec = to_speck(nn.Sequential(*[SpeckIAFLayer((16,), 8, None, threshold=1,
+                                                  weight_step=1.0, input_max=16)]))
+    second = {"kind": "linear", "weight": net[1].weight.detach().numpy().astype(np.int8),
+              "bias": None,
+              "threshold": 1, "min_v_mem": SPECK2F.v_min, "stride": 1, "padding": 0,
+              "pool": 1, "spike": "multi"}
+    spec.layers[0]["weight"] = net[0].weight.detach().numpy().astype(np.int8)
+    spec.layers.append(second)
+    got = run_sinabs(spec, x.reshape(1, 16, 1, 1).numpy())["layers"][1]
+    counts = x[0, 0].double() @ net[0].weight.double().t()
+    exact = int((counts @ net[1].weight.double().t()).item())
+    assert exact == 27171045 and int(got.sum()) != exact

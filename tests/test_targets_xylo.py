@@ -348,3 +348,19 @@ def test_nir_route_is_wired_as_the_network(tmp_path):
     x = torch.randint(0, 16, (12, 4, 16))
     result = bench.nir_route(fnet, [(x.float(), torch.zeros(4, dtype=torch.int64))], tmp_path)
     assert 0.0 <= result["accuracy"] <= 100.0 and result["dash_syn"] == [1]
+
+
+@pytest.mark.parametrize("field, value", [("threshold", 40000), ("dash_mem", 16),
+                                          ("dash_syn", 20), ("weight_shift", 8),
+                                          ("threshold", 2.5), ("max_spikes", 0)])
+def test_check_xylo_reads_the_values_the_export_writes(field, value):
+    """A field assigned after the layer is built is checked as at build time: check_xylo lists
+    it naming the layer and the field, and to_xylo refuses it (xylosim would fail inside its
+    constructor)."""
+    net = nn.Sequential(_layer(2, 3), _layer(3, 2, delay=1, max_spikes=1, input_max=31))
+    assert check_xylo(net) == []
+    setattr(net[0], field, value)
+    found = [v for v in check_xylo(net) if v.layer == "0"]
+    assert [v.value for v in found] == [value] and field in found[0].limit
+    with pytest.raises(ValueError, match=f"0: {field}"):
+        to_xylo(net)

@@ -1,6 +1,7 @@
 """Errors of the command line that it reports in one line."""
 from __future__ import annotations
 
+import argparse
 import sys
 from typing import Callable, Optional, Tuple, Type
 
@@ -69,3 +70,11 @@ def exit_status(action: Callable[[], None], prog: str,
         print(f"{prog}: error: {MissingDependency.explain(error)}", file=sys.stderr)
         return 1
     return 0
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ``argparse.ArgumentParser`` whose refusals are one line on stderr (``prog: error:
+    message``, exit status 2), without the usage block; ``--help`` still prints everything."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")

@@ -10,12 +10,16 @@ the SHA-256 of every other file in the folder.
 """
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
+import math
 import os
 import time
 from pathlib import Path
 from typing import Optional
+
+from snnquant._io import MAX_JSON_BYTES, loads_strict, read_bounded
 
 MANIFEST = "run.json"
 # rewritten every epoch: a resumed run continues them
@@ -40,7 +44,7 @@ def _sha256(path: Path) -> str:
 
 def _describe(folder: Path, names: list) -> str:
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest = read_manifest(folder)
         return f"the outputs of `{manifest['command']}` ({len(names)} entries)"
     except (OSError, ValueError, KeyError, TypeError):
         pass
@@ -146,7 +150,8 @@ class RunFolder:
         manifest = dict(command=command, configuration=configuration, result=result, files=files,
                         snnquant_version=__version__,
                         finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
-        atomic_write(self.path / MANIFEST, json.dumps(manifest, indent=2, default=str) + "\n")
+        manifest = _seal(json.loads(json.dumps(manifest, default=str)))
+        atomic_write(self.path / MANIFEST, json.dumps(manifest, indent=2) + "\n")
         return manifest
 
     def close(self) -> None:
@@ -154,6 +159,120 @@ class RunFolder:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+
+
+_SEAL_KEYS = ("sha256", "field_sha256")
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, allow_nan=False).encode()).hexdigest()
+
+
+def _fields(manifest: dict) -> dict:
+    """``{field: value}`` of the manifest's top-level fields and, one level down, its
+    ``configuration``'s (``configuration.T``, ...): what its seal names when one changed."""
+    fields = {k: v for k, v in manifest.items() if k not in _SEAL_KEYS}
+    if isinstance(manifest.get("configuration"), dict):
+        fields.update({f"configuration.{k}": v for k, v in manifest["configuration"].items()})
+    return fields
+
+
+def _seal(manifest: dict) -> dict:
+    """``manifest`` with its seal: the SHA-256 of its content (``sha256``) and of each field
+    (``field_sha256``), so that an edit is refused naming the field that changed."""
+    body = {k: v for k, v in manifest.items() if k not in _SEAL_KEYS}
+    body["field_sha256"] = {k: _digest(v) for k, v in _fields(body).items()}
+    body["sha256"] = _digest({k: v for k, v in body.items() if k != "sha256"})
+    return body
+
+
+def _check_seal(manifest: dict, path: Path) -> None:
+    if "sha256" not in manifest:   # written before run.json was sealed: checked field by field
+        return
+    fields = manifest.get("field_sha256")
+    if not isinstance(fields, dict):
+        raise ValueError(f"{path}: field 'field_sha256' was changed after the run wrote it")
+    current = {k: _digest(v) for k, v in _fields(manifest).items()}
+    changed = [n for n in set(fields) | set(current) if fields.get(n) != current.get(n)]
+    if changed:   # the most specific field that is still there
+        name = min([n for n in changed if n in current] or changed,
+                   key=lambda n: (-n.count("."), n))
+        raise ValueError(f"{path}: field {name!r} was changed after the run wrote it (its "
+                         f"SHA-256 differs from the one the run sealed)")
+    body = {k: v for k, v in manifest.items() if k != "sha256"}
+    if _digest(body) != manifest["sha256"]:
+        raise ValueError(f"{path}: field 'sha256' does not match the content (changed after "
+                         f"the run wrote it)")
+
+
+def _check_files(files, path: Path) -> None:
+    """The ``files`` of a manifest: relative paths inside the folder, each with a SHA-256."""
+    if not isinstance(files, dict):
+        raise ValueError(f"{path}: field 'files' must be an object, got {type(files).__name__}")
+    for rel, entry in files.items():
+        parts = Path(rel).parts
+        if not rel or Path(rel).is_absolute() or ".." in parts or "\\" in rel:
+            raise ValueError(f"{path}: field 'files' entry {rel!r} points outside the run folder")
+        if not isinstance(entry, dict) or not isinstance(entry.get("sha256"), str) \
+                or len(entry["sha256"]) != 64:
+            raise ValueError(f"{path}: field 'files' entry {rel!r} must hold a sha256 of 64 "
+                             f"hexadecimal digits, got {entry!r:.80}")
+
+
+def _check_configuration(config, path: Path) -> None:
+    """Each field of ``configuration`` of the type and choices of its ``snnquant train`` flag
+    (the flags' own parser), and the sizes a network is built from at least 1."""
+    if not isinstance(config, dict):
+        raise ValueError(f"{path}: field 'configuration' must be an object, got "
+                         f"{type(config).__name__}")
+    from snnquant.cli.args import train_parser
+
+    actions = {a.dest: a for a in train_parser("snnquant train")._actions}
+    for key, value in config.items():
+        action = actions.get(key)
+        name = f"configuration.{key}"
+        if action is None:
+            continue
+        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+            ok, want = isinstance(value, bool), "a bool"
+        elif value is None:
+            ok, want = True, ""
+        elif action.type in (int, float):
+            ok = isinstance(value, (int, float) if action.type is float else int) \
+                and not isinstance(value, bool) and math.isfinite(value)
+            want = "an int" if action.type is int else "a number"
+        else:
+            ok, want = isinstance(value, str), "a string"
+        if ok and action.choices is not None and value is not None and value not in \
+                action.choices:
+            ok, want = False, f"one of {list(action.choices)}"
+        if ok and action.type is int and key in _SIZES and not 1 <= value <= _SIZES[key]:
+            ok, want = False, f"an int in [1, {_SIZES[key]}]"
+        if not ok:
+            raise ValueError(f"{path}: field {name!r} must be {want}, got {value!r:.80}")
+
+
+#: the sizes a run folder's network is rebuilt from, and their bounds
+_SIZES = {"channels": 4096, "T": 100000}
+
+
+def read_manifest(folder: Path) -> dict:
+    """``<folder>/run.json`` as a dict, checked: a regular file under the JSON size bound,
+    strict JSON (no NaN, no duplicate keys, no nesting beyond the recursion limit), its seal
+    (an edit is refused naming the field that changed), ``files`` inside the folder and each
+    ``configuration`` field of its flag's type; a ``ValueError`` naming the file and the field
+    otherwise."""
+    path = Path(folder) / MANIFEST
+    manifest = loads_strict(read_bounded(path, MAX_JSON_BYTES, MANIFEST), str(path))
+    if not isinstance(manifest, dict):
+        raise ValueError(f"{path}: must hold a JSON object, got {type(manifest).__name__}")
+    _check_seal(manifest, path)
+    for key in ("configuration", "files"):
+        if key not in manifest:
+            raise ValueError(f"{path}: field {key!r} is missing")
+    _check_files(manifest["files"], path)
+    _check_configuration(manifest["configuration"], path)
+    return manifest
 
 
 def verify_manifest(folder: Path) -> dict:
@@ -164,9 +283,9 @@ def verify_manifest(folder: Path) -> dict:
     """
     folder = Path(folder)
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+        manifest = read_manifest(folder)
         files = manifest["files"]
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except OSError as exc:
         raise ValueError(f"{folder} has no readable {MANIFEST} (not a finished run folder of "
                          f"snnquant train): {exc}") from None
     for rel, entry in files.items():

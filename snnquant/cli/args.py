@@ -53,14 +53,16 @@ missing optional dependency (the line names the extra to install) or a refused `
 """
 
 
-def parse_args(argv=None, prog=None):
-    """The flags of a training run (``snnquant train --help``); errors exit with status 2."""
+def train_parser(prog=None):
+    """The parser of ``snnquant train``'s flags (their types, choices and defaults), before the
+    checks of :func:`parse_args`."""
+    from snnquant.cli._errors import OneLineParser
     from snnquant.convert import MEMBRANE_QUANTIZERS, WEIGHT_QUANTIZERS
-    from snnquant.datasets import DATASETS, DATA_ROOT_HELP, dataset_info
+    from snnquant.datasets import DATASETS, DATA_ROOT_HELP
     from snnquant.kernels import BACKENDS, DEFAULT_BACKEND
 
-    ap = argparse.ArgumentParser(prog=prog, description=DESCRIPTION + DATA_ROOT_HELP,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = OneLineParser(prog=prog, description=DESCRIPTION + DATA_ROOT_HELP,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dataset", default="nmnist", choices=DATASETS,
                     help="dataset, loaded with SpikingJelly's own class (default: nmnist)")
     ap.add_argument("--data-root", default=None,
@@ -123,7 +125,16 @@ def parse_args(argv=None, prog=None):
     ap.add_argument("--calib-method", default="mse", choices=("minmax", "percentile", "mse"),
                     help="--ptq: snnquant.calibrate method")
     ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: simulate an interruption
+    return ap
+
+
+def parse_args(argv=None, prog=None):
+    """The flags of a training run (``snnquant train --help``); errors exit with status 2."""
+    from snnquant.datasets import dataset_info
+
+    ap = train_parser(prog)
     args = ap.parse_args(argv)
+    _check_ptq_options(ap, args)
     if args.dataset != "nmnist" and args.data_root is None:
         ap.error(f"--dataset {args.dataset} needs --data-root (only nmnist has built-in data)")
     if args.T is None:
@@ -175,6 +186,18 @@ def parse_args(argv=None, prog=None):
         except ValueError as exc:
             ap.error(str(exc))
     return args
+
+
+def _check_ptq_options(ap, args) -> None:
+    """``--ptq`` runs no training: the options that only change training are refused with it
+    (before ``--freeze-bn-epochs`` gets its default)."""
+    if not args.ptq:
+        return
+    for flag, given in (("--no-fold-bn-training", args.no_fold_bn_training),
+                        ("--freeze-bn-epochs", args.freeze_bn_epochs is not None)):
+        if given:
+            ap.error(f"{flag} changes training; a --ptq run trains nothing (it calibrates and "
+                     f"fine-tunes the folded network): leave {flag} out")
 
 
 def _check_tau(ap, args) -> None:

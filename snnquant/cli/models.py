@@ -26,13 +26,15 @@ class ModelFileError(Exception):
 
 
 def _parser(command: str, prog: str) -> argparse.ArgumentParser:
+    from snnquant.cli._errors import OneLineParser
+
     if command == "summary":
-        ap = argparse.ArgumentParser(prog=prog, description=(
+        ap = OneLineParser(prog=prog, description=(
             "Bits, bytes and layers of a saved model: a run folder of 'snnquant train' (its "
             "run.json is checked first) or an integer network file (.safetensors)."))
     else:
-        ap = argparse.ArgumentParser(prog=prog, description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+        ap = OneLineParser(prog=prog, description=__doc__,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
         ap.add_argument("--to", action="append", choices=FORMATS, required=True,
                         help="a format to write (repeat for several): int = the integer file "
                              "(.safetensors), c = the C model (.h/.c), nir = NIR (.nir)")
@@ -136,6 +138,10 @@ def summary_command(ns) -> None:
     if path.is_file() or (path / "model_int.safetensors").is_file():
         desc = load_integer_model(path)
         print(desc)
+        if desc.chip is not None:
+            print(f"C model: no C model for a chip network ({desc.chip}: its vendor file is its "
+                  f"deployment)")
+            return
         try:
             mem = c_memory(desc, shape)
         except ValueError as exc:
@@ -158,6 +164,8 @@ def _check_export(ns, desc, shape, out: Path) -> None:
     if "nir" in ns.to and shape is None:
         raise ModelFileError("--to nir needs --input-shape (the per-sample shape of one time "
                              "step)")
+    if desc.chip is not None:
+        _check_targets(ns, desc, shape)
     try:
         if "c" in ns.to:
             c_memory(desc, shape)
@@ -168,12 +176,31 @@ def _check_export(ns, desc, shape, out: Path) -> None:
             f"{ns.model} (give --input-shape)" if shape is None else \
             f"the run's input shape {','.join(map(str, shape))} (give --input-shape)"
         raise ModelFileError(f"{given}: {exc}") from None
+    _check_targets(ns, desc, shape)
     if out.exists() and not out.is_dir():
         raise ModelFileError(f"--out {out} is a file, not a folder")
     try:
         check_writable(out)
     except OSError as exc:
         raise ModelFileError(f"--out {out}: cannot write there ({exc.strerror or exc})") from None
+
+
+def _check_targets(ns, desc, shape) -> None:
+    """Every format of ``--to`` can be written for ``desc``: a chip network has neither C nor
+    NIR, and the NIR graph is built (not written) here, so that no format is written when
+    another one would fail."""
+    from snnquant.export import to_nir
+
+    wanted = set(ns.to) & {"c", "nir"}
+    if desc.chip is not None and wanted:
+        raise ModelFileError(f"{ns.model}: a {desc.chip} chip network has no "
+                             f"{' or '.join(sorted(wanted)).upper()} export (export it with "
+                             f"--to int, or to the chip's own file); nothing was written")
+    if "nir" in wanted:
+        try:
+            to_nir(desc, shape)
+        except (ValueError, TypeError, NotImplementedError) as exc:
+            raise ModelFileError(f"{ns.model}: --to nir: {exc}; nothing was written") from None
 
 
 def export_command(ns) -> None:

@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from .bitshift import (bitshift_decay_ste, multi_spike_count, saturating_accumulate,
                        truncated_decay_ste, wrap_signed)
 
-__all__ = ["xylo_lif_step", "loihi_lif_step", "loihi_dense", "speck_synapse", "speck_iaf_step",
-           "surrogate_count"]
+__all__ = ["xylo_lif_step", "loihi_lif_step", "loihi_dense", "lava_weight", "speck_synapse",
+           "speck_iaf_step", "surrogate_count"]
 
 Fire = Optional[Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]]
 
@@ -144,6 +144,30 @@ def loihi_lif_step(state, spikes: torch.Tensor, weight: torch.Tensor, bias, *, v
     th = 64.0 * vth
     s = _count(fire, v, (v.detach() > th).to(v.dtype), max(th, 1.0))
     return s, (u, v * (1.0 - s))
+
+
+def lava_weight(weight: torch.Tensor) -> torch.Tensor:
+    r"""The weights a Lava ``Dense`` applies for the 8-bit integer weights :math:`W` of one layer:
+    :math:`2W`, in the sign mode Lava 0.10 picks from them (``determine_sign_mode``,
+    ``clip_weights``).
+
+    .. math::
+
+        w = \begin{cases} \max(2W, -255) & \text{all } W \le 0 \text{ and some } W < 0
+        \ (\text{inhibitory})\\ 2W & \text{otherwise (mixed, excitatory)} \end{cases}
+
+    Gradient: 2 where the weight is not clipped, 0 where it is (a weight of -128 in an
+    inhibitory layer).
+
+    Args:
+        weight: ``[out, in]`` integer weights :math:`W` (any float or integer dtype).
+    """
+    w = 2.0 * weight.to(torch.float64)
+    if w.numel() == 0:
+        return w
+    with torch.no_grad():
+        inhibitory = (w.max() <= 0) & (w.min() < 0)
+    return torch.where(inhibitory, w.clamp(min=-255.0), w)
 
 
 def loihi_dense(spikes: torch.Tensor, weight: torch.Tensor, weight_exp: int) -> torch.Tensor:

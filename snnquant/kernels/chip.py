@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from ..functional._validation import check_int
 from ..functional.chip_neurons import (loihi_dense, loihi_lif_step, speck_iaf_step,
                                        surrogate_count, xylo_lif_step)
 from ._fused import KernelCache, surrogate_kind, kernel_source, pointer
@@ -242,11 +243,47 @@ def _torch_loop(step, state, seq: torch.Tensor, surrogate_function, *args, **kwa
     return torch.stack(outs), state
 
 
-def _state_shape(state, shape, what: str):
-    for s in state:
-        if s is not None and tuple(s.shape) != tuple(shape):
-            raise ValueError(f"{what}: the state must have the shape {tuple(shape)} of one "
-                             f"step's neurons, got {tuple(s.shape)}")
+# ---- argument checks, the same for every backend -------------------------------------------------
+_REAL_DTYPES = (torch.float32, torch.float64)
+
+
+def _check_tensor(fn: str, name: str, t, shape) -> None:
+    """``t`` a float32/float64 tensor of ``shape`` (``None`` entries: any size) holding finite
+    values; a ``TypeError``/``ValueError`` naming ``fn`` and ``name`` otherwise."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{fn}: {name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.dtype not in _REAL_DTYPES:
+        raise TypeError(f"{fn}: {name} must be a float32 or float64 tensor (integers held "
+                        f"exactly), got dtype {t.dtype}")
+    if t.dim() != len(shape) or any(s is not None and s != n for s, n in zip(shape, t.shape)):
+        want = ", ".join("*" if s is None else str(s) for s in shape)
+        raise ValueError(f"{fn}: {name} must have the shape [{want}], got {tuple(t.shape)}")
+    if t.numel() and not bool(torch.isfinite(t).all()):
+        raise ValueError(f"{fn}: {name} must hold finite values, got NaN or infinity")
+
+
+def _check_ints(fn: str, rules) -> dict:
+    """``{name: int}`` of ``(name, value, lo, hi)`` after :func:`check_int`."""
+    return {name: check_int(fn, name, value, lo, hi) for name, value, lo, hi in rules}
+
+
+def _check_state(fn: str, state, shape) -> None:
+    if state is None:
+        return
+    if not isinstance(state, (tuple, list)) or len(state) != 2:
+        raise TypeError(f"{fn}: state must be None or a pair of tensors, got "
+                        f"{type(state).__name__}")
+    for k, s in enumerate(state):
+        if s is not None:
+            _check_tensor(fn, f"state[{k}]", s, shape)
+
+
+def _check_dense(fn: str, seq_name: str, state, seq, weight, bias) -> None:
+    _check_tensor(fn, seq_name, seq, (None, None, None))
+    _check_tensor(fn, "weight", weight, (None, seq.shape[2]))
+    if bias is not None:
+        _check_tensor(fn, "bias", bias, (weight.shape[0],))
+    _check_state(fn, state, (seq.shape[1], weight.shape[0]))
 
 
 # ---- the chips ----------------------------------------------------------------------------------
@@ -284,6 +321,12 @@ def xylo_lif_multi_step(state, counts_seq: torch.Tensor, weight: torch.Tensor, b
         ``(n_seq, (I, V))``: ``[T, N, out]`` counts and the last state, in the dtype of
         ``counts_seq`` (as the torch step returns them); ``state`` itself when ``T`` is 0.
     """
+    fn = "xylo_lif_multi_step"
+    _check_dense(fn, "counts_seq", state, counts_seq, weight, bias)
+    state_bits = _check_ints(fn, [("state_bits", state_bits, 2, 32)])["state_bits"]
+    _check_ints(fn, [("threshold", threshold, 1, 2 ** (state_bits - 1) - 1),
+                     ("dash_syn", dash_syn, 0, 15), ("dash_mem", dash_mem, 0, 15),
+                     ("max_spikes", max_spikes, 1, 2 ** 15)])
     if counts_seq.shape[0] == 0:
         return counts_seq.new_zeros(0, counts_seq.shape[1], weight.shape[0]), state
     launcher = _resolve(backend, counts_seq, surrogate_function, "counts_seq")
@@ -293,7 +336,6 @@ def xylo_lif_multi_step(state, counts_seq: torch.Tensor, weight: torch.Tensor, b
                            max_spikes=max_spikes, state_bits=state_bits)
     T, N, _ = counts_seq.shape
     out_features, in_features = weight.shape
-    _state_shape(state or (), (N, out_features), "xylo_lif_multi_step")
     c = counts_seq.to(torch.float64)
     w = weight.to(torch.float64)
     x = c @ w.t()
@@ -343,6 +385,11 @@ def loihi_lif_multi_step(state, spikes_seq: torch.Tensor, weight: torch.Tensor, 
         ``(S_seq, (u, v))``, float64 (as the torch step returns them); ``state`` itself when
         ``T`` is 0.
     """
+    fn = "loihi_lif_multi_step"
+    _check_dense(fn, "spikes_seq", state, spikes_seq, weight, bias)
+    _check_ints(fn, [("state_bits", state_bits, 2, 32), ("vth", vth, 0, 2 ** 17 - 1),
+                     ("du", du, 0, 4095), ("dv", dv, 0, 4095), ("weight_exp", weight_exp, -8, 7),
+                     ("bias_exp", bias_exp, 0, 7)])
     if spikes_seq.shape[0] == 0:
         return torch.zeros(0, spikes_seq.shape[1], weight.shape[0], dtype=torch.float64,
                            device=spikes_seq.device), state
@@ -353,7 +400,6 @@ def loihi_lif_multi_step(state, spikes_seq: torch.Tensor, weight: torch.Tensor, 
                            state_bits=state_bits)
     T, N, _ = spikes_seq.shape
     out_features = weight.shape[0]
-    _state_shape(state or (), (N, out_features), "loihi_lif_multi_step")
     a = loihi_dense(spikes_seq, weight, weight_exp)
     s, u, v = _run(launcher, "loihi", surrogate_function, [vth, du, dv, state_bits, bias_exp], a,
                    out_features, bias=bias, state=state or (None, None))
@@ -389,8 +435,17 @@ def speck_iaf_multi_step(v, current_seq: torch.Tensor, *, threshold: int, spike:
     Returns:
         ``(out_seq, v)``, float64; ``v`` itself when ``T`` is 0.
     """
+    fn = "speck_iaf_multi_step"
     if spike not in ("multi", "single"):
-        raise ValueError(f"spike must be 'multi' or 'single', got {spike!r}")
+        raise ValueError(f"{fn}: spike must be 'multi' or 'single', got {spike!r}")
+    _check_tensor(fn, "current_seq", current_seq, (None,) * 5)
+    _check_ints(fn, [("threshold", threshold, 1, 2 ** 31 - 1), ("v_min", v_min, -2 ** 31, 0),
+                     ("pool", pool, 1, 64)])
+    if current_seq.shape[3] % pool or current_seq.shape[4] % pool:
+        raise ValueError(f"{fn}: pool {pool} must divide the neurons' height and width "
+                         f"{tuple(current_seq.shape[3:])}")
+    if v is not None:
+        _check_tensor(fn, "v", v, tuple(current_seq.shape[1:]))
     if current_seq.shape[0] == 0:
         shape = current_seq.shape
         return torch.zeros(0, shape[1], shape[2], shape[3] // pool, shape[4] // pool,
@@ -400,7 +455,6 @@ def speck_iaf_multi_step(v, current_seq: torch.Tensor, *, threshold: int, spike:
         return _torch_loop(speck_iaf_step, v, current_seq, surrogate_function,
                            threshold=threshold, spike=spike, v_min=v_min, pool=pool)
     T, N = current_seq.shape[:2]
-    _state_shape((v,), current_seq.shape[1:], "speck_iaf_multi_step")
     n, s0, _ = _run(launcher, "speck", surrogate_function,
                     [threshold, 1 if spike == "multi" else 0, v_min], current_seq, 1,
                     state=(v, None))

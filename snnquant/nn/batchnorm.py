@@ -200,6 +200,9 @@ def freeze_batchnorm(model: nn.Module, frozen: bool = True) -> int:
     statistics no longer change. ``frozen=False`` returns to batch statistics. Returns the
     number of BatchNorms changed.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"freeze_batchnorm: model must be an nn.Module, got "
+                        f"{type(model).__name__} {model!r:.60}")
     if not isinstance(frozen, bool):
         raise TypeError(f"frozen must be True or False, got {frozen!r}")
     found = folded_batchnorms(model)

@@ -11,15 +11,108 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional
 
+import numpy as np
 import torch
 import torch.nn as nn
 from spikingjelly.activation_based import base, layer as sj_layer, neuron, surrogate
 
-from .._io import atomic_write
+from .._io import MAX_JSON_BYTES, atomic_write, loads_strict, read_bounded
 from ..functional.chip_neurons import surrogate_count
 from ..functional.int_limits import check_int  # noqa: F401  (the chip modules' range check)
 from ..functional.rounding import round as round_ste
 from ..kernels.dispatch import DEFAULT_BACKEND, check_backend_name
+
+
+def field_violations(layer: str, obj, rules) -> List["Violation"]:
+    """A :class:`Violation` for each ``(field, lo, hi)`` of ``rules`` whose value on ``obj`` is
+    not an int in ``[lo, hi]`` (the rule :func:`check_int` applies when a layer is built)."""
+    found = []
+    for field_name, lo, hi in rules:
+        value = getattr(obj, field_name, None)
+        try:
+            check_int(value, lo, hi, field_name)
+        except (TypeError, ValueError):
+            found.append(Violation(layer, f"{field_name} an int in [{lo}, {hi}]", value))
+    return found
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+class FileFields:
+    """Reads the fields of a chip file's payload (or a spec about to be saved), each by the rule
+    the layer applies, refusing the first bad one with a ``ValueError`` that names ``where`` (the
+    file) and the field.
+
+    Args:
+        where: what to name in the errors (the file's path).
+    """
+
+    def __init__(self, where: str):
+        self.where = where
+
+    def fail(self, field_name: str, why: str, value) -> None:
+        """Raise the ``ValueError`` of ``field_name``."""
+        raise ValueError(f"{self.where}: field {field_name!r} {why}, got {_shown(value)}")
+
+    def keys(self, payload, fields, where: str = "") -> dict:
+        """``payload`` after checking it is an object with exactly the keys ``fields``."""
+        name = where or "<file>"
+        if not isinstance(payload, dict):
+            self.fail(name, "must be a JSON object", type(payload).__name__)
+        missing = [k for k in fields if k not in payload]
+        unknown = [k for k in payload if k not in fields]
+        if missing:
+            self.fail(f"{where}{'.' if where else ''}{missing[0]}", "is missing", sorted(payload))
+        if unknown:
+            self.fail(f"{where}{'.' if where else ''}{unknown[0]}", "is not a field of this "
+                      f"file", payload[unknown[0]])
+        return payload
+
+    def int(self, field_name: str, value, lo: int, hi: int) -> int:
+        """``value`` as an int in ``[lo, hi]`` (not a bool, a float or a string)."""
+        try:
+            return check_int(value, lo, hi, field_name)
+        except (TypeError, ValueError):
+            self.fail(field_name, f"must be an int in [{lo}, {hi}]", value)
+
+    def choice(self, field_name: str, value, options):
+        """``value`` when it is one of ``options``."""
+        if not isinstance(value, str) or value not in options:
+            self.fail(field_name, f"must be one of {list(options)}", value)
+        return value
+
+    def array(self, field_name: str, value, lo: int, hi: int, shape=None,
+              dtype=np.int64) -> np.ndarray:
+        """``value`` (nested lists of ints, or an integer array) as a ``dtype`` array whose
+        values are in ``[lo, hi]`` and whose shape is ``shape`` (``None``: any; an entry
+        ``None``: any size there)."""
+        why = "must be an array of ints (not floats, bools or strings)"
+        if isinstance(value, (np.ndarray, torch.Tensor)):
+            arr = np.asarray(value)
+            if arr.dtype.kind not in "iu":
+                self.fail(field_name, why, arr.dtype)
+        else:
+            try:
+                items = np.asarray(value, dtype=object)
+            except (ValueError, TypeError):
+                self.fail(field_name, why, value)
+            if not all(type(v) is int for v in items.ravel()):
+                self.fail(field_name, why, value)
+            if items.size and not all(-2 ** 63 <= v < 2 ** 63 for v in items.ravel()):
+                self.fail(field_name, f"values must be in [{lo}, {hi}]", value)
+            arr = items.astype(np.int64)
+        if shape is not None and (arr.ndim != len(shape) or any(
+                s is not None and s != n for s, n in zip(shape, arr.shape))):
+            want = tuple("any" if s is None else s for s in shape)
+            self.fail(field_name, f"must have the shape {want}", tuple(arr.shape))
+        if arr.size:
+            bad = (arr < lo) | (arr > hi)
+            if bad.any():
+                self.fail(field_name, f"values must be in [{lo}, {hi}]", arr[bad].flat[0].item())
+        return arr.astype(dtype)
 
 
 def pow2_step(w: torch.Tensor, hi: int) -> float:
@@ -178,7 +271,8 @@ def sources(*modules) -> tuple:
 
 
 def _digest(payload: dict) -> str:
-    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, allow_nan=False)
+                          .encode()).hexdigest()
 
 
 def write_checked_json(path, payload: dict, fmt: str) -> None:
@@ -186,17 +280,18 @@ def write_checked_json(path, payload: dict, fmt: str) -> None:
     ``"format_version"`` 1 and the SHA-256 of the content under ``"sha256"``."""
     payload = dict(payload, format=fmt, format_version=1)
     payload["sha256"] = _digest(payload)
-    atomic_write(path, json.dumps(payload, sort_keys=True))
+    atomic_write(path, json.dumps(payload, sort_keys=True, allow_nan=False))
 
 
 def read_checked_json(path, fmt: str) -> dict:
-    """The payload of a file written by :func:`write_checked_json` with ``fmt``, after verifying
-    its checksum; a ``ValueError`` naming the file otherwise."""
+    """The payload of a file written by :func:`write_checked_json` with ``fmt`` (without
+    ``format`` and ``format_version``), after verifying its checksum; a ``ValueError`` naming the
+    file otherwise (also for a file that is not a regular file, is larger than
+    :data:`~snnquant._io.MAX_JSON_BYTES` (64 MiB) or is not strict JSON)."""
     path_s = os.fspath(path)
     what = f"a snnquant {fmt} file of format_version 1"
     try:
-        with open(path_s) as f:
-            payload = json.load(f)
+        payload = loads_strict(read_bounded(path_s, MAX_JSON_BYTES, f"{fmt} file"), path_s)
         digest = payload.pop("sha256")
     except (ValueError, KeyError, AttributeError, TypeError) as exc:
         raise ValueError(f"{path_s}: not {what} ({exc})") from None
@@ -204,6 +299,7 @@ def read_checked_json(path, fmt: str) -> dict:
         raise ValueError(f"{path_s}: not {what}")
     if _digest(payload) != digest:
         raise ValueError(f"{path_s}: the content does not match its checksum (changed or corrupt)")
+    del payload["format"], payload["format_version"]
     return payload
 
 

@@ -5,7 +5,9 @@ process models, training in it, and export to Lava processes checked on Lava's C
 ``PyLifModelBitAcc``, ``lava/proc/dense/models.py`` ``AbstractPyDenseModelBitAcc``,
 ``lava/utils/weightutils.py``; tested against Lava's own run in ``tests/test_targets_loihi.py``).
 Per step, for a ``Dense`` layer with Lava weights :math:`w` (``num_weight_bits=8``, mixed signs:
-even integers in :math:`[-256, 254]`, i.e. :math:`w = 2W` with an 8-bit :math:`W`), weight
+even integers in :math:`[-256, 254]`, i.e. :math:`w = 2W` with an 8-bit :math:`W`, except that
+a layer whose weights are all :math:`\le 0` runs in Lava's inhibitory sign mode, where
+:math:`-256` becomes :math:`-255`: :func:`~snnquant.functional.chip_neurons.lava_weight`), weight
 exponent :math:`e`, and its ``LIF`` neurons with current :math:`u`, voltage :math:`v` (24-bit),
 decays :math:`d_u, d_v` (12-bit), threshold mantissa :math:`\vartheta` (17-bit), bias
 :math:`b` (``bias_mant << bias_exp``):
@@ -44,11 +46,12 @@ import torch.nn as nn
 from spikingjelly.activation_based import neuron
 
 from ..export.ir.chip_ops import LoihiLayerOp
-from ..functional.chip_neurons import loihi_lif_step
+from ..functional.chip_neurons import lava_weight, loihi_lif_step
 from ..kernels.chip import loihi_lif_multi_step
 from ..functional.int_limits import int_range
-from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
-                     pow2_step, read_checked_json, refuse, sources, write_checked_json)
+from ._layer import (ChipLayer, FileFields, Violation, check_int, chip_layers,
+                     field_violations, linear_neuron_pairs, pow2_step, read_checked_json, refuse,
+                     sources, write_checked_json)
 
 __all__ = ["LoihiProfile", "LOIHI2", "LoihiLIFLayer", "check_loihi", "quantize_for_loihi",
            "LoihiSpec", "to_loihi", "save_loihi", "load_loihi", "run_lava"]
@@ -91,6 +94,14 @@ class LoihiProfile:
     def weight_range(self) -> tuple:
         """The range of :math:`W`."""
         return int_range(self.weight_bits, True)
+
+
+def _field_rules(profile: LoihiProfile) -> tuple:
+    """``(field, lo, hi)`` of a layer's integers: the one rule the layer's constructor,
+    :func:`check_loihi` and the file checks apply."""
+    return (("vth", *profile.vth_range), ("du", *profile.decay_range),
+            ("dv", *profile.decay_range), ("weight_exp", *profile.weight_exp_range),
+            ("bias_exp", *profile.bias_exp_range))
 
 
 #: Loihi 2 through Lava 0.10's fixed-point CPU models.
@@ -145,11 +156,9 @@ class LoihiLIFLayer(ChipLayer):
                          profile.bias_range if bias else None, 1, 1, surrogate_function,
                          step_mode, backend)
         self.profile = profile
-        self.vth = check_int(vth, *profile.vth_range, "vth")
-        self.du = check_int(du, *profile.decay_range, "du")
-        self.dv = check_int(dv, *profile.decay_range, "dv")
-        self.weight_exp = check_int(weight_exp, *profile.weight_exp_range, "weight_exp")
-        self.bias_exp = check_int(bias_exp, *profile.bias_exp_range, "bias_exp")
+        given = dict(vth=vth, du=du, dv=dv, weight_exp=weight_exp, bias_exp=bias_exp)
+        for name, lo, hi in _field_rules(profile):
+            setattr(self, name, check_int(given[name], lo, hi, name))
         self.register_memory("u", 0.0)
         self.register_memory("v", 0.0)
 
@@ -167,7 +176,7 @@ class LoihiLIFLayer(ChipLayer):
                             state_bits=self.profile.state_bits)
 
     def _chip_weight(self, w: torch.Tensor) -> torch.Tensor:
-        return 2.0 * w.to(torch.float64)
+        return lava_weight(w)
 
     def _step(self, c: torch.Tensor, w: torch.Tensor, b) -> torch.Tensor:
         state = None if not isinstance(self.u, torch.Tensor) else (self.u, self.v)
@@ -195,8 +204,8 @@ def check_loihi(model: nn.Module, profile: Optional[LoihiProfile] = None) -> Lis
     """Every way ``model`` (a stack of :class:`LoihiLIFLayer`) exceeds ``profile``'s limits:
     a layer's profile, consecutive sizes, the chip's neuron count, and an activation that could
     overflow Lava's int32 arithmetic (the largest sum of a neuron's :math:`|2W| 2^{e}`, shifted
-    left by 6 and added to a 24-bit current). Thresholds, decays, weight
-    exponents and weight and bias ranges are checked when a layer is built.
+    left by 6 and added to a 24-bit current), and each layer's threshold, decays and exponents
+    as they are now, by the rules its constructor applies.
 
     Returns:
         The list of :class:`Violation` (empty when the network fits).
@@ -209,11 +218,14 @@ def check_loihi(model: nn.Module, profile: Optional[LoihiProfile] = None) -> Lis
     for name, m in layers:
         if m.profile != profile:
             found.append(Violation(name, f"profile {profile.name}", m.profile.name))
+        found += field_violations(name, m, _field_rules(profile))
         if previous is not None and m.in_features != previous.out_features:
             found.append(Violation(name, f"in_features == {previous.out_features} (the previous "
                                          f"layer's out_features)", m.in_features))
         previous = m
     for name, m in layers:
+        if not isinstance(m.weight_exp, int):
+            continue
         with torch.no_grad():
             reach = float((2 * m.integer_weight()).abs().sum(1).max()) * 2.0 ** max(m.weight_exp, 0)
         if reach * 64 + 2 ** (profile.state_bits - 1) > 2 ** 31 - 1:
@@ -319,25 +331,68 @@ _ARRAYS = ("weights", "bias_mant", "bias_exp")
 _INTS = ("weight_exp", "du", "dv", "vth")
 
 
+def _checked_spec(payload: dict, where: str) -> LoihiSpec:
+    """The :class:`LoihiSpec` of a file's ``payload`` (or of a spec's fields), every field checked
+    by the rules the layers apply (:func:`_field_rules`, the profile's ranges) and each layer's
+    shape against the one before; a ``ValueError`` naming ``where`` and the first bad field."""
+    f = FileFields(where)
+    f.keys(payload, ("layers", "profile"))
+    if payload["profile"] != LOIHI2.name:
+        f.fail("profile", f"must be {LOIHI2.name!r}", payload["profile"])
+    p, rules = LOIHI2, {name: (lo, hi) for name, lo, hi in _field_rules(LOIHI2)}
+    if not isinstance(payload["layers"], list) or not payload["layers"]:
+        f.fail("layers", "must be a non-empty list of layers", payload["layers"])
+    lo, hi = p.weight_range
+    layers, n_in, neurons = [], None, 0
+    for k, layer in enumerate(payload["layers"]):
+        f.keys(layer, _ARRAYS + _INTS, f"layers[{k}]")
+        name = f"layers[{k}]."
+        w = f.array(name + "weights", layer["weights"], 2 * lo, 2 * hi, (None, n_in), np.int16)
+        if w.shape[0] < 1 or w.shape[1] < 1:
+            f.fail(name + "weights", "must be [out, in] with out, in >= 1", tuple(w.shape))
+        if (w % 2).any():
+            f.fail(name + "weights", "must be even (Lava's weights are 2W)", w[w % 2 != 0][0])
+        out = w.shape[0]
+        neurons += out
+        entry = {"weights": w,
+                 "bias_mant": f.array(name + "bias_mant", layer["bias_mant"], *p.bias_range,
+                                      (out,), np.int16),
+                 "bias_exp": f.array(name + "bias_exp", layer["bias_exp"],
+                                     *rules["bias_exp"], (out,), np.int16)}
+        entry.update({key: f.int(name + key, layer[key], *rules[key]) for key in _INTS})
+        layers.append(entry)
+        n_in = out
+    f.int("layers (their neurons)", neurons, 1, p.max_neurons)
+    return LoihiSpec(layers, profile=payload["profile"])
+
+
 def save_loihi(spec: LoihiSpec, path) -> None:
-    """Write ``spec`` to ``path`` as JSON (integers only), atomically, with its SHA-256."""
+    """Write ``spec`` to ``path`` as JSON (integers only), atomically, with its SHA-256.
+
+    Raises:
+        TypeError: ``spec`` is not a :class:`LoihiSpec`.
+        ValueError: naming the file and the field, for a field the chip cannot take (the rules
+            of :func:`load_loihi`); nothing is written then.
+    """
     if not isinstance(spec, LoihiSpec):
         raise TypeError(f"spec must be a LoihiSpec, got {type(spec).__name__}")
+    spec = _checked_spec({"layers": list(spec.layers), "profile": spec.profile},
+                         f"save_loihi({os.fspath(path)})")
     layers = [{**{k: np.asarray(l[k]).tolist() for k in _ARRAYS},
                **{k: int(l[k]) for k in _INTS}} for l in spec.layers]
     write_checked_json(path, {"layers": layers, "profile": spec.profile}, "snnquant-loihi")
 
 
 def load_loihi(path) -> LoihiSpec:
-    """Read a file written by :func:`save_loihi`, after verifying its checksum.
+    """Read a file written by :func:`save_loihi`, after verifying its checksum, then every field
+    by the rules the layers apply.
 
     Raises:
-        ValueError: naming the file, when it is not such a file or its content changed.
+        ValueError: naming the file, when it is not such a file (strict JSON, a regular file
+            under the size bound) or its content changed, and naming the field, for a value out
+            of its range, of the wrong type or of the wrong shape.
     """
-    payload = read_checked_json(path, "snnquant-loihi")
-    layers = [{**{k: np.asarray(l[k], np.int16) for k in _ARRAYS}, **{k: l[k] for k in _INTS}}
-              for l in payload["layers"]]
-    return LoihiSpec(layers, profile=payload["profile"])
+    return _checked_spec(read_checked_json(path, "snnquant-loihi"), os.fspath(path))
 
 
 def lava_python(python: Optional[str] = None) -> Optional[str]:

@@ -50,8 +50,9 @@ from ..export.ir.chip_ops import SpeckLayerOp
 from ..functional.chip_neurons import speck_iaf_step, speck_synapse
 from ..kernels.chip import speck_iaf_multi_step
 from ..functional.int_limits import int_range
-from ._layer import (ChipLayer, Violation, check_int, chip_layers, pow2_step, read_checked_json,
-                     refuse, sources, write_checked_json)
+from ._layer import (ChipLayer, FileFields, Violation, check_int, chip_layers,
+                     field_violations, pow2_step, read_checked_json, refuse, sources,
+                     write_checked_json)
 
 __all__ = ["SpeckProfile", "SPECK2F", "SpeckIAFLayer", "check_speck", "quantize_for_speck",
            "SpeckSpec", "to_speck", "save_speck", "load_speck", "run_sinabs", "speck_cores"]
@@ -107,6 +108,18 @@ class SpeckProfile:
         """The membrane's lower bound, :math:`-2^{15}` (Sinabs' default ``min_v_mem``)."""
         return int_range(self.state_bits, True)[0]
 
+
+def _field_rules(profile: SpeckProfile) -> tuple:
+    """``(field, lo, hi)`` of a layer's integers: the one rule the layer's constructor,
+    :func:`check_speck` and the file checks apply (``kernel_size`` of a convolution only)."""
+    return (("threshold", *profile.threshold_range), ("stride", 1, 64), ("padding", 0, 64),
+            ("pool", 1, 64))
+
+
+#: the kernel sizes a Speck convolution may have
+_KERNEL_RANGE = (1, 64)
+#: what a layer's ``spike`` may be
+_SPIKES = ("multi", "single")
 
 #: Speck 2f through Sinabs 3.1's ``DynapcnnNetwork``.
 SPECK2F = SpeckProfile()
@@ -170,21 +183,20 @@ class SpeckIAFLayer(ChipLayer):
         for i, v in enumerate(in_shape):
             check_int(v, 1, 2 ** 16, f"in_shape[{i}]")
         self.linear = kernel_size is None
-        k = None if self.linear else check_int(kernel_size, 1, 64, "kernel_size")
+        k = None if self.linear else check_int(kernel_size, *_KERNEL_RANGE, "kernel_size")
         fan_in = in_shape[0] * (in_shape[1] * in_shape[2] if self.linear else k * k)
         super().__init__(fan_in, out_channels, weight_step, profile.weight_range,
                          profile.bias_range if bias else None, 0, input_max, surrogate_function,
                          step_mode, backend)
-        if spike not in ("multi", "single"):
+        if spike not in _SPIKES:
             raise ValueError(f"spike must be 'multi' or 'single', got {spike!r}")
         self.in_shape, self.kernel_size, self.spike, self.profile = in_shape, k, spike, profile
-        self.stride = check_int(stride, 1, 64, "stride")
-        self.padding = check_int(padding, 0, 64, "padding")
-        self.pool = check_int(pool, 1, 64, "pool")
+        given = dict(threshold=threshold, stride=stride, padding=padding, pool=pool)
+        for name, lo, hi in _field_rules(profile):
+            setattr(self, name, check_int(given[name], lo, hi, name))
         if self.linear and (stride != 1 or padding != 0 or pool != 1):
             raise ValueError("stride, padding and pool: a Linear layer (kernel_size=None) has "
                              f"none, got stride={stride}, padding={padding}, pool={pool}")
-        self.threshold = check_int(threshold, *profile.threshold_range, "threshold")
         if not self.linear:
             h, w = (_conv_out(s, k, self.stride, self.padding) for s in in_shape[1:])
             if h < 1 or w < 1:
@@ -316,6 +328,54 @@ def speck_cores(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Opt
     return _match(fits)
 
 
+def _layer_field_violations(name: str, m: "SpeckIAFLayer", profile: SpeckProfile) -> list:
+    """The layer's integers and choices as they are now, by its constructor's rules."""
+    found = field_violations(name, m, _field_rules(profile))
+    if m.spike not in _SPIKES:
+        found.append(Violation(name, f"spike one of {list(_SPIKES)}", m.spike))
+    if found or m.linear:
+        if not found and (m.stride, m.padding, m.pool) != (1, 0, 1):
+            found.append(Violation(name, "stride 1, padding 0, pool 1 (a Linear layer)",
+                                   (m.stride, m.padding, m.pool)))
+        return found
+    found += field_violations(name, m, (("kernel_size", *_KERNEL_RANGE),))
+    if not found:
+        _, h, w = m.neuron_shape
+        if h < 1 or w < 1 or h % m.pool or w % m.pool:
+            found.append(Violation(name, f"a convolution output ({h}x{w}) of at least 1x1 that "
+                                         f"pool divides", m.pool))
+    return found
+
+
+#: Sinabs computes in float32, which holds every integer up to this magnitude
+FLOAT32_EXACT = 2 ** 24
+
+
+def _float32_violation(name: str, m: "SpeckIAFLayer", x_max: float) -> tuple:
+    r"""``(violations, largest count the layer sends per step)`` for input counts up to
+    ``x_max``: the partial sums of a neuron's current lie in :math:`[-\sum_j W^-_j x_{max} -
+    b^-,\ \sum_j W^+_j x_{max} + b^+]`, and with multi-spike neurons the membrane before firing
+    is at most :math:`	heta - 1` plus the positive end; both must stay within :math:`2^{24}`
+    (Sinabs adds in float32). A neuron then sends at most :math:`\lfloor(	heta - 1 +
+    \sum_j W^+_j x_{max} + b^+)/	heta
+floor` spikes (1 with single spikes), times
+    :math:`k^2` after a :math:`k 	imes k` sum pooling."""
+    with torch.no_grad():
+        w = m.integer_weight().detach().to(torch.float64).flatten(1)
+        pos, neg = w.clamp(min=0).sum(1) * x_max, (-w).clamp(min=0).sum(1) * x_max
+        if m.bias is not None:
+            b = m.integer_bias().detach().to(torch.float64)
+            pos, neg = pos + b.clamp(min=0), neg + (-b).clamp(min=0)
+    top = m.threshold - 1 + float(pos.max())
+    sent = (top // m.threshold if m.spike == "multi" else 1) * m.pool ** 2
+    reach = max(top, float(neg.max()))
+    if reach <= FLOAT32_EXACT:
+        return [], sent
+    return [Violation(name, f"input current and membrane within 2^24 = {FLOAT32_EXACT} for "
+                            f"input counts up to {x_max:.0f} (Sinabs computes in float32; "
+                            f"lower input_max or the weights)", f"{reach:.0f}")], sent
+
+
 def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> List[Violation]:
     r"""Every way ``model`` (a stack of :class:`SpeckIAFLayer`) exceeds ``profile``'s limits: a
     layer's profile, consecutive shapes, a layer larger than every core's memory, more layers than
@@ -323,7 +383,10 @@ def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Lis
     membrane's top: the chip updates a neuron event by event and fires as soon as
     :math:`v \ge \theta`, so its membrane reaches at most :math:`\theta - 1` plus one event's
     weight (and the bias), which must stay within :math:`2^{15}-1` (below, the membrane is bounded
-    at :math:`-2^{15}`). Weights, biases and thresholds are checked when a layer is built.
+    at :math:`-2^{15}`); and a layer whose input current could leave :math:`\pm 2^{24}`, where
+    Sinabs' float32 stops holding every integer (:func:`_float32_violation`). Each layer's
+    threshold, stride, padding, pool, kernel and spike are checked as they are now, by the rules
+    its constructor applies.
 
     Returns:
         The list of :class:`Violation` (empty when the network fits).
@@ -332,12 +395,17 @@ def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Lis
     if not layers:
         return [Violation("", "at least one SpeckIAFLayer", "none")]
     profile = profile or layers[0][1].profile
-    found, previous = [], None
+    found, previous, sent_max = [], None, 0
     top = 2 ** (profile.state_bits - 1) - 1
     n_cores = len(profile.kernel_memory)
     for name, m in layers:
         if m.profile != profile:
             found.append(Violation(name, f"profile {profile.name}", m.profile.name))
+        bad = _layer_field_violations(name, m, profile)
+        if bad:
+            found += bad
+            previous = m
+            continue
         if previous is not None:
             want = previous.out_shape
             got = (m.in_features,) if m.linear and len(want) == 1 else m.in_shape
@@ -350,6 +418,9 @@ def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Lis
             if mem[key] > max(caps):
                 found.append(Violation(name, f"{key} memory <= {max(caps)} (the largest core)",
                                        mem[key]))
+        x_max = m.input_max if previous is None else min(m.input_max, sent_max)
+        bad, sent_max = _float32_violation(name, m, x_max)
+        found += bad
         with torch.no_grad():
             reach = max(float(m.integer_weight().max()), 0.0)
             if m.bias is not None:
@@ -524,10 +595,75 @@ def to_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> SpeckS
 _SCALARS = ("threshold", "min_v_mem", "stride", "padding", "pool")
 
 
+_LAYER_KEYS = ("kind", "spike", "weight", "bias") + _SCALARS
+
+
+def _checked_spec(payload: dict, where: str) -> SpeckSpec:
+    """The :class:`SpeckSpec` of a file's ``payload`` (or of a spec's fields), every field checked
+    by the rules the layers apply (:func:`_field_rules`, the profile's ranges) and each layer's
+    shape against what the one before sends; a ``ValueError`` naming ``where`` and the first bad
+    field."""
+    f = FileFields(where)
+    f.keys(payload, ("layers", "input_shape", "profile", "device"))
+    p = SPECK2F
+    if payload["profile"] != p.name:
+        f.fail("profile", f"must be {p.name!r}", payload["profile"])
+    if payload["device"] != p.device:
+        f.fail("device", f"must be {p.device!r}", payload["device"])
+    shape = f.array("input_shape", payload["input_shape"], 1, 2 ** 16, (3,))
+    shape = tuple(int(v) for v in shape)
+    if not isinstance(payload["layers"], list) or not payload["layers"]:
+        f.fail("layers", "must be a non-empty list of layers", payload["layers"])
+    rules = {name: (lo, hi) for name, lo, hi in _field_rules(p)}
+    lo, hi = p.weight_range
+    layers = []
+    for k, layer in enumerate(payload["layers"]):
+        name = f"layers[{k}]."
+        f.keys(layer, _LAYER_KEYS, f"layers[{k}]")
+        kind = f.choice(name + "kind", layer["kind"], ("conv", "linear"))
+        entry = {"kind": kind, "spike": f.choice(name + "spike", layer["spike"], _SPIKES)}
+        entry.update({key: f.int(name + key, layer[key], *rules[key]) for key in rules})
+        entry["min_v_mem"] = f.int(name + "min_v_mem", layer["min_v_mem"], p.v_min, p.v_min)
+        if kind == "linear":
+            for key, want in (("stride", 1), ("padding", 0), ("pool", 1)):
+                f.int(name + key, entry[key], want, want)
+            w = f.array(name + "weight", layer["weight"], lo, hi, (None, math.prod(shape)),
+                        np.int8)
+            out_shape = (w.shape[0], 1, 1)
+        else:
+            w = f.array(name + "weight", layer["weight"], lo, hi, (None, shape[0], None, None),
+                        np.int8)
+            ks = f.int(name + "weight (its kernel size)", w.shape[2], *_KERNEL_RANGE)
+            f.int(name + "weight (a square kernel)", w.shape[3], ks, ks)
+            h, wd = (_conv_out(v, ks, entry["stride"], entry["padding"]) for v in shape[1:])
+            if h < 1 or wd < 1 or h % entry["pool"] or wd % entry["pool"]:
+                f.fail(name + "pool", f"must divide the convolution's output {h}x{wd} (at "
+                                      f"least 1x1)", entry["pool"])
+            out_shape = (w.shape[0], h // entry["pool"], wd // entry["pool"])
+        if w.shape[0] < 1:
+            f.fail(name + "weight", "must have at least one output", tuple(w.shape))
+        entry["weight"] = w
+        entry["bias"] = None if layer["bias"] is None else f.array(
+            name + "bias", layer["bias"], *p.bias_range, (w.shape[0],), np.int16)
+        layers.append(entry)
+        shape = out_shape
+    return SpeckSpec(layers, tuple(int(v) for v in payload["input_shape"]), payload["profile"],
+                     payload["device"])
+
+
 def save_speck(spec: SpeckSpec, path) -> None:
-    """Write ``spec`` to ``path`` as JSON (integers only), atomically, with its SHA-256."""
+    """Write ``spec`` to ``path`` as JSON (integers only), atomically, with its SHA-256.
+
+    Raises:
+        TypeError: ``spec`` is not a :class:`SpeckSpec`.
+        ValueError: naming the file and the field, for a field the chip cannot take (the rules
+            of :func:`load_speck`); nothing is written then.
+    """
     if not isinstance(spec, SpeckSpec):
         raise TypeError(f"spec must be a SpeckSpec, got {type(spec).__name__}")
+    spec = _checked_spec({"layers": list(spec.layers), "input_shape": list(spec.input_shape),
+                          "profile": spec.profile, "device": spec.device},
+                         f"save_speck({os.fspath(path)})")
     layers = [{"kind": l["kind"], "spike": l["spike"],
                "weight": np.asarray(l["weight"]).tolist(),
                "bias": None if l["bias"] is None else np.asarray(l["bias"]).tolist(),
@@ -537,16 +673,15 @@ def save_speck(spec: SpeckSpec, path) -> None:
 
 
 def load_speck(path) -> SpeckSpec:
-    """Read a file written by :func:`save_speck`, after verifying its checksum.
+    """Read a file written by :func:`save_speck`, after verifying its checksum, then every field
+    by the rules the layers apply.
 
     Raises:
-        ValueError: naming the file, when it is not such a file or its content changed.
+        ValueError: naming the file, when it is not such a file (strict JSON, a regular file
+            under the size bound) or its content changed, and naming the field, for a value out
+            of its range, of the wrong type or of the wrong shape.
     """
-    payload = read_checked_json(path, "snnquant-speck")
-    layers = [{"kind": l["kind"], "spike": l["spike"], "weight": np.asarray(l["weight"], np.int8),
-               "bias": None if l["bias"] is None else np.asarray(l["bias"], np.int16),
-               **{k: l[k] for k in _SCALARS}} for l in payload["layers"]]
-    return SpeckSpec(layers, tuple(payload["input_shape"]), payload["profile"], payload["device"])
+    return _checked_spec(read_checked_json(path, "snnquant-speck"), os.fspath(path))
 
 
 def sinabs_python(python: Optional[str] = None) -> Optional[str]:

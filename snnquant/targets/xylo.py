@@ -52,8 +52,9 @@ from ..export.ir.chip_ops import XyloLayerOp
 from ..functional.chip_neurons import xylo_lif_step
 from ..kernels.chip import xylo_lif_multi_step
 from ..functional.int_limits import int_range
-from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
-                     pow2_step, read_checked_json, refuse, sources, write_checked_json)
+from ._layer import (ChipLayer, FileFields, Violation, check_int, chip_layers,
+                     field_violations, linear_neuron_pairs, pow2_step, read_checked_json, refuse,
+                     sources, write_checked_json)
 
 __all__ = ["XyloProfile", "XYLO_AUDIO2", "XyloLIFLayer", "Violation", "check_xylo",
            "quantize_for_xylo", "XyloSpec", "to_xylo", "save_xylo", "load_xylo", "run_xylosim"]
@@ -106,6 +107,14 @@ class XyloProfile:
     def weight_range(self) -> tuple:
         """The integer weight range."""
         return int_range(self.weight_bits, True)
+
+
+def _field_rules(profile: XyloProfile) -> tuple:
+    """``(field, lo, hi)`` of a layer's integers: the one rule the layer's constructor,
+    :func:`check_xylo` and the file checks apply."""
+    return (("threshold", *profile.threshold_range), ("dash_syn", *profile.dash_range),
+            ("dash_mem", *profile.dash_range), ("weight_shift", *profile.weight_shift_range),
+            ("max_spikes", 1, profile.max_hidden_spikes))
 
 
 #: Xylo Audio 2 (SYNS61201), the chip Rockpool's ``devices.xylo.syns61201`` and ``xylosim.v2``
@@ -168,11 +177,10 @@ class XyloLIFLayer(ChipLayer):
                          profile.max_input_events if input_max is None else input_max,
                          surrogate_function, step_mode, backend)
         self.profile = profile
-        self.threshold = check_int(threshold, *profile.threshold_range, "threshold")
-        self.dash_syn = check_int(dash_syn, *profile.dash_range, "dash_syn")
-        self.dash_mem = check_int(dash_mem, *profile.dash_range, "dash_mem")
-        self.weight_shift = check_int(weight_shift, *profile.weight_shift_range, "weight_shift")
-        self.max_spikes = check_int(max_spikes, 1, profile.max_hidden_spikes, "max_spikes")
+        given = dict(threshold=threshold, dash_syn=dash_syn, dash_mem=dash_mem,
+                     weight_shift=weight_shift, max_spikes=max_spikes)
+        for name, lo, hi in _field_rules(profile):
+            setattr(self, name, check_int(given[name], lo, hi, name))
         self.register_memory("isyn", 0.0)
         self.register_memory("vmem", 0.0)
 
@@ -227,8 +235,9 @@ def check_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> List[
     neurons against the chip's counts; the first layer without delay and every later one with a
     delay of one step; hidden layers with ``max_spikes`` 31 and the readout with 1; each layer's
     ``input_max`` equal to what its source sends; one ``weight_shift`` for all hidden layers after
-    the first (the chip has one for ``weights_rec``); every layer's profile being ``profile``.
-    Thresholds, decays, shifts and the weight range are checked when a layer is built.
+    the first (the chip has one for ``weights_rec``); every layer's profile being ``profile``;
+    each layer's threshold, decays, shift and ``max_spikes`` as they are now (the values the
+    export writes), by the rules its constructor applies.
 
     Args:
         model: the network.
@@ -260,6 +269,11 @@ def check_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> List[
     for i, (name, m) in enumerate(layers):
         if m.profile != profile:
             found.append(Violation(name, f"profile {profile.name}", m.profile.name))
+        bad = field_violations(name, m, _field_rules(profile))
+        if bad:
+            found += bad
+            previous = m
+            continue
         want_delay = 0 if i == 0 else 1
         if m.delay != want_delay:
             found.append(Violation(name, f"delay == {want_delay}", m.delay))
@@ -456,29 +470,74 @@ def to_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> XyloSpec
         profile=readout.profile.name)
 
 
+def _checked_spec(payload: dict, where: str) -> XyloSpec:
+    """The :class:`XyloSpec` of a file's ``payload`` (or of a spec's fields), every field checked
+    by the rules the layers apply (:func:`_field_rules`, the profile's ranges) and every shape
+    against the others; a ``ValueError`` naming ``where`` and the first bad field."""
+    f = FileFields(where)
+    f.keys(payload, _SPEC_ARRAYS + _SPEC_INTS + ("hidden_sizes", "profile"))
+    if payload["profile"] != XYLO_AUDIO2.name:
+        f.fail("profile", f"must be {XYLO_AUDIO2.name!r}", payload["profile"])
+    p = XYLO_AUDIO2
+    sizes = payload["hidden_sizes"]
+    if not isinstance(sizes, list) or not sizes:
+        f.fail("hidden_sizes", "must be a non-empty list of ints", sizes)
+    sizes = [f.int(f"hidden_sizes[{i}]", s, 1, p.max_hidden) for i, s in enumerate(sizes)]
+    n_h = f.int("hidden_sizes (their sum)", sum(sizes), 1, p.max_hidden)
+    rules = {name: (lo, hi) for name, lo, hi in _field_rules(p)}
+    w_lo, w_hi = p.weight_range
+    w_in = f.array("weights_in", payload["weights_in"], w_lo, w_hi, (None, n_h), np.int8)
+    f.int("weights_in (its rows: input channels)", w_in.shape[0], 1, p.max_inputs)
+    w_out = f.array("weights_out", payload["weights_out"], w_lo, w_hi, (n_h, None), np.int8)
+    n_out = f.int("weights_out (its columns: readout neurons)", w_out.shape[1], 1,
+                  p.max_outputs)
+    arrays = {"weights_in": w_in, "weights_out": w_out,
+              "weights_rec": f.array("weights_rec", payload["weights_rec"], w_lo, w_hi,
+                                     (n_h, n_h), np.int8)}
+    for name, key, lo_hi in (("dash_mem", "dash_mem", rules["dash_mem"]),
+                             ("dash_syn", "dash_syn", rules["dash_syn"]),
+                             ("threshold", "threshold", rules["threshold"]),
+                             ("bias", "bias", p.state_range)):
+        arrays[key] = f.array(key, payload[key], *lo_hi, (n_h,))
+        arrays[key + "_out"] = f.array(key + "_out", payload[key + "_out"], *lo_hi, (n_out,))
+    shifts = {k: f.int(k, payload[k], *rules["weight_shift"]) for k in _SPEC_INTS}
+    return XyloSpec(**arrays, **shifts, hidden_sizes=sizes, profile=payload["profile"])
+
+
 def save_xylo(spec: XyloSpec, path) -> None:
     """Write ``spec`` to ``path`` as JSON (integers only), atomically, with the SHA-256 of its
     content under ``"sha256"``.
+
+    Raises:
+        TypeError: ``spec`` is not a :class:`XyloSpec`.
+        ValueError: naming the file and the field, for a field the chip cannot take (the rules
+            of :func:`load_xylo`); nothing is written then.
     """
     if not isinstance(spec, XyloSpec):
         raise TypeError(f"spec must be a XyloSpec, got {type(spec).__name__}")
-    payload = {k: np.asarray(getattr(spec, k)).tolist() for k in _SPEC_ARRAYS}
-    payload.update({k: int(getattr(spec, k)) for k in _SPEC_INTS})
-    payload.update(hidden_sizes=[int(s) for s in spec.hidden_sizes], profile=spec.profile)
+    where = f"save_xylo({os.fspath(path)})"
+    fields = {k: getattr(spec, k) for k in _SPEC_ARRAYS + _SPEC_INTS}
+    fields.update(hidden_sizes=list(spec.hidden_sizes), profile=spec.profile)
+    checked = _checked_spec(fields, where)
+    payload = {k: np.asarray(getattr(checked, k)).tolist() for k in _SPEC_ARRAYS}
+    payload.update({k: int(getattr(checked, k)) for k in _SPEC_INTS})
+    payload.update(hidden_sizes=[int(s) for s in checked.hidden_sizes], profile=checked.profile)
     write_checked_json(path, payload, "snnquant-xylo")
 
 
 def load_xylo(path) -> XyloSpec:
-    """Read a file written by :func:`save_xylo`, after verifying its checksum.
+    """Read a file written by :func:`save_xylo`, after verifying its checksum, then every field
+    by the rules the layers apply (a checksum anyone can recompute proves no more than that the
+    file is whole).
 
     Raises:
-        ValueError: naming the file, when it is not such a file or its content changed.
+        ValueError: naming the file, when it is not such a file (strict JSON: no ``NaN``, no
+            duplicate keys; a regular file of at most
+            :data:`~snnquant._io.MAX_JSON_BYTES` bytes, 64 MiB) or its content changed, and
+            naming the field, for a value out of its range, of the wrong type or of the wrong
+            shape.
     """
-    payload = read_checked_json(path, "snnquant-xylo")
-    dtypes = {"weights_in": np.int8, "weights_rec": np.int8, "weights_out": np.int8}
-    arrays = {k: np.asarray(payload[k], dtypes.get(k, np.int64)) for k in _SPEC_ARRAYS}
-    return XyloSpec(**arrays, **{k: payload[k] for k in _SPEC_INTS},
-                    hidden_sizes=payload["hidden_sizes"], profile=payload["profile"])
+    return _checked_spec(read_checked_json(path, "snnquant-xylo"), os.fspath(path))
 
 
 # ---- the vendor's simulator ---------------------------------------------------------------------

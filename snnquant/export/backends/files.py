@@ -139,6 +139,9 @@ def _read_header(data: bytes, path: str):
     raw = data[8:8 + n]
     try:
         header = json.loads(raw.decode("utf-8"))
+    except RecursionError:
+        raise ValueError(f"{path!r} is not an snnquant integer network file (corrupt: its "
+                         f"header's JSON is nested too deeply)") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path!r} is not an snnquant integer network file (corrupt: unreadable "
                          f"header: {exc})") from None
@@ -199,9 +202,38 @@ def load_integer(path: PathLike) -> IntegerNetwork:
     load, with a ``UserWarning`` that their header is not verified: save them again.
     """
     path_s = os.fspath(path)
-    with open(path_s, "rb") as f:
-        data = f.read()
-    return _from_bytes(data, path_s)
+    return _from_bytes(_read_bounded_file(path_s), path_s)
+
+
+def _read_bounded_file(path_s: str) -> bytes:
+    """The bytes of the integer network file ``path_s``: a regular file of at most
+    :data:`~snnquant._io.MAX_FILE_BYTES` bytes whose safetensors header is read and checked
+    (:func:`_read_header`) before the tensors are read, so that nothing proportional to a
+    declared size is allocated before it is checked."""
+    import stat
+
+    from ..._io import MAX_FILE_BYTES
+
+    fd = os.open(path_s, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    with os.fdopen(fd, "rb") as f:
+        info = os.fstat(f.fileno())
+        if not stat.S_ISREG(info.st_mode):
+            raise ValueError(f"{path_s!r}: not a regular file (a FIFO, a device or a folder); "
+                             f"an integer network is read only from a regular file")
+        if info.st_size > MAX_FILE_BYTES:
+            raise ValueError(f"{path_s!r}: {info.st_size} bytes, larger than the "
+                             f"{MAX_FILE_BYTES} bytes an integer network file may have")
+        head = f.read(8)
+        if len(head) == 8:
+            (n,) = struct.unpack("<Q", head)
+            if n <= info.st_size - 8:
+                head += f.read(n)
+            _read_header(head, path_s)
+        data = head + f.read(MAX_FILE_BYTES + 1 - len(head))
+    if len(data) > MAX_FILE_BYTES:
+        raise ValueError(f"{path_s!r}: larger than the {MAX_FILE_BYTES} bytes an integer network "
+                         f"file may have (it grew while read)")
+    return data
 
 
 def _from_bytes(data: bytes, path_s: str) -> IntegerNetwork:
@@ -238,6 +270,9 @@ def _from_bytes(data: bytes, path_s: str) -> IntegerNetwork:
         check_network(desc)
     except DescriptionError as exc:
         raise DescriptionError(f"{path_s!r}: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{path_s!r} is corrupt: its description's JSON is nested too "
+                         f"deeply") from None
     except (KeyError, TypeError, ValueError, AttributeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{path_s!r} is corrupt: its description cannot be read "
                          f"({exc!r})") from None

@@ -24,7 +24,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from ...functional.int_limits import as_int
-from ...functional.chip_neurons import (loihi_lif_step, speck_iaf_step, speck_synapse,
+from ...functional.chip_neurons import (lava_weight, loihi_lif_step, speck_iaf_step,
+                                        speck_synapse,
                                         xylo_lif_step)
 
 __all__ = ["XyloLayerOp", "LoihiLayerOp", "SpeckLayerOp", "CHIP_OP_TYPES"]
@@ -250,7 +251,7 @@ class LoihiLayerOp(_DenseLayer):
     def run(self, x_seq: torch.Tensor) -> torch.Tensor:
         """The output spikes ``[T, N, out]`` (``int64``) of the input spikes ``[T, N, in]``."""
         spikes = _delayed(_counts(self, x_seq, self.in_shape))
-        weight = 2.0 * self.weight.to(torch.float64)
+        weight = lava_weight(self.weight)
         bias = None if self.bias is None else self.bias.to(torch.float64)
         state, out = None, []
         for t in range(spikes.shape[0]):

@@ -784,8 +784,12 @@ class IntegerNetwork:
                 kwargs["weight"] = unpack_int(packed, kwargs["weight_bits"], weight_shape).to(
                     getattr(torch, weight_dtype))
             ops.append(op_cls(**kwargs))
+        time_mean = meta.get("output_time_mean", False)
+        if not isinstance(time_mean, bool):
+            raise ValueError(f"output_time_mean must be a bool (true or false), got "
+                             f"{time_mean!r}")
         return cls(ops=ops, input_max=int(meta["input_max"]), output_kind=meta["output_kind"],
                    output_frac_bits=int(meta["output_frac_bits"]),
                    reference_dtype=meta["reference_dtype"], mantissa_bits=int(meta["mantissa_bits"]),
                    format_version=int(meta["format_version"]), notes=list(meta.get("notes", [])),
-                   output_time_mean=bool(meta.get("output_time_mean", False)))
+                   output_time_mean=time_mean)

@@ -20,6 +20,10 @@ from the input to the output and checks, per operation:
   every register of a neuron's step stays below :math:`2^{62}`, so int64 arithmetic is exact;
 * a chip network (:mod:`~snnquant.export.ir.chip_ops`): a sequence of one chip's layer
   operations, each field in its range, the weights' inputs those of the layer before;
+* the sizes that would allocate in proportion at the first run, against documented bounds:
+  pooling kernels, strides, dilations and adaptive output sizes, and convolution strides and
+  dilations up to :data:`MAX_EXTENT`, a convolution's padding up to what its kernel reaches, a
+  gather's input positions up to :data:`MAX_INDEX`;
 * the channels (features) along the edges where the description alone says them: a synapse
   reads what the synapse before it writes, the operands of a join have the same; the whole
   shapes need one sample's input shape: :func:`~snnquant.export.backends.simulator.op_shapes` checks
@@ -45,11 +49,19 @@ from .description import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, DescriptionError,
 from .program import (SynapseRescale, join_bound, join_range, matmul_range, neuron_program,
                       pool_range, reduce_range, scale_range, synapse_bounds)
 
-__all__ = ["DescriptionError", "check_network", "VALUE_LIMIT_BITS"]
+__all__ = ["DescriptionError", "check_network", "VALUE_LIMIT_BITS", "MAX_EXTENT",
+           "MAX_INDEX"]
 
 #: Every value of a valid network, and every register of a neuron's step, is below
 #: ``2**VALUE_LIMIT_BITS`` in magnitude (head room below int64, as the C runtime keeps).
 VALUE_LIMIT_BITS = INT64_HEADROOM_BITS
+#: The largest kernel, stride, dilation and adaptive output size of a pooling, and the largest
+#: stride and dilation of a convolution, per dimension: a description that loads is refused
+#: before it is run when one is larger (a size allocates in proportion at the first run). A
+#: convolution's padding is at most what its kernel reaches, ``dilation * (kernel - 1)``.
+MAX_EXTENT = 1 << 10
+#: The largest input position a gather's ``index`` may name (``2^32 - 1``).
+MAX_INDEX = (1 << 32) - 1
 
 
 def _fail(i: int, op, field: str, value, why: str) -> DescriptionError:
@@ -135,10 +147,15 @@ def _check_synapse(i: int, op: SynapseOp, frac: int) -> None:
                     f"it must be {frac}, the fractional bits of the value it reads")
     _int(i, op, "out_frac_bits", -FRAC_LIMIT, FRAC_LIMIT)
     if n:
-        _ints(i, op, "stride", n, 1, 1 << 30)
-        _ints(i, op, "dilation", n, 1, 1 << 30)
+        _ints(i, op, "stride", n, 1, MAX_EXTENT)
+        dilation = _ints(i, op, "dilation", n, 1, MAX_EXTENT)
         if not (isinstance(op.padding, str) and op.padding in ("same", "valid")):
-            _ints(i, op, "padding", n, 0, 1 << 30)
+            padding = _ints(i, op, "padding", n, 0, MAX_EXTENT)
+            reach = tuple(d * (k - 1) for d, k in zip(dilation, w.shape[2:]))
+            if any(p > r for p, r in zip(padding, reach)):
+                raise _fail(i, op, "padding", padding, f"it must be at most what the kernel "
+                                                       f"reaches, dilation * (kernel - 1) = "
+                                                       f"{reach}")
         groups = _int(i, op, "groups", 1, c_out)
         if c_out % groups:
             raise _fail(i, op, "groups", groups, f"it must divide the {c_out} output channels")
@@ -192,14 +209,14 @@ def _check_pool(i: int, op: PoolOp, last: bool) -> None:
     if op.kind not in ("max", "sum"):
         raise _fail(i, op, "kind", op.kind, "it must be 'max' or 'sum'")
     dims = _int(i, op, "dims", 1, 2)
-    kernel = _ints(i, op, "kernel_size", dims, 1, 1 << 30)
-    _ints(i, op, "stride", dims, 1, 1 << 30)
-    padding = _ints(i, op, "padding", dims, 0, 1 << 30)
-    _ints(i, op, "dilation", dims, 1, 1 << 30)
+    kernel = _ints(i, op, "kernel_size", dims, 1, MAX_EXTENT)
+    _ints(i, op, "stride", dims, 1, MAX_EXTENT)
+    padding = _ints(i, op, "padding", dims, 0, MAX_EXTENT)
+    _ints(i, op, "dilation", dims, 1, MAX_EXTENT)
     if any(p > k // 2 for p, k in zip(padding, kernel)):
         raise _fail(i, op, "padding", padding, f"it must be at most half the kernel {kernel}")
     if op.output_size:
-        _ints(i, op, "output_size", dims, 1, 1 << 30)
+        _ints(i, op, "output_size", dims, 1, MAX_EXTENT)
     added = _int(i, op, "frac_bits_added", 0, VALUE_LIMIT_BITS)
     divisor = _int(i, op, "divisor", 1, 1 << 30)
     if divisor != 1 and not last:
@@ -243,8 +260,9 @@ def _check_gather(i: int, op: GatherOp) -> None:
     if not isinstance(index, torch.Tensor) or index.dtype != torch.int64 or \
             tuple(index.shape) != (size,):
         raise _fail(i, op, "index", index, f"it must be an int64 tensor of shape ({size},)")
-    if size and int(index.min()) < 0:
-        raise _fail(i, op, "index", index, "its entries must be >= 0 (input positions)")
+    if size and (int(index.min()) < 0 or int(index.max()) > MAX_INDEX):
+        raise _fail(i, op, "index", index, f"its entries must be >= 0 and <= {MAX_INDEX} "
+                                           f"(input positions)")
 
 
 def _check_bounds(i: int, op, field: str, bound: int, what: str) -> None:
