@@ -57,6 +57,8 @@ from .ir.integer_ops import narrowest_int, pow2_exponent
 from .ir.program import adaptive_windows
 from .ir.validation import check_network
 from .backends.simulator import op_shapes
+from .deploy_checks import (accumulator_fix, exact_leak_shift, mean_refusal, tagged, tau_refusal,
+                            time_mean_refusal)
 
 from .ir.description import (NETWORK_INPUT, ExportError, FlattenOp, GatherOp, IntegerNetwork,
                               JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp,
@@ -80,8 +82,8 @@ _MANTISSA_BITS = {torch.float32: 24, torch.float64: 53}
 _INT64_LIMIT_BITS = 62
 
 
-def _fail(name: str, module, reason: str):
-    raise ExportError(f"layer {name!r} ({type(module).__name__}): {reason}")
+def _fail(name: str, module, reason: str, check: str = "other"):
+    raise tagged(ExportError(f"layer {name!r} ({type(module).__name__}): {reason}"), check)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -233,10 +235,11 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
                    f"(largest sum|w_int| * m = {max(t[0] for t in terms)})")
             if any(mm != 1 for mm, _ in parts):
                 why = _non_pow2_advice(steps, dtype, why)
-            _fail(name, layer, why)
+            _fail(name, layer, why, "accumulator")
         if input_max is not None and allowed is not None and input_max > allowed:
             _fail(name, layer, f"input_max={input_max} is too large: inputs above {allowed} make "
-                               f"the accumulator bound exceed 2^{p}")
+                               f"the accumulator bound exceed 2^{p}; "
+                               + accumulator_fix(dtype, input_max, True), "accumulator")
         x_eff = x_bound[1] * (input_max if input_max is not None
                               else min(allowed if allowed is not None else 1, (1 << 31) - 1))
     else:
@@ -250,7 +253,9 @@ def _export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
                    f"fake-quantized model is not exact")
             if parts[c][0] != 1:
                 why = _non_pow2_advice(steps, dtype, why)
-            _fail(name, layer, why)
+            else:
+                why += ". Fix: " + accumulator_fix(dtype, input_max, x_bound[0] == "input")
+            _fail(name, layer, why, "accumulator")
         log2_cur = max(log2_cur, math.log2(max(total, 1)) + (out_frac + u))
     shift = [out_frac + e - in_frac for _, e in parts]
     bias_int = None
@@ -329,11 +334,7 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
             inv = pow2_exponent(kval)
             if inv is None or inv > 0:
                 if leak_bits is None:
-                    _fail(name, module, f"the learned tau = 1/sigmoid(w) = {1 / kval:.6g} is not a "
-                                        f"power of two, so the float model's leak rounds and no "
-                                        f"integer shift reproduces it. To export it approximately "
-                                        f"(fixed-point leak, agreement not guaranteed), pass "
-                                        f"to_integer(..., leak_bits=F), e.g. leak_bits=12")
+                    _fail(name, module, tau_refusal(1 / kval, learned=True), "tau")
                 k, multiplier = leak_bits, _leak_multiplier(name, module, Fraction(kval), leak_bits,
                                                             f"sigmoid(w) = {kval!r}")
                 exact, round_shift = False, leak_bits - leak_bits // 2
@@ -341,15 +342,10 @@ def _export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
                 k = -inv
         else:
             tau_src = float(module.tau)
-            tau = _as_dtype_float(module.tau, dtype)
-            e = pow2_exponent(tau)
-            if e is None or e < 0 or tau != float(module.tau):
+            e = exact_leak_shift(module.tau, dtype)
+            if e is None:
                 if leak_bits is None:
-                    _fail(name, module, f"tau = {module.tau!r} is not a power of two >= 1; the leak "
-                                        f"is exported exactly as a right shift, which needs "
-                                        f"tau = 2^k. To export it approximately (fixed-point leak "
-                                        f"round(2^F / tau) / 2^F, agreement not guaranteed), pass "
-                                        f"to_integer(..., leak_bits=F), e.g. leak_bits=12")
+                    _fail(name, module, tau_refusal(module.tau), "tau")
                 if not (math.isfinite(tau_src) and tau_src > 0):
                     _fail(name, module, f"tau = {module.tau!r} must be finite and > 0")
                 k, multiplier = leak_bits, _leak_multiplier(name, module, 1 / Fraction(tau_src),
@@ -741,18 +737,17 @@ class _GraphBuilder:
             return self._emit(_export_flatten(name, module, lead), v, (src,))
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             from .fold import batchnorm_refusal
-            _fail(name, module, batchnorm_refusal(self.work, name, self.captured.example_input))
+            _fail(name, module, batchnorm_refusal(self.work, name, self.captured.example_input),
+                  "batchnorm")
         self.notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")
         return src
 
     def _time_steps(self, name, module) -> int:
         """``log2(T)`` of the example input's time steps (a mean over time divides by T)."""
-        steps = pow2_exponent(float(self.time_steps or 0)) if self.time_steps else None
-        if steps is None:
-            _fail(name, module, f"it reads the mean over {self.time_steps} time steps, not a "
-                                f"power of two, so the model's mean is rounded and no per-step "
-                                f"integer layer reproduces it; use a power-of-two T")
-        return steps
+        why = time_mean_refusal(self.time_steps or 0)
+        if why is not None:
+            _fail(name, module, why, "time_mean")
+        return pow2_exponent(float(self.time_steps))
 
     def _pool_input(self, name) -> Tuple[int, ...]:
         """The spatial input size of the adaptive pool ``name`` (one run on zeros)."""
@@ -821,13 +816,14 @@ class _GraphBuilder:
         """The name of the operation ``node`` makes (a JoinOp's, a FlattenOp's)."""
         return f"{name}.{node.name}" if name else node.name
 
-    def _fail_at(self, name, module, node, reason):
+    def _fail_at(self, name, module, node, reason, check="other"):
         """Refuse ``node`` of the graph of ``module``, naming the innermost submodule it comes
         from (dotted name and class), the operation and its file and line."""
         inner, cls, where = node_origin(node, name, module)
         what = getattr(node.target, "__name__", str(node.target))
-        raise ExportError(f"{'layer ' + repr(inner) if inner else 'the model'} ({cls}), the "
-                          f"operation {what}{' at ' + where if where else ''}: {reason}")
+        raise tagged(ExportError(f"{'layer ' + repr(inner) if inner else 'the model'} ({cls}), "
+                                 f"the operation {what}{' at ' + where if where else ''}: "
+                                 f"{reason}"), check)
 
     def _arg(self, name, module, node, at, i) -> int:
         """The value index of ``node``'s argument ``i`` (a pending layout is materialised)."""
@@ -1071,7 +1067,7 @@ class _GraphBuilder:
                 self._fail_at(name, module, node, f"the sum over {steps} time steps of values "
                                                   f"up to {mag} can reach {mag * steps}, more "
                                                   f"than 2^{self.p}: the {self.dtype} mean is "
-                                                  f"not exact")
+                                                  f"not exact", "accumulator")
             # its own value (an identity: integers and grid unchanged, run per step), so that
             # other readers of the averaged tensor still read it per step
             value = dataclasses.replace(v, time_mean=True, binary=False)
@@ -1091,10 +1087,8 @@ class _GraphBuilder:
         if what == "mean":
             added = pow2_exponent(float(count))
             if added is None:
-                self._fail_at(name, module, node, f"it averages {count} values, not a power of "
-                                                  f"two, so the mean is not an exact binary "
-                                                  f"fraction; use a sum, or a size that is a "
-                                                  f"power of two")
+                self._fail_at(name, module, node, mean_refusal(
+                    count, [full[d] for d in dims]), "mean")
         op = ReduceOp(name=self._node_label(name, node), dims=tuple(d - lead for d in dims),
                       keepdim=keepdim, count=int(count), frac_bits_added=int(added))
         mag = v.magnitude(self.input_max)
@@ -1105,7 +1099,7 @@ class _GraphBuilder:
         if total > 1 << self.p:
             self._fail_at(name, module, node, f"the sum of {count} values of magnitude up to "
                                               f"{mag} can reach {total}, more than 2^{self.p}: "
-                                              f"the {self.dtype} sum is not exact")
+                                              f"the {self.dtype} sum is not exact", "accumulator")
         value = _Value(v.domain, v.frac + added, ("abs", total), math.log2(max(total, 1)))
         return self._emit(op, value, (src,))
 
@@ -1134,7 +1128,7 @@ class _GraphBuilder:
             self._fail_at(name, module, node, f"the product sums {inner} terms of magnitude up "
                                               f"to {mags[0] * mags[1]}: {total} exceeds "
                                               f"2^{self.p}, so the {self.dtype} product of the "
-                                              f"model is not exact")
+                                              f"model is not exact", "accumulator")
         frac = vals[0].frac + vals[1].frac
         op = MatMulOp(name=self._node_label(name, node), inner=inner, out_frac_bits=frac,
                       inputs=tuple(srcs))
@@ -1144,8 +1138,8 @@ class _GraphBuilder:
     def join(self, label, at_node, kind, srcs) -> int:
         """A JoinOp named ``label`` of ``srcs``; ``at_node`` = ``(graph owner name, owner,
         node)`` says where a refusal points."""
-        def refuse(reason):
-            self._fail_at(*at_node, reason)
+        def refuse(reason, check="other"):
+            self._fail_at(*at_node, reason, check)
 
         vals = [self.values[i] for i in srcs]
         where = [("the network input" if i == NETWORK_INPUT else repr(self.ops[i].name))
@@ -1180,7 +1174,8 @@ class _GraphBuilder:
                    f"operands have {[v.frac for v in vals]} fractional bits) can reach "
                    f"{total:.4g}, more than 2^{self.p}: the {self.dtype} addition of the "
                    f"fake-quantized model is not exact. Use fewer weight/membrane bits on the "
-                   f"branches, or power-of-two steps that differ less between them")
+                   f"branches, or power-of-two steps that differ less between them, or "
+                   f"reference_dtype=torch.float64", "accumulator")
         if math.log2(max(total, 1.0)) + 2 > _INT64_LIMIT_BITS:
             refuse(f"the integer sum needs {math.log2(total):.0f} bits, more than int64 holds")
         domain = "current" if any(v.domain == "current" for v in vals) else "event"
@@ -1191,6 +1186,29 @@ class _GraphBuilder:
 
 
 # --------------------------------------------------------------------------------------------------
+
+def input_max_of(example_input: torch.Tensor) -> int:
+    """The default ``input_max`` that an example input (or a batch of data) gives: its largest
+    magnitude, rounded up to an integer, at least 1 (its largest event count)."""
+    if example_input.numel() == 0:
+        return 1
+    return max(1, int(math.ceil(float(example_input.detach().abs().max()))))
+
+
+def _input_max_said(input_max, source, graph) -> str:
+    """Where the input bound behind an accumulator refusal came from, for its message."""
+    if input_max is None:
+        allowed = graph.allowed_input
+        return (f"input_max was not given and there was no example_input, so the export "
+                f"assumed inputs up to {allowed}, the largest the first layer allows; pass "
+                f"input_max=<the largest event count of your data> (or example_input=x), or "
+                f"reference_dtype=torch.float64")
+    if source == "example_input":
+        return (f"input_max={input_max}, the largest value of example_input; pass a smaller "
+                f"input_max if the data never exceeds it, or reference_dtype=torch.float64")
+    return (f"at input_max={input_max}: a smaller input_max, or reference_dtype=torch.float64, "
+            f"lowers or lifts the bound")
+
 
 #: Accepted range of ``leak_bits`` (fractional bits of a fixed-point leak multiplier).
 LEAK_BITS_RANGE = (1, 32)
@@ -1302,8 +1320,12 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         reference_dtype: ``torch.float32`` or ``torch.float64``; default: the dtype of the
             model's parameters.
         input_max: largest input magnitude the network must accept exactly (event counts per
-            pixel and step); default: the largest that the first layer's accumulator bound
-            allows. Inputs of binary spikes need 1.
+            pixel and step); default: the largest value of ``example_input`` rounded up
+            (:func:`input_max_of`) when one is given, else the largest that the first layer's
+            accumulator bound allows (which can be millions, and goes into ``SNN_INPUT_MAX`` of
+            the C model: pass the largest count of your data). Inputs of binary spikes need 1.
+            A refusal of an accumulator bound says which ``input_max`` it was checked at and
+            where that number came from.
         leak_bits: ``None`` (default: refuse a :math:`\tau` that is not a power of two), or the
             fractional bits :math:`F` (an int in ``[1, 32]``, e.g. 8..16) of the fixed-point
             leak multiplier of such layers (approximate export).
@@ -1360,8 +1382,17 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     if input_shape is None and isinstance(example_input, torch.Tensor):
         # one sample's shape, which an adaptive pool's divisor depends on
         input_shape = tuple(example_input.shape[2 if _is_multi_step(work) else 1:])
+    input_max_from = "given"
+    if input_max is None and isinstance(example_input, torch.Tensor):
+        input_max, input_max_from = input_max_of(example_input), "example_input"
     graph = _GraphBuilder(work, reference_dtype, p, input_max, leak_bits, input_shape, captured)
-    out = graph.build()
+    try:
+        out = graph.build()
+    except ExportError as err:
+        if getattr(err, "check", None) == "accumulator":
+            raise tagged(ExportError(f"{err} [{_input_max_said(input_max, input_max_from, graph)}]"),
+                         "accumulator") from None
+        raise
     ops, notes = graph.ops, graph.notes
     if not graph.seen_synapse:
         raise ExportError("the model has no synaptic layer to export")
