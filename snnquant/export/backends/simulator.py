@@ -34,7 +34,12 @@ from ..ir.program import (SynapseRescale, adaptive_windows, join_range, matmul_r
                           neuron_program, pool_range, reduce_range, scale_range, synapse_bounds)
 from ..ir.validation import check_network
 
-__all__ = ["IntegerSNN", "op_shapes", "SYNAPSE_ARITHMETIC", "float32_sums_are_exact"]
+__all__ = ["IntegerSNN", "op_shapes", "SYNAPSE_ARITHMETIC", "float32_sums_are_exact",
+           "OUTPUT_STEPS"]
+
+#: The key of ``IntegerSNN(...)(x, record=True)[1]`` that holds the output of every step
+#: ``[T, N, ...]`` (also of a network whose output is a mean over time).
+OUTPUT_STEPS = "output_steps"
 
 #: every integer of magnitude up to 2^24 is a float32
 _FLOAT32_LIMIT = 1 << 24
@@ -392,8 +397,10 @@ class IntegerSNN:
             of :math:`2^{-F}` (``'current'``); dividing by
             :attr:`~snnquant.export.IntegerNetwork.output_divisor` gives the float model's
             output. With ``output_time_mean``, the ``int64`` sum over the steps ``[N, ...]``
-            (divide by :math:`T` too; ``record`` keeps the last layer's steps). With
-            ``record``, ``(output, layers)``.
+            (divide by :math:`T` too). With ``record``, ``(output, layers)``, where
+            ``layers[OUTPUT_STEPS]`` (``'output_steps'``) is the output of every step,
+            ``[T, N, ...]``, also for a network that averages over time.
+            :meth:`float_output` gives the float model's output in one call.
         """
         if not isinstance(x_seq, torch.Tensor):
             raise TypeError(f"x_seq must be a tensor, got {type(x_seq).__name__}")
@@ -470,9 +477,37 @@ class IntegerSNN:
             out = out.to(torch.int64)
             if record:
                 layers[self.desc.ops[-1].name] = out
+        if record:
+            layers[OUTPUT_STEPS] = out
         if self.desc.output_time_mean:  # the model averages over time: the sum, [N, ...]
             out = out.to(torch.int64).sum(0)
         return (out, layers) if record else out
+
+    def float_output(self, x_seq: torch.Tensor, per_step: bool = False) -> torch.Tensor:
+        r"""The float model's output, from a run of the integer network on ``x_seq``, whatever
+        the network's output convention.
+
+        .. math::
+
+            y = \frac{Y}{D}\ \text{(every step)},\qquad
+            y = \frac{1}{T D} \sum_{t=1}^{T} Y_t\ \text{(a model that averages over time)}
+
+        with :math:`D` = :attr:`~snnquant.export.IntegerNetwork.output_divisor`.
+
+        Args:
+            x_seq: the integer input ``[T, N, ...]`` (as for calling the network).
+            per_step: for a network that averages over time, the output of every step
+                ``[T, N, ...]`` instead of their mean.
+
+        Returns:
+            A ``float64`` tensor: ``[T, N, ...]`` (per-step outputs) or ``[N, ...]`` (a mean
+            over time), equal to the float model's output in eval mode for an exact export.
+        """
+        _, layers = self(x_seq, record=True)
+        steps = layers[OUTPUT_STEPS].to(torch.float64) / self.desc.output_divisor
+        if self.desc.output_time_mean and not per_step:
+            return steps.mean(0)
+        return steps
 
     def __repr__(self):
         return f"IntegerSNN({len(self.desc.ops)} ops, device={self.device})"

@@ -601,10 +601,16 @@ class IntegerNetwork:
 
     @property
     def output_divisor(self) -> float:
-        r"""What the integer output is divided by to give the float model's output: :math:`2^F`
-        for a ``'current'`` output (``output_frac_bits`` :math:`F`), :math:`2^a D` when the
-        network ends in a sum pool of spikes (an average pool of :math:`2^a` elements, or
-        ``VotingLayer``'s :math:`D`; the output is then a count, not 0/1), else 1."""
+        r"""What each step's integer output is divided by to give that step's float value:
+        :math:`2^F` for a ``'current'`` output (``output_frac_bits`` :math:`F`), :math:`2^a D`
+        when the network ends in a sum pool of spikes (an average pool of :math:`2^a` elements,
+        or ``VotingLayer``'s :math:`D`; the output is then a count, not 0/1), else 1.
+
+        For a network that averages its output over time (:attr:`output_time_mean`),
+        :class:`~snnquant.export.IntegerSNN` returns the sum over the :math:`T` steps, so the
+        float model's output is that sum divided by :math:`T` times this number.
+        :meth:`IntegerSNN.float_output <snnquant.export.IntegerSNN.float_output>` does the
+        conversion in one call, whatever the convention."""
         if self.output_kind == "current":
             return 2.0 ** self.output_frac_bits
         last = self.ops[-1]
