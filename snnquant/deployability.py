@@ -268,6 +268,16 @@ def deployability_report(model: nn.Module, example_input: torch.Tensor,
         A :class:`DeployReport`.
     """
     chip, profile = _check_destination(destination)
+    # the report runs the model: the caller's random streams (dropout, initialisation) stay
+    # where they were, so that a run with the report trains as one without it
+    devices = [example_input.device.index or 0] if example_input.is_cuda else []
+    with torch.random.fork_rng(devices=devices):
+        return _report(model, example_input, chip, profile, input_max, reference_dtype,
+                       leak_bits, quant_report)
+
+
+def _report(model, example_input, chip, profile, input_max, reference_dtype, leak_bits,
+            quant_report) -> DeployReport:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not isinstance(example_input, torch.Tensor):

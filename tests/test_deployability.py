@@ -14,7 +14,6 @@ from snnquant import QuantConfig, quantize_model
 from snnquant.deployability import DeployabilityWarning, deployability_report
 from snnquant.export import (ExportError, FoldWarning, IntegerSNN, compare_integer,
                              fold_batchnorm, input_max_of, to_c, to_integer)
-from snnquant.export.backends.simulator import OUTPUT_STEPS
 
 T, N = 4, 2
 CONFIG = dict(weight_bits=4, v_bits=8)
@@ -275,7 +274,7 @@ def test_float_output_in_one_call(kind):
     got = sim.float_output(x.long())
     assert got.shape == expected.shape
     assert torch.allclose(got, expected, rtol=0, atol=1e-6), (got - expected).abs().max()
-    steps = sim(x.long(), record=True)[1][OUTPUT_STEPS]
+    steps = sim(x.long(), per_step=True)
     assert steps.shape[:2] == (T, N)
     if kind == "time_mean":
         assert desc.output_time_mean

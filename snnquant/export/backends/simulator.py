@@ -34,12 +34,7 @@ from ..ir.program import (SynapseRescale, adaptive_windows, join_range, matmul_r
                           neuron_program, pool_range, reduce_range, scale_range, synapse_bounds)
 from ..ir.validation import check_network
 
-__all__ = ["IntegerSNN", "op_shapes", "SYNAPSE_ARITHMETIC", "float32_sums_are_exact",
-           "OUTPUT_STEPS"]
-
-#: The key of ``IntegerSNN(...)(x, record=True)[1]`` that holds the output of every step
-#: ``[T, N, ...]`` (also of a network whose output is a mean over time).
-OUTPUT_STEPS = "output_steps"
+__all__ = ["IntegerSNN", "op_shapes", "SYNAPSE_ARITHMETIC", "float32_sums_are_exact"]
 
 #: every integer of magnitude up to 2^24 is a float32
 _FLOAT32_LIMIT = 1 << 24
@@ -382,7 +377,7 @@ class IntegerSNN:
         return spikes
 
     # ---- call -------------------------------------------------------------------------------
-    def __call__(self, x_seq: torch.Tensor, record: bool = False
+    def __call__(self, x_seq: torch.Tensor, record: bool = False, per_step: bool = False
                  ) -> Union[torch.Tensor, Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
         r"""Run the network on integer input ``x_seq`` of shape ``[T, N, ...]``.
 
@@ -390,6 +385,8 @@ class IntegerSNN:
             x_seq: integer (or bool) tensor of event counts or spikes, ``|x| <= desc.input_max``.
             record: also return the spikes of every neuron layer, ``{name: [T, N, ...] int8}``
                 (and, for a ``'current'`` output, the output under the last layer's name).
+            per_step: for a network whose output is a mean over time (``output_time_mean``),
+                the output of every step ``[T, N, ...]`` instead of their sum.
 
         Returns:
             The output: ``int8`` spikes ``[T, N, ...]`` (``output_kind='spikes'``), ``int64``
@@ -397,10 +394,9 @@ class IntegerSNN:
             of :math:`2^{-F}` (``'current'``); dividing by
             :attr:`~snnquant.export.IntegerNetwork.output_divisor` gives the float model's
             output. With ``output_time_mean``, the ``int64`` sum over the steps ``[N, ...]``
-            (divide by :math:`T` too). With ``record``, ``(output, layers)``, where
-            ``layers[OUTPUT_STEPS]`` (``'output_steps'``) is the output of every step,
-            ``[T, N, ...]``, also for a network that averages over time.
-            :meth:`float_output` gives the float model's output in one call.
+            (divide by :math:`T` too), or with ``per_step`` every step's. With ``record``,
+            ``(output, layers)``. :meth:`float_output` gives the float model's output in one
+            call.
         """
         if not isinstance(x_seq, torch.Tensor):
             raise TypeError(f"x_seq must be a tensor, got {type(x_seq).__name__}")
@@ -477,9 +473,7 @@ class IntegerSNN:
             out = out.to(torch.int64)
             if record:
                 layers[self.desc.ops[-1].name] = out
-        if record:
-            layers[OUTPUT_STEPS] = out
-        if self.desc.output_time_mean:  # the model averages over time: the sum, [N, ...]
+        if self.desc.output_time_mean and not per_step:  # the model averages over time: the sum, [N, ...]
             out = out.to(torch.int64).sum(0)
         return (out, layers) if record else out
 
@@ -503,8 +497,7 @@ class IntegerSNN:
             A ``float64`` tensor: ``[T, N, ...]`` (per-step outputs) or ``[N, ...]`` (a mean
             over time), equal to the float model's output in eval mode for an exact export.
         """
-        _, layers = self(x_seq, record=True)
-        steps = layers[OUTPUT_STEPS].to(torch.float64) / self.desc.output_divisor
+        steps = self(x_seq, per_step=True).to(torch.float64) / self.desc.output_divisor
         if self.desc.output_time_mean and not per_step:
             return steps.mean(0)
         return steps
