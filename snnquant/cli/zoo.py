@@ -25,9 +25,14 @@ def zoo_names() -> List[str]:
             m = importlib.import_module(f"spikingjelly.activation_based.model.{mod}")
         except ImportError:  # pragma: no cover - a SpikingJelly without it
             continue
-        names += [f"{mod}.{n}" for n in getattr(m, "__all__", [])
-                  if callable(getattr(m, n, None))]
+        names += [f"{mod}.{n}" for n in getattr(m, "__all__", []) if _is_network(getattr(m, n))]
     return names
+
+
+def _is_network(obj) -> bool:
+    """A network class (an ``nn.Module``) or a factory function, not a configuration class."""
+    import torch.nn as nn
+    return inspect.isfunction(obj) or (inspect.isclass(obj) and issubclass(obj, nn.Module))
 
 
 def resolve_zoo(name: str):
@@ -95,12 +100,32 @@ def build_zoo(args):
     for key, value in known.items():
         if key in params and key not in kwargs:
             kwargs[key] = value
+    if "spiking_neuron" in params:
+        kwargs["spiking_neuron"] = _neuron_class(kwargs.get("spiking_neuron"), args.model)
     try:
         net = build(**kwargs)
     except TypeError as exc:
         raise ValueError(f"--model {args.model} with {kwargs}: {exc}") from None
     functional.set_step_mode(net, "m")
     return net
+
+
+def _neuron_class(name, model: str):
+    """``--model-arg spiking_neuron=NAME``: the class of ``spikingjelly.activation_based.neuron``;
+    by default ``ParametricLIFNode`` for the parametric-LIF nets (their paper's neuron: the
+    deployability report says what its learned tau needs) and ``LIFNode`` for the others."""
+    from spikingjelly.activation_based import neuron
+    if name is None:
+        name = ("ParametricLIFNode" if "parametric_lif_net" in str(resolve_zoo(model).__module__)
+                else "LIFNode")
+    if not isinstance(name, str):
+        return name
+    cls = getattr(neuron, name, None)
+    if not (inspect.isclass(cls) and issubclass(cls, neuron.BaseNode)):
+        raise ValueError(f"--model-arg spiking_neuron must name a neuron class of "
+                         f"spikingjelly.activation_based.neuron (LIFNode, IFNode, "
+                         f"ParametricLIFNode, ...), got {name!r}")
+    return cls
 
 
 def example_batch(train_set, n: int = 2) -> torch.Tensor:
