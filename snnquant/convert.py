@@ -379,15 +379,14 @@ def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: 
         else:
             layer.attach_batchnorm(bn, cfg.bias_bits, charged_neuron(plan, modules, synapse_name))
             report.folded.append((synapse_name, bn_name))
+    from .export.fold import NEEDS_EXAMPLE_INPUT
     missed = {}
     for bn_name, reason in why.items():
         if bn_name in modules and config.for_module(bn_name).fold_batchnorm:
             # what fold_batchnorm's FoldWarning names as the step that was missed
             needs_run = example_input is None and "whose forward was not captured" in reason
             modules[bn_name]._snnquant_fold_missed = (
-                "pass example_input=x to quantize_model (torch.fx could not trace the module "
-                "that holds the BatchNorm; a run finds it), then train again" if needs_run else
-                f"it could not train folded: {reason}")
+                NEEDS_EXAMPLE_INPUT if needs_run else f"it could not train folded: {reason}")
             if needs_run:
                 missed[bn_name] = _layer_before(modules, bn_name)
         elif bn_name in modules:

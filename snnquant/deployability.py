@@ -147,8 +147,8 @@ def _chip_report(model, chip: str, profile, example_input) -> DeployReport:
                                        f"C (destination='c')"))
         return report
     for v in check(net, profile):
-        report.blockers.append(Blocker("chip", getattr(v, "layer", ""), str(v),
-                                       "the limit above: fewer neurons, fan-in or weight bits"))
+        report.blockers.append(Blocker("chip", v.layer, str(v),
+                                       f"keep the layer within {v.limit}"))
     return report
 
 
@@ -203,9 +203,14 @@ def _widest_weights(work):
     for m in work.modules():
         if registry.layer_kind(m) is None or getattr(m, "weight_quant", None) is None:
             continue
+        # the tensor the weight is computed from (pruned: weight_orig; parametrized: original)
+        plist = getattr(getattr(m, "parametrizations", None), "weight", None)
+        latent = getattr(plist, "original", None)
+        if latent is None:
+            latent = getattr(m, "weight_orig", m.weight)
         with torch.no_grad():
-            sign = torch.where(m.weight >= 0, 1.0, -1.0).to(m.weight.dtype)
-            m.weight.copy_(sign * 1e6 * (m.weight.abs().max() + 1))
+            sign = torch.where(latent >= 0, 1.0, -1.0).to(latent.dtype)
+            latent.copy_(sign * 1e6 * (latent.abs().max() + 1))
 
 
 def _batchnorm_blockers(quant_report, report):
@@ -340,7 +345,11 @@ def _report(model, example_input, chip, profile, input_max, reference_dtype, lea
             report.blockers.append(Blocker("capture", "", str(err), "change the forward at the "
                                            "place the message names"))
             break
-        except ExportError as err:
+        except Exception as err:  # noqa: BLE001 - a report never stops quantize_model
+            if not isinstance(err, ExportError):
+                report.blockers.append(Blocker("other", "", f"the export stopped: "
+                                               f"{type(err).__name__}: {err}", "see the message"))
+                break
             check, text = getattr(err, "check", "other"), str(err)
             key = (check, _layer_of(text))
             if key in seen:

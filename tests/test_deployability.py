@@ -299,3 +299,23 @@ def test_approximate_export_says_so_in_the_c_header(tmp_path):
     to_c(desc, tmp_path, "snn", input_shape=(6,))
     assert "APPROXIMATE" in (tmp_path / "snn.h").read_text()
     assert "not guaranteed" in str(compare_integer(q, x, desc))
+
+
+def test_fold_warning_names_example_input_for_a_model_rebuilt_from_its_state_dict():
+    """Without quantize_model's record on the BatchNorms (a model rebuilt and loaded), the
+    FoldWarning still names the step that was missed: the pairs torch.fx cannot find."""
+    build, shape = _zoo()["SpikeDrivenTransformer"]
+    x = _input(_build(build), shape)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        q, _ = quantize_model(_build(build), QuantConfig(weight_bits=2, v_bits=4))
+        state = _train(q, x).state_dict()
+        rebuilt, _ = quantize_model(_build(build), QuantConfig(weight_bits=2, v_bits=4))
+    rebuilt.load_state_dict(state)
+    for m in rebuilt.modules():
+        assert not hasattr(m, "_snnquant_fold_missed") or m.__dict__.pop("_snnquant_fold_missed")
+    with pytest.warns(FoldWarning) as caught:
+        fold_batchnorm(rebuilt.eval(), example_input=x)
+    changed = [str(w.message) for w in caught if "changed the network" in str(w.message)]
+    assert changed and "pass example_input=x to quantize_model" in changed[0]
+    assert "fold_batchnorm=True" not in changed[0]

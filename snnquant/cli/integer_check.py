@@ -76,8 +76,10 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
     if example is None:
         desc = to_integer(folded)
     else:
+        from snnquant.cli.zoo import data_input_max
+        largest = max(data_input_max(train_set), data_input_max(test_set))
         try:
-            desc, reference = _zoo_integer(folded, x_seq)
+            desc, reference = _zoo_integer(folded, x_seq, largest)
         except ExportError as exc:   # named in the report before training, with its fix
             return {"skipped": f"the integer export refuses the trained network: {exc}"}
     save_integer(desc, out / "model_int.safetensors")
@@ -94,18 +96,18 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
             "c_rom_bytes": mem.rom_bytes, "c_ram_bytes": mem.ram_bytes}
 
 
-def _zoo_integer(folded, x_seq):
-    """The integer network of a ``--model`` network, captured from a run on ``x_seq`` at the
-    largest count of those samples (``input_max``); in float64 when the float32 sums are not
-    exact (the deployability report before training said so). ``(desc, reference_dtype)``."""
+def _zoo_integer(folded, x_seq, input_max: int):
+    """The integer network of a ``--model`` network, captured from a run on ``x_seq``, exact up
+    to ``input_max`` (the largest count of the run's data); in float64 when the float32 sums are
+    not exact (the deployability report before training said so). ``(desc, reference_dtype)``."""
     from snnquant.export import ExportError, to_integer
 
     try:
-        return to_integer(folded, example_input=x_seq), torch.float32
+        return to_integer(folded, example_input=x_seq, input_max=input_max), torch.float32
     except ExportError as exc:
         if getattr(exc, "check", None) != "accumulator":
             raise
         print(f"integer export: float32 sums are not exact ({str(exc)[:160]} ...); exporting "
               f"against the float64 model (reference_dtype=torch.float64)")
-        return (to_integer(folded.double(), example_input=x_seq.double(),
+        return (to_integer(folded.double(), example_input=x_seq.double(), input_max=input_max,
                            reference_dtype=torch.float64), torch.float64)

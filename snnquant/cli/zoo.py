@@ -134,6 +134,16 @@ def example_batch(train_set, n: int = 2) -> torch.Tensor:
     return torch.stack(frames, 0).float().transpose(0, 1)
 
 
+def data_input_max(dataset, batch_size: int = 64) -> int:
+    """The largest event count of a whole dataset (the integer export's ``input_max``: the
+    C model's ``SNN_INPUT_MAX``), at least 1."""
+    from torch.utils.data import DataLoader
+    largest = 1
+    for frames, _ in DataLoader(dataset, batch_size=batch_size):
+        largest = max(largest, int(torch.as_tensor(frames).abs().max().ceil()))
+    return largest
+
+
 class CroppedDataset(torch.utils.data.Dataset):
     """A dataset of frame sequences ``[T, C, H, W]`` cropped to ``[T, C, size, size]`` at the
     centre (``--crop``: N-MNIST's 34x34 to 32x32, so that a network's means run over powers of

@@ -316,17 +316,34 @@ def _report(original: nn.Module, folded: nn.Module, plan: FoldPlan, before, modu
     return report
 
 
+#: What the FoldWarning names for a BatchNorm that did not train folded because
+#: :func:`~snnquant.quantize_model` had no ``example_input`` (quantize_model records it).
+NEEDS_EXAMPLE_INPUT = ("pass example_input=x to quantize_model (torch.fx could not trace the "
+                       "module that holds the BatchNorm; a run finds it), then train again")
+
+
 def _missed_step(model: nn.Module, plan) -> str:
     """The step that would have trained the folded pairs of ``plan`` folded: what
     :func:`~snnquant.quantize_model` recorded on each BatchNorm it could not attach (the
     ``example_input`` it lacked, or ``fold_batchnorm=False``), else the general advice."""
     modules = dict(model.named_modules())
-    steps = {}
+    steps, traced = {}, None
     for synapse_name, bn_name in plan.pairs:
         bn, layer = modules.get(bn_name), modules.get(synapse_name)
         if bn is None or getattr(layer, "batchnorm", None) is bn:
             continue
         step = getattr(bn, "_snnquant_fold_missed", None)
+        if step is None and getattr(layer, "weight_quant", None) is not None:
+            # not recorded (a model rebuilt from a state_dict): a pair that torch.fx does not
+            # find was missed for want of example_input, one it finds for fold_batchnorm=False
+            if traced is None:
+                try:
+                    traced = set(plan_folding(model).pairs)
+                except ExportError:
+                    traced = set()
+            step = (NEEDS_EXAMPLE_INPUT if (synapse_name, bn_name) not in traced else
+                    "train with QuantConfig(fold_batchnorm=True), quantize_model's default, so "
+                    "that folding changes nothing")
         if step is not None:
             steps.setdefault(step, []).append(bn_name)
     if steps:
