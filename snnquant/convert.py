@@ -820,7 +820,7 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
         warnings.warn("quantize_model found nothing to quantize in "
                       f"{type(model).__name__}; returning it unchanged", stacklevel=2)
     sjf.invalidate_reset_cache(model)
-    if example_input is not None and destination is not None and report.replaced:
+    if isinstance(example_input, torch.Tensor) and destination is not None and report.replaced:
         from .deployability import deployability_report, warn_if_blocked
         chip = not isinstance(destination, str) or destination in ("xylo", "loihi", "speck")
         report.deployability = deployability_report(source if chip else model, example_input,

@@ -28,7 +28,7 @@ from typing import List, Optional
 import torch
 import torch.nn as nn
 
-from .capture import CaptureError
+from .capture import CaptureError, plan_folding
 from .export import ExportError, fold_batchnorm, to_integer
 from .export.backends.nir_graph import nir_refusals, to_nir
 from .export.deploy_checks import (accumulator_fix, exact_leak_shift, nearest_exact_tau,
@@ -213,6 +213,11 @@ def _widest_weights(work):
             latent.copy_(sign * 1e6 * (latent.abs().max() + 1))
 
 
+_BATCHNORM_FIX = ("move it right after a Linear/Conv layer (or remove it); otherwise "
+                  "fold_batchnorm refuses it, or changes the network at low bits when it folds "
+                  "after training")
+
+
 def _batchnorm_blockers(quant_report, report):
     if quant_report is None:
         return
@@ -223,8 +228,7 @@ def _batchnorm_blockers(quant_report, report):
         fix = ("pass example_input=x to quantize_model, so that the BatchNorm is found from a run "
                "and trains folded" if missed else
                "QuantConfig(fold_batchnorm=True)" if "fold_batchnorm is False" in s.reason else
-               "move it right after a Linear/Conv layer (or remove it); otherwise fold_batchnorm "
-               "refuses it, or changes the network at low bits when it folds after training")
+               _BATCHNORM_FIX)
         report.blockers.append(Blocker("batchnorm", s.name, s.reason, fix))
 
 
@@ -273,6 +277,11 @@ def deployability_report(model: nn.Module, example_input: torch.Tensor,
         A :class:`DeployReport`.
     """
     chip, profile = _check_destination(destination)
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(example_input, torch.Tensor):
+        raise TypeError(f"example_input must be a tensor (one input batch), got "
+                        f"{type(example_input).__name__}")
     # the report runs the model: the caller's random streams (dropout, initialisation) stay
     # where they were, so that a run with the report trains as one without it
     devices = [example_input.device.index or 0] if example_input.is_cuda else []
@@ -283,11 +292,7 @@ def deployability_report(model: nn.Module, example_input: torch.Tensor,
 
 def _report(model, example_input, chip, profile, input_max, reference_dtype, leak_bits,
             quant_report) -> DeployReport:
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if not isinstance(example_input, torch.Tensor):
-        raise TypeError(f"example_input must be a tensor (one input batch), got "
-                        f"{type(example_input).__name__}")
+    """:func:`deployability_report` on checked arguments."""
     if chip in ("xylo", "loihi", "speck"):
         return _chip_report(model, chip, profile, example_input)
     if input_max is not None and (isinstance(input_max, bool) or not isinstance(input_max, int)
@@ -322,6 +327,13 @@ def _report(model, example_input, chip, profile, input_max, reference_dtype, lea
                                        "accepts ([T, N, ...] for a multi-step network)"))
         return report
     work.eval()
+    if quant_report is None:   # the BatchNorms fold_batchnorm will refuse
+        try:
+            refused = plan_folding(work, x).refused
+        except ExportError:
+            refused = {}
+        for name, reason in refused.items():
+            report.blockers.append(Blocker("batchnorm", name, reason, _BATCHNORM_FIX))
     _give_exact_tau(work, fixes)
     _widest_weights(work)
     with warnings.catch_warnings():
@@ -352,17 +364,18 @@ def _report(model, example_input, chip, profile, input_max, reference_dtype, lea
                 break
             check, text = getattr(err, "check", "other"), str(err)
             key = (check, _layer_of(text))
-            if key in seen:
-                report.blockers.append(Blocker(check, key[1], text, "see the message"))
-                break
-            seen.add(key)
-            if check == "accumulator" and dtype != torch.float64:
+            if check == "accumulator":
                 report.blockers.append(Blocker(check, key[1], text, accumulator_fix(
-                    dtype, report.input_max, "input" in text or "input_max" in text)))
-                dtype = torch.float64
+                    dtype, report.input_max, "input" in text)))
+                if dtype == torch.float64:
+                    break
+                dtype = torch.float64   # the fix it names first: go on as if it were taken
                 work = work.double()
                 x = x.double()
                 continue
+            if key in seen:   # its fix did not remove it: reported once, nothing more to learn
+                break
+            seen.add(key)
             if check == "time_mean" and is_multi_step(work) and x.dim() > 1:
                 steps = x.shape[0]
                 lower = 2 ** int(math.log2(steps)) if steps > 1 else 1

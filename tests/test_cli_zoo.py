@@ -87,4 +87,5 @@ def test_a_zoo_transformer_end_to_end_on_the_command_line(tmp_path):
     from snnquant.export import IntegerSNN, load_integer
     desc = load_integer(tmp_path / "exp" / "snn.safetensors")
     x = (torch.rand(4, 2, 2, 32, 32) < 0.2).to(torch.int64)
-    assert torch.equal(IntegerSNN(desc)(x), IntegerSNN(load_integer(out / "model_int.safetensors"))(x))
+    original = load_integer(out / "model_int.safetensors")
+    assert torch.equal(IntegerSNN(desc)(x), IntegerSNN(original)(x))

@@ -319,3 +319,33 @@ def test_fold_warning_names_example_input_for_a_model_rebuilt_from_its_state_dic
     changed = [str(w.message) for w in caught if "changed the network" in str(w.message)]
     assert changed and "pass example_input=x to quantize_model" in changed[0]
     assert "fold_batchnorm=True" not in changed[0]
+
+
+def test_report_without_quant_report_names_a_batchnorm_fold_batchnorm_refuses():
+    torch.manual_seed(0)
+    net = nn.Sequential(layer.BatchNorm2d(2), layer.Conv2d(2, 4, 3, padding=1), neuron.IFNode(),
+                        layer.Flatten(), layer.Linear(4 * 8 * 8, 10), neuron.IFNode())
+    sjf.set_step_mode(net, "m")
+    x = (torch.rand(T, N, 2, 8, 8) * 3).floor()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeployabilityWarning)
+        q, rep = quantize_model(net, QuantConfig(**CONFIG), example_input=x)
+    assert [b.layer for b in rep.deployability.blockers if b.check == "batchnorm"] == ["0"]
+    alone = deployability_report(q, x)
+    assert [b.layer for b in alone.blockers if b.check == "batchnorm"] == ["0"]
+    with pytest.raises(ValueError, match="destination"):
+        deployability_report(q, x, "fpga")
+    with pytest.raises(TypeError, match="example_input"):
+        deployability_report(q, [x])
+
+
+def test_chip_destination_reports_the_chips_refusal():
+    torch.manual_seed(0)
+    net = nn.Sequential(layer.Conv2d(2, 4, 3, padding=1), neuron.LIFNode(tau=2.0),
+                        layer.Flatten(), layer.Linear(4 * 8 * 8, 10), neuron.LIFNode(tau=2.0))
+    sjf.set_step_mode(net, "m")
+    x = (torch.rand(T, N, 2, 8, 8) * 3).floor()
+    with pytest.warns(DeployabilityWarning, match="xylo"):
+        _, rep = quantize_model(net, QuantConfig(**CONFIG), example_input=x, destination="xylo")
+    assert rep.deployability.destination == "xylo"
+    assert rep.deployability.checks() == ["chip"]

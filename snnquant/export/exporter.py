@@ -1390,8 +1390,8 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         out = graph.build()
     except ExportError as err:
         if getattr(err, "check", None) == "accumulator":
-            raise tagged(ExportError(f"{err} [{_input_max_said(input_max, input_max_from, graph)}]"),
-                         "accumulator") from None
+            said = _input_max_said(input_max, input_max_from, graph)
+            raise tagged(ExportError(f"{err} [{said}]"), "accumulator") from None
         raise
     ops, notes = graph.ops, graph.notes
     if not graph.seen_synapse:

@@ -59,7 +59,8 @@ from .nir_schema import (NIR_MIN_VERSION, SCHEMA_VERSION, import_nir, is_add_joi
 from ..ir.program import adaptive_windows
 from .simulator import IntegerSNN, op_shapes
 
-__all__ = ["to_nir", "refuse_beyond_nir", "nir_refusals", "UNITS", "MAX_POOL_FORMS", "SCHEMA_VERSION", "NIR_MIN_VERSION"]
+__all__ = ["to_nir", "refuse_beyond_nir", "nir_refusals", "UNITS", "MAX_POOL_FORMS",
+           "SCHEMA_VERSION", "NIR_MIN_VERSION"]
 
 #: Units of the exported values: ``'integer'`` (each layer on its integer grid) or ``'real'``.
 UNITS = ("integer", "real")

@@ -473,7 +473,8 @@ class IntegerSNN:
             out = out.to(torch.int64)
             if record:
                 layers[self.desc.ops[-1].name] = out
-        if self.desc.output_time_mean and not per_step:  # the model averages over time: the sum, [N, ...]
+        # the model averages over time: the sum, [N, ...]
+        if self.desc.output_time_mean and not per_step:
             out = out.to(torch.int64).sum(0)
         return (out, layers) if record else out
 
