@@ -43,6 +43,10 @@ def test_model_flags_build_the_zoo_network_for_the_dataset():
     net = build_network(args)
     assert type(net).__name__ == "Spikformer"
     assert net(torch.zeros(4, 1, 2, 32, 32)).shape[-1] == 10   # N-MNIST: 2 channels, 10 classes
+    args = _parse(["--model", "MSResNet", "--model-args", "{'layers': (1, 1, 1), 'tau': 2.0}",
+                   "--model-arg", "base_channels=8"])
+    net = build_network(args)
+    assert len(net.layer1) == 1 and net.layer1[0].spike1.tau == 2.0
     args = _parse(["--model", "NMNISTNet", "--model-arg", "channels=4"])
     kinds = {type(m).__name__ for m in build_network(args).modules()}
     assert "ParametricLIFNode" in kinds   # the parametric-LIF nets' own neuron by default

@@ -276,11 +276,14 @@ def test_float_output_in_one_call(kind):
     assert torch.allclose(got, expected, rtol=0, atol=1e-6), (got - expected).abs().max()
     steps = sim(x.long(), per_step=True)
     assert steps.shape[:2] == (T, N)
+    assert torch.equal(desc.float_output(sim(x.long()), steps=T), got)   # from the output
     if kind == "time_mean":
         assert desc.output_time_mean
         per_step = sim.float_output(x.long(), per_step=True)
         assert per_step.shape == (T, N, 3)
         assert torch.allclose(per_step.mean(0), got)
+        with pytest.raises(ValueError, match="steps"):
+            desc.float_output(sim(x.long()))
 
 
 def test_approximate_export_says_so_in_the_c_header(tmp_path):

@@ -127,9 +127,11 @@ def parse_args(argv=None, prog=None):
                          "CSNN: SpikeDrivenTransformer, Spikformer, QKFormer, MSResNet, "
                          "NMNISTNet, ... (or module.Name); its channels, classes, image size and "
                          "T come from --dataset and -T unless --model-arg gives them")
-    ap.add_argument("--model-arg", action="append", default=None, metavar="KEY=VALUE",
+    ap.add_argument("--model-arg", "--model-args", dest="model_arg", action="append",
+                    default=None, metavar="KEY=VALUE",
                     help="a constructor argument of --model (repeat), a Python literal: "
-                         "--model-arg embed_dims=64 --model-arg tau=2.0")
+                         "--model-arg embed_dims=64 --model-arg tau=2.0; or several as one "
+                         "dict: --model-args \"{'embed_dims': 64, 'depths': 2}\"")
     ap.add_argument("--crop", type=int, default=None, metavar="SIZE",
                     help="centre-crop every frame to SIZE x SIZE (e.g. N-MNIST's 34x34 to 32, "
                          "so that a transformer's final means run over powers of two, as the "

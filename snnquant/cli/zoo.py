@@ -54,13 +54,25 @@ def resolve_zoo(name: str):
 
 def parse_model_args(items: Optional[List[str]]) -> Dict[str, object]:
     """``--model-arg KEY=VALUE`` (repeated) as keyword arguments; a VALUE is a Python literal
-    (``2.0``, ``(1, 2, 2)``, ``'1111'``) or else a string.
+    (``2.0``, ``(1, 2, 2)``, ``'1111'``) or else a string; an item ``{'key': value, ...}`` gives
+    several at once.
 
     Raises:
         ValueError: an item without ``=``.
     """
     kwargs = {}
     for item in items or ():
+        if item.lstrip().startswith("{"):   # several at once: "{'embed_dims': 64}"
+            try:
+                given = ast.literal_eval(item)
+            except (ValueError, SyntaxError):
+                given = None
+            if not isinstance(given, dict) or not all(isinstance(k, str) and k.isidentifier()
+                                                      for k in given):
+                raise ValueError(f"--model-arg must be KEY=VALUE or a dict of constructor "
+                                 f"arguments, got {item!r}")
+            kwargs.update(given)
+            continue
         key, sep, value = item.partition("=")
         if not sep or not key.isidentifier():
             raise ValueError(f"--model-arg must be KEY=VALUE (a constructor argument), got "

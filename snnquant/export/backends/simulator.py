@@ -498,10 +498,9 @@ class IntegerSNN:
             A ``float64`` tensor: ``[T, N, ...]`` (per-step outputs) or ``[N, ...]`` (a mean
             over time), equal to the float model's output in eval mode for an exact export.
         """
-        steps = self(x_seq, per_step=True).to(torch.float64) / self.desc.output_divisor
-        if self.desc.output_time_mean and not per_step:
-            return steps.mean(0)
-        return steps
+        if per_step or not self.desc.output_time_mean:
+            return self(x_seq, per_step=True).to(torch.float64) / self.desc.output_divisor
+        return self.desc.float_output(self(x_seq), steps=int(x_seq.shape[0]))
 
     def __repr__(self):
         return f"IntegerSNN({len(self.desc.ops)} ops, device={self.device})"

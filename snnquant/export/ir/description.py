@@ -618,6 +618,36 @@ class IntegerNetwork:
             return 2.0 ** last.frac_bits_added * last.divisor
         return 1.0
 
+    def float_output(self, output: torch.Tensor, steps: Optional[int] = None) -> torch.Tensor:
+        r"""The float model's output from the integer network's output ``output`` (as
+        :class:`~snnquant.export.IntegerSNN` returns it), whatever the output convention.
+
+        .. math::
+
+            y_t = \frac{Y_t}{D}\ \text{(every step)},\qquad
+            y = \frac{\sum_t Y_t}{T D}\ \text{(a model that averages over time)}
+
+        with :math:`D` = :attr:`output_divisor`.
+
+        Args:
+            output: the integer output, ``[T, N, ...]``, or for a network that averages over
+                time (:attr:`output_time_mean`) the sum over the steps ``[N, ...]``.
+            steps: :math:`T`, needed for a network that averages over time.
+
+        Returns:
+            A ``float64`` tensor of the shape of ``output``.
+
+        Raises:
+            ValueError: ``steps`` missing (or not a positive int) for a time-mean network.
+        """
+        y = torch.as_tensor(output).to(torch.float64) / self.output_divisor
+        if not self.output_time_mean:
+            return y
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be the number of time steps T (an int >= 1) for a "
+                             f"network whose output is a mean over time, got {steps!r}")
+        return y / steps
+
     @property
     def is_graph(self) -> bool:
         """True when some operation reads anything but the one before it (branches, joins)."""
