@@ -67,10 +67,10 @@ def _input(net, shape):
     return (torch.rand((steps, N) + shape, generator=g) * 3).floor()   # counts 0..2
 
 
-def _quantize(net, x):
+def _quantize(net, x, config=CONFIG):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeployabilityWarning)
-        return quantize_model(net, QuantConfig(**CONFIG), example_input=x)
+        return quantize_model(net, QuantConfig(**config), example_input=x)
 
 
 def _train(q, x):
@@ -117,12 +117,14 @@ def _export_exactly(q, x, dtype):
     return folded, desc, agreement
 
 
+@pytest.mark.parametrize("bits", [(4, 8), (2, 4)], ids=["W4V8", "W2V4"])
 @pytest.mark.parametrize("name", ["SpikeDrivenTransformer", "Spikformer", "QKFormer", "MSResNet"])
-def test_zoo_walk_report_predicts_every_refusal_and_its_fixes_deploy(name):
+def test_zoo_walk_report_predicts_every_refusal_and_its_fixes_deploy(name, bits):
     build, shape = _zoo()[name]
     net = _build(build)
     x = _input(net, shape)
-    q, rep = _quantize(net, x)
+    config = dict(weight_bits=bits[0], v_bits=bits[1])
+    q, rep = _quantize(net, x, config)
     report = rep.deployability
     assert report is not None and report.input_max == int(x.max())
     if report.ok:
@@ -139,7 +141,7 @@ def test_zoo_walk_report_predicts_every_refusal_and_its_fixes_deploy(name):
     kwargs, dtype = _fixes(report)
     net = _build(build, **kwargs)
     x = _input(net, shape)
-    q, rep = _quantize(net, x)
+    q, rep = _quantize(net, x, config)
     again = deployability_report(q, x, reference_dtype=dtype, quant_report=rep)
     assert again.ok, str(again)
     folded, desc, agreement = _export_exactly(_train(q, x), x, dtype)
