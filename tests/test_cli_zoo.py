@@ -93,3 +93,12 @@ def test_a_zoo_transformer_end_to_end_on_the_command_line(tmp_path):
     x = (torch.rand(4, 2, 2, 32, 32) < 0.2).to(torch.int64)
     original = load_integer(out / "model_int.safetensors")
     assert torch.equal(IntegerSNN(desc)(x), IntegerSNN(original)(x))
+
+
+def test_unused_model_flags_leave_the_resume_configuration_as_before():
+    from snnquant.cli.resume import run_configuration
+    plain = run_configuration(_parse([]), 1)
+    assert not {"model", "model_arg", "crop"} & set(plain)
+    zoo = run_configuration(_parse(["--model", "MSResNet", "--model-arg", "tau=2.0",
+                                    "--crop", "32"]), 1)
+    assert zoo["model"] == "MSResNet" and zoo["model_arg"] == ["tau=2.0"] and zoo["crop"] == 32
