@@ -203,7 +203,8 @@ def measure(name, build, shape, multi) -> dict:
     x_seq = (torch.rand((T, N) + shape, generator=g) > 0.5).float()
     x = x_seq if multi is True else x_seq[0]
     row = {"network": name}
-    row.update(chip_columns(build, shape, multi))
+    with torch.random.fork_rng():  # the columns below build their network from the same seed
+        row.update(chip_columns(build, shape, multi))
     try:
         net = keep_spiking(build())
         if multi:

@@ -379,7 +379,7 @@ def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: 
         else:
             layer.attach_batchnorm(bn, cfg.bias_bits, charged_neuron(plan, modules, synapse_name))
             report.folded.append((synapse_name, bn_name))
-    from .export.fold import NEEDS_EXAMPLE_INPUT
+    from .export.passes.fold import NEEDS_EXAMPLE_INPUT
     missed = {}
     for bn_name, reason in why.items():
         if bn_name in modules and config.for_module(bn_name).fold_batchnorm:

@@ -4,7 +4,7 @@ r"""What will keep a network from deploying, known before training: :func:`deplo
 ``report.deployability``) and the command line prints it before the first epoch. For a chosen
 destination (:data:`DESTINATIONS`) it lists every reason the trained network would be refused,
 each with its fix, by running the checks the export itself runs
-(:mod:`snnquant.export.deploy_checks`, :func:`~snnquant.export.to_integer`,
+(:mod:`snnquant.export.frontend.deploy_checks`, :func:`~snnquant.export.to_integer`,
 :func:`~snnquant.export.backends.nir_graph.nir_refusals`, the chips' ``check_*``) on a copy of
 the network:
 
@@ -29,11 +29,11 @@ import torch
 import torch.nn as nn
 
 from .capture import CaptureError, plan_folding
-from .export import ExportError, fold_batchnorm, to_integer
-from .export.backends.nir_graph import nir_refusals, to_nir
-from .export.deploy_checks import (accumulator_fix, exact_leak_shift, nearest_exact_tau,
-                                   tau_refusal)
-from .export.exporter import LEAK_BITS_RANGE, input_max_of
+from .export import ExportError, fold_batchnorm, to_integer, to_nir
+from .export.backends.nir_graph import nir_refusals
+from .export.frontend.deploy_checks import (accumulator_fix, exact_leak_shift,
+                                            nearest_exact_tau, tau_refusal)
+from .export.frontend.torch_model import LEAK_BITS_RANGE, input_max_of
 from .nn import registry
 from .utils import copy_model, is_multi_step
 
@@ -57,7 +57,7 @@ class Blocker:
     """One reason the trained network would be refused.
 
     Attributes:
-        check: the kind of refusal, one of :data:`snnquant.export.deploy_checks.CHECKS`
+        check: the kind of refusal, one of :data:`snnquant.export.frontend.deploy_checks.CHECKS`
             (``'tau'``, ``'time_mean'``, ``'mean'``, ``'accumulator'``, ``'batchnorm'``,
             ``'capture'``, ``'nir'``, ``'chip'``, ``'other'``).
         layer: the module it names (``''``: the network).

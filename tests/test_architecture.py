@@ -163,34 +163,15 @@ def test_moved_names_stay_importable():
     from snnquant.nn.quantizers import LSQQuantizer, check_bits  # noqa: F401
     from snnquant.summary import Summary, summary
     assert s1 is summary and snnquant.summary is summary and snnquant.Summary is Summary
-    with pytest.warns(DeprecationWarning, match=r"from snnquant.utils import is_multi_step"):
-        from snnquant.export.exporter import is_multi_step as e1
-    with pytest.warns(DeprecationWarning, match=r"from snnquant.utils import model_walk"):
-        from snnquant.export.exporter import model_walk
-    assert model_walk is snnquant.utils.model_walk
-    assert snnquant.export.exporter.__all__ == ["to_integer"]
-    assert e1 is snnquant.is_multi_step and snnquant.copy_model is snnquant.utils.copy_model
+    assert snnquant.copy_model is snnquant.utils.copy_model
     from snnquant.functional import _validation
     # one bit-width check with one signature (the functional-side check_bits(fn, name, value) is gone)
     assert check_bits is snnquant.functional.check_bit_width and not hasattr(_validation, "check_bits")
     from snnquant.nn.neurons import make_membrane_quantizer, uniform_membrane_step
     assert make_membrane_quantizer is qnn.quantizers.make_membrane_quantizer
     assert uniform_membrane_step is qnn.uniform_membrane_step
-    from snnquant.export.integer_ops import pow2_exponent
-    assert pow2_exponent is snnquant.functional.pow2_exponent
     from snnquant.convert import MEMBRANE_QUANTIZERS
     assert MEMBRANE_QUANTIZERS == ("uniform", "threshold_centered", "lsq")
-
-
-@pytest.mark.parametrize("old, new", [
-    (f"snnquant.export.{name}", f"snnquant.export.{place}.{name}")
-    for place, names in [("ir", ("description", "program", "validation", "integer_ops")),
-                         ("backends", ("simulator", "compiled_neuron", "c_runtime", "files",
-                                       "nir_graph", "nir_import", "nir_schema", "nir_consumers"))]
-    for name in names])
-def test_the_flat_export_paths_import_the_modules_of_the_pipeline(old, new):
-    import importlib
-    assert importlib.import_module(old) is importlib.import_module(new)
 
 
 # ------------------------------------------------------------------------------------------------

@@ -11,8 +11,8 @@ import torch.nn as nn
 import snnquant.nn as qnn
 from snnquant.export import (DescriptionError, IntegerNetwork, IntegerSNN, check_network,
                              load_integer, save_integer, to_c, to_integer)
-from snnquant.export import files as export_files
-from snnquant.export.simulator import op_shapes
+from snnquant.export.backends import files as export_files
+from snnquant.export.backends.simulator import op_shapes
 from test_export_graph import _InputSkip   # sn(fc(x) + x): join shifts (0, 3)
 
 

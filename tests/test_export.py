@@ -11,7 +11,7 @@ from spikingjelly.activation_based import layer, neuron
 from _dtype_recorder import RecordDtypes
 from conftest import csnn
 
-import snnquant.export.simulator as simulator_module
+import snnquant.export.backends.simulator as simulator_module
 from snnquant import QuantConfig, quantize_model
 from snnquant import nn as qnn
 from snnquant.export import (ExportError, IntegerSNN, compare_integer, fold_batchnorm,

@@ -376,7 +376,7 @@ def test_c_rounding_helper_matches_round_half_even_shift(tmp_path):
     """The C reading of the 'rhe' opcode equals round_half_even_shift (ties to even) on ties,
     negatives and the ends of the range it is used on (|d| < 2^62, 1 <= k <= 61)."""
     from snnquant.export import round_half_even_shift
-    from snnquant.export.program import c_rhe_helper
+    from snnquant.export.ir.program import c_rhe_helper
 
     cases = []
     for k in (1, 2, 3, 7, 20, 40, 61):
@@ -461,7 +461,7 @@ def test_a_name_that_would_hide_a_system_header_is_refused(tmp_path, name):
     """Issue 35 §4: ``to_c(..., name='stdint')`` wrote ``stdint.h``, which hides the system
     header under ``-I<dir>`` (``unknown type name 'uint8_t'``), also for case-insensitive file
     systems."""
-    from snnquant.export.c_runtime import C_HEADER_NAMES, check_c_name
+    from snnquant.export.backends.c_runtime import C_HEADER_NAMES, check_c_name
     with pytest.raises(ValueError, match=rf"name must not be a standard C or POSIX header name, "
                                          rf"got '{name}'"):
         to_c(_mlp_desc(), tmp_path, name)
@@ -475,7 +475,7 @@ def test_a_large_c_model_says_its_size_before_it_is_written(tmp_path, monkeypatc
     to_c says how much it writes, and where, before writing."""
     import warnings
 
-    from snnquant.export import c_runtime
+    from snnquant.export.backends import c_runtime
     desc = _mlp_desc()
     with warnings.catch_warnings():
         warnings.simplefilter("error", c_runtime.LargeCSourceWarning)

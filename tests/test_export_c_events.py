@@ -130,7 +130,7 @@ def test_max_pool_of_spikes_travels_as_an_index_list(fires, tmp_path):
 def test_neuron_registers_take_the_narrowest_type_the_bounds_allow(tmp_path):
     """A neuron layer's registers are int16_t when every proven bound is below 2^14, int32_t
     below 2^30, int64_t otherwise (NeuronProgram.c_type); the C model is exact with each."""
-    from snnquant.export.program import neuron_program
+    from snnquant.export.ir.program import neuron_program
 
     program = neuron_program(next(op for op in _mlp_desc().ops if isinstance(op, NeuronOp)))
     assert program.c_type((-100, 100)) == "int16_t"
@@ -153,7 +153,7 @@ def test_currents_beyond_the_saturating_range_are_clamped_exactly(kind, decay_in
     model clamps the current to NeuronProgram.saturating_range (outside it the charge saturates
     for every membrane), computes the neuron in int16_t, and still equals IntegerSNN, with
     currents beyond both ends of the range."""
-    from snnquant.export.program import neuron_program
+    from snnquant.export.ir.program import neuron_program
 
     desc = dataclasses.replace(_mlp_desc(kind=kind, decay_input=decay_input, soft=soft),
                                input_max=1 << 22)

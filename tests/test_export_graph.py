@@ -4,10 +4,10 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
-from spikingjelly.activation_based.model import (parametric_lif_net, sew_resnet, spiking_resnet,
-                                                 spiking_vgg)
+from spikingjelly.activation_based.model import sew_resnet
 
 import snnquant.nn as qnn
+import _zoo as zoo
 from conftest import assert_spikes_equal
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import (FORMAT_VERSION, NETWORK_INPUT, ExportError, IntegerNetwork,
@@ -17,28 +17,19 @@ from snnquant.export import (FORMAT_VERSION, NETWORK_INPUT, ExportError, Integer
 T, N = 4, 2
 
 
-def _vgg11_bn():
-    net = spiking_vgg.spiking_vgg11_bn(spiking_neuron=neuron.IFNode, num_classes=10)
-    net.classifier = nn.Sequential(layer.Linear(512 * 7 * 7, 10))  # the 4096-wide head: too big
-    return net
-
-
 def _sew(cnf, blocks):
     return lambda: sew_resnet.SEWResNet(sew_resnet.BasicBlock, blocks, cnf=cnf, num_classes=10,
                                         spiking_neuron=neuron.IFNode)
 
 
 ZOO = {
-    "spiking_resnet18": (lambda: spiking_resnet.spiking_resnet18(spiking_neuron=neuron.IFNode,
-                                                                 num_classes=10), (3, 32, 32)),
-    "sew_resnet18_ADD": (lambda: sew_resnet.sew_resnet18(spiking_neuron=neuron.IFNode, cnf="ADD",
-                                                         num_classes=10), (3, 32, 32)),
+    "spiking_resnet18": (zoo.spiking_resnet18, (3, 32, 32)),
+    "sew_resnet18_ADD": (zoo.sew_resnet18_add, (3, 32, 32)),
     # sew_resnet18's own blocks and connect function, one block per stage (test size)
     "sew_resnet_IAND": (_sew("IAND", [1, 1, 1, 1]), (3, 32, 32)),
     "sew_resnet_AND": (_sew("AND", [1, 1, 1, 1]), (3, 32, 32)),
-    "spiking_vgg11_bn": (_vgg11_bn, (3, 32, 32)),
-    "NMNISTNet": (lambda: parametric_lif_net.NMNISTNet(channels=8, spiking_neuron=neuron.IFNode),
-                  (2, 34, 34)),
+    "spiking_vgg11_bn": (zoo.vgg11_bn, (3, 32, 32)),
+    "NMNISTNet": (zoo.nmnist_net, (2, 34, 34)),
 }
 
 

@@ -79,7 +79,7 @@ def _rewrite(path, out, **meta_changes):
     """Rewrite a file with changed metadata and a valid whole-file checksum."""
     from safetensors import safe_open
 
-    from snnquant.export import files
+    from snnquant.export.backends import files
     with safe_open(str(path), "pt") as f:
         meta = dict(f.metadata())
         tensors = {k: f.get_tensor(k) for k in f.keys()}
@@ -167,7 +167,7 @@ def small_desc():
 
 
 def test_every_bit_flip_truncation_and_appended_byte_is_refused(tmp_path):
-    from snnquant.export import files
+    from snnquant.export.backends import files
     path = tmp_path / "net.safetensors"
     save_integer(small_desc(), path)
     data = path.read_bytes()
@@ -226,7 +226,7 @@ def test_older_files_with_a_tensor_checksum_still_load_with_a_warning(tmp_path):
     # "checksum" of the tensors only
     import safetensors.torch as st
 
-    from snnquant.export import files
+    from snnquant.export.backends import files
     desc = to_integer(conv_net())
     meta, tensors = desc.to_record()
     old = tmp_path / "old.safetensors"

@@ -208,7 +208,7 @@ def test_save_load_round_trip_and_version_1_files(tmp_path):
 
     def rewrite(name, record, version):
         # as snnquant wrote files before the whole-file checksum: a checksum of the tensors only
-        from snnquant.export.files import _tensor_checksum
+        from snnquant.export.backends.files import _tensor_checksum
         meta2 = dict(meta, description=json.dumps(record), format_version=version,
                      checksum=_tensor_checksum(tensors))
         meta2.pop("file_sha256")

@@ -10,7 +10,7 @@ from spikingjelly.activation_based import layer, neuron
 
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import IntegerSNN, NeuronOp, fold_batchnorm, to_integer
-from snnquant.export.program import OPCODES, neuron_program
+from snnquant.export.ir.program import OPCODES, neuron_program
 from snnquant.nn import QuantLinear, QuantizerBase, registry
 from snnquant.nn.quantizers import (BinaryQuantizer, Grid, LSQQuantizer, MinMaxQuantizer,
                                     QuantizedBits, StateQuant, TernaryQuantizer, UniformQuantizer,

@@ -4,9 +4,8 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
-from spikingjelly.activation_based.model import (parametric_lif_net, sew_resnet, spiking_resnet,
-                                                 spiking_vgg)
 
+import _zoo as zoo
 from conftest import neuron_outputs
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import ExportError, FoldWarning, fold_batchnorm, to_integer
@@ -27,20 +26,11 @@ def _randomise_batchnorms(model):
             m.bias.data.uniform_(-1, 1)
 
 
-def _vgg11_bn():
-    net = spiking_vgg.spiking_vgg11_bn(spiking_neuron=neuron.IFNode, num_classes=10)
-    net.classifier = nn.Sequential(layer.Linear(512 * 7 * 7, 10))  # the 4096-wide head has no BN
-    return net
-
-
 ZOO = {
-    "spiking_resnet18": (lambda: spiking_resnet.spiking_resnet18(spiking_neuron=neuron.IFNode,
-                                                                 num_classes=10), (3, 32, 32), 20),
-    "sew_resnet18": (lambda: sew_resnet.sew_resnet18(spiking_neuron=neuron.IFNode, cnf="ADD",
-                                                     num_classes=10), (3, 32, 32), 20),
-    "spiking_vgg11_bn": (_vgg11_bn, (3, 32, 32), 8),
-    "NMNISTNet": (lambda: parametric_lif_net.NMNISTNet(channels=8, spiking_neuron=neuron.IFNode),
-                  (2, 34, 34), 2),
+    "spiking_resnet18": (zoo.spiking_resnet18, (3, 32, 32), 20),
+    "sew_resnet18": (zoo.sew_resnet18_add, (3, 32, 32), 20),
+    "spiking_vgg11_bn": (zoo.vgg11_bn, (3, 32, 32), 8),
+    "NMNISTNet": (zoo.nmnist_net, (2, 34, 34), 2),
 }
 
 

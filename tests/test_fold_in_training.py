@@ -6,10 +6,10 @@ import pytest
 import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
-from spikingjelly.activation_based import layer, neuron
-from spikingjelly.activation_based.model import sew_resnet, spiking_resnet
+from spikingjelly.activation_based import layer
 
 import snnquant
+import _zoo as zoo
 from conftest import csnn as conftest_csnn
 from conftest import neuron_outputs
 from snnquant import QuantConfig, quantize_model
@@ -60,10 +60,8 @@ def _example_network():
 ZOO = {
     "csnn": (lambda: csnn(), (2, 16, 16)),
     "example": (_example_network, (2, 34, 34)),
-    "spiking_resnet18": (lambda: spiking_resnet.spiking_resnet18(spiking_neuron=neuron.IFNode,
-                                                                 num_classes=10), (3, 32, 32)),
-    "sew_resnet18": (lambda: sew_resnet.sew_resnet18(spiking_neuron=neuron.IFNode, cnf="ADD",
-                                                     num_classes=10), (3, 32, 32)),
+    "spiking_resnet18": (zoo.spiking_resnet18, (3, 32, 32)),
+    "sew_resnet18": (zoo.sew_resnet18_add, (3, 32, 32)),
 }
 
 

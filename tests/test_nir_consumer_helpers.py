@@ -9,7 +9,7 @@ from _nir_consumers import build_network
 
 from snnquant.export import (ConsumerRegisterWarning, narrow_registers, shift_flatten_dims,
                              to_nir)
-from snnquant.export.nir_consumers import CONSUMER_REGISTERS
+from snnquant.export.backends.nir_consumers import CONSUMER_REGISTERS
 
 
 def test_shift_flatten_dims_keeps_the_batch():

@@ -191,7 +191,7 @@ def test_edited_file_still_round_trips_when_valid(tmp_path):
 def test_many_compressed_datasets_are_bounded_in_total(tmp_path):
     """Issue 35 §5: twelve gzip datasets of 2^26 float64 each (a small file) passed the per-array
     check and allocated 6 GiB; the total is bounded (nir_import.MAX_BYTES, max_bytes=)."""
-    from snnquant.export import nir_import
+    from snnquant.export.frontend import nir_import
     graph, _, _ = _graph()
     path = tmp_path / "many.nir"
     nir.write(path, graph)

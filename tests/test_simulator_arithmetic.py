@@ -10,13 +10,13 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer
 from _dtype_recorder import RecordDtypes
 
-import snnquant.export.simulator as simulator_module
+import snnquant.export.backends.simulator as simulator_module
 from snnquant import QuantConfig, quantize_model
-from snnquant.export import compiled_neuron
+from snnquant.export.backends import compiled_neuron
 from snnquant.export import (FlattenOp, IntegerSNN, JoinOp, NeuronOp, fold_batchnorm,
                              round_half_even_shift, to_integer)
-from snnquant.export.program import neuron_program
-from snnquant.export.simulator import float32_sums_are_exact
+from snnquant.export.ir.program import neuron_program
+from snnquant.export.backends.simulator import float32_sums_are_exact
 from test_export import inputs, quantized, random_net
 from test_export_graph import _deployable
 from test_export_leak import grid_net
@@ -301,7 +301,8 @@ def test_one_narrowest_integer_rule_for_every_reader():
     """narrowest_int sizes the exporter's weights, the simulator's registers, the C types and the
     NIR import's weights; the simulator's symmetric bound and C's uint8_t come from it."""
     from snnquant.export import ExportError
-    from snnquant.export.backends import c_runtime, simulator
+    from snnquant.export.backends import simulator
+    from snnquant.export.backends.c.common import c_int_type
     from snnquant.export.ir.integer_ops import narrowest_int
 
     assert narrowest_int(-128, 127) == torch.int8 and narrowest_int(0, 128) == torch.int16
@@ -314,8 +315,8 @@ def test_one_narrowest_integer_rule_for_every_reader():
     assert simulator._dtype_for(1 << 15, torch.int16) == torch.int32
     assert simulator._dtype_for(5) == torch.int32 and simulator._dtype_for(1 << 31) == torch.int64
     assert simulator._dtype_for(1 << 70) == torch.int64
-    assert c_runtime._ctype(0, 255) == ("uint8_t", 1)
-    assert c_runtime._ctype(0, 255, signed=True) == ("int16_t", 2)
-    assert c_runtime._ctype(-(1 << 31), 0) == ("int32_t", 4)
+    assert c_int_type(0, 255) == ("uint8_t", 1)
+    assert c_int_type(0, 255, signed=True) == ("int16_t", 2)
+    assert c_int_type(-(1 << 31), 0) == ("int32_t", 4)
     with pytest.raises(ExportError, match=r"no C integer type holds \[0, 18446744073709551616\]"):
-        c_runtime._ctype(0, 1 << 64)
+        c_int_type(0, 1 << 64)

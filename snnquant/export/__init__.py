@@ -16,19 +16,22 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 """
 
 from .ir.description import (FORMAT_VERSION, NETWORK_INPUT, DescriptionError, ExportError,
-                              FlattenOp, GatherOp, IntegerNetwork, JoinOp, MatMulOp, NeuronOp,
-                              PoolOp, ReduceOp, ScaleOp, SynapseOp, check_input_shape)
+                             FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp,
+                             check_input_shape)
+from .ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from .ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from .ir.integer_ops import pack_int, round_half_even_shift, unpack_int
-from .exporter import input_max_of, to_integer
+from .frontend.torch_model import input_max_of, to_integer
 from .backends.simulator import IntegerSNN
-from .agreement import IntegerAgreement, SilentNetworkWarning, compare_integer, integer_agreement
-from .fold import FoldedLayer, FoldReport, FoldWarning, fold_batchnorm
+from .verification.agreement import IntegerAgreement, SilentNetworkWarning, compare_integer, integer_agreement
+from .passes.fold import FoldedLayer, FoldReport, FoldWarning, fold_batchnorm
 from .backends.files import load_integer, save_integer
-from .backends.nir_graph import to_nir
-from .saturation import (LayerSaturation, SaturationReport, SaturationWarning,
-                         nir_out_of_bounds, saturation_report, widen_membrane_range)
-from .backends.nir_import import NIRImportError, from_nir, simulate_nir
+from .pipeline import to_nir
+from .verification.saturation import (LayerSaturation, SaturationReport, SaturationWarning,
+                                      nir_out_of_bounds, saturation_report)
+from .passes.widen import widen_membrane_range
+from .frontend.nir_import import NIRImportError, from_nir
+from .verification.nir_reference import simulate_nir
 from .backends.c_runtime import CMemory, c_memory, to_c
 from .ir.validation import check_network
 from .backends.nir_consumers import ConsumerRegisterWarning, narrow_registers, shift_flatten_dims

@@ -18,7 +18,8 @@ from .clamping import (
     clamp_by_linear,
     multi_level_spike_count,
 )
-from ._validation import BitWidthTypeError, check_bit_width, compute_dtype, pow2_exponent
+from ._validation import compute_dtype
+from .int_limits import BitWidthTypeError, check_bit_width, pow2_exponent
 from .binary import binary_quantize, ternary_quantize
 from .lsq import lsq_quantize, lsq_quantize_unchecked
 from .rounding import (

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional
 
 import torch
 
+from .int_limits import as_int
+
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _FLOAT_DTYPE_NAMES = "float16, bfloat16, float32 or float64"
-MAX_BITS = 32
 
 # Significand precision (bits, including the implicit one) of each accepted dtype.
 PRECISION_BITS = {torch.float16: 11, torch.bfloat16: 8, torch.float32: 24, torch.float64: 53}
@@ -38,50 +38,10 @@ def is_real_number(value) -> bool:
     return isinstance(value, numbers.Real) and not isinstance(value, bool)
 
 
-class BitWidthTypeError(TypeError, ValueError):
-    """A bit width of the wrong type (a float, a bool, a string): both a ``TypeError`` and a
-    ``ValueError``, so code that catches either sees it."""
-
-
-def check_bit_width(value, name: str = "bits", low: int = 1, high: int = MAX_BITS,
-                    fn: Optional[str] = None) -> int:
-    """Return ``value`` as an ``int`` if it is an integer in ``[low, high]``, else raise
-    ``ValueError`` naming ``name`` (and the function ``fn``, when given) and the value.
-
-    The one bit-width check of snnquant: the functional quantizers, the quantizer modules
-    (:func:`snnquant.nn.quantizers.check_bits` is this function) and
-    :class:`~snnquant.QuantConfig` use it. A value that is not an integer at all (``4.0``,
-    ``True``, ``"8"``) raises :class:`BitWidthTypeError`, which is also a ``TypeError``.
-    """
-    prefix = f"{fn}: " if fn else ""
-    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
-        raise BitWidthTypeError(f"{prefix}{name} must be an int in [{low}, {high}], got {value!r} "
-                                f"({type(value).__name__})")
-    if not low <= int(value) <= high:
-        raise ValueError(f"{prefix}{name} must be an int in [{low}, {high}], got {value!r}")
-    return int(value)
-
-
-def pow2_exponent(x: float) -> Optional[int]:
-    """``e`` when the float ``x`` is exactly :math:`2^e`, else ``None`` (also for non-finite or
-    non-positive ``x``, and for anything that is not a Python float).
-
-    The one power-of-two test of snnquant (quantizer grids, ``quantize_model``'s notes, the
-    integer export).
-    """
-    if not (isinstance(x, float) and math.isfinite(x) and x > 0):
-        return None
-    mantissa, exponent = math.frexp(x)
-    return exponent - 1 if mantissa == 0.5 else None
-
-
 def check_int(fn: str, name: str, value, low=None, high=None) -> int:
     """Return ``value`` as an ``int`` if it is integral (an int or an integral float) and in range."""
-    if is_real_number(value) and math.isfinite(value) and float(value).is_integer():
-        result = int(value)
-    elif isinstance(value, numbers.Integral) and not isinstance(value, bool):
-        result = int(value)
-    else:
+    result = as_int(value, integral_float=True)
+    if result is None:
         raise ValueError(f"{fn}: {name} must be an integer, got {value!r}")
     if (low is not None and result < low) or (high is not None and result > high):
         lo = "-inf" if low is None else low

@@ -6,9 +6,9 @@ import math
 
 import torch
 
+from .int_limits import check_bit_width
 from ._validation import (
     as_tensor_input,
-    check_bit_width,
     check_finite_real,
     check_flag,
     check_float_tensor,

@@ -7,10 +7,10 @@ import numbers
 
 import torch
 
+from .int_limits import check_bit_width
 from ._validation import (
     as_tensor_input,
     bits_argument,
-    check_bit_width,
     check_flag,
     check_float_tensor,
     check_int,

@@ -21,9 +21,11 @@ import torch
 from torch.autograd.function import once_differentiable
 
 from ..functional import compute_dtype
-from ..functional.neuron import NeuronParams, check_real
+from ..functional.neuron import NEURON_KINDS, NeuronParams, check_real
 
-NEURON_CODES = {"if": 0, "lif": 1, "plif": 2}
+#: The kernel source's ``SNQ_NEURON_*`` code of each neuron kind: its place in
+#: :data:`~snnquant.functional.neuron.NEURON_KINDS`.
+NEURON_CODES = {kind: code for code, kind in enumerate(NEURON_KINDS)}
 SURROGATE_CODES = {"Sigmoid": 0, "ATan": 1}
 SUPPORTED_SURROGATES = ("spikingjelly.activation_based.surrogate.Sigmoid",
                         "spikingjelly.activation_based.surrogate.ATan")

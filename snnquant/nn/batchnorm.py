@@ -117,7 +117,7 @@ class _FoldedBatchNormMixin:
                                       unexpected_keys, error_msgs)
         self.__dict__["_frozen_cache"] = bool(self.fold_frozen)
 
-    def _detach(self) -> None:
+    def detach_from_layer(self) -> None:
         """Become the plain BatchNorm again (its parameters and statistics unchanged)."""
         del self._buffers["fold_frozen"]
         del self._modules["folded_bias_quant"]

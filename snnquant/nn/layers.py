@@ -194,7 +194,7 @@ class _QuantLayerMixin:
         re-initialises them from :math:`W` at the next call)."""
         bn = self.__dict__.pop("_folded_bn", None)
         if bn is not None:
-            bn._detach()
+            bn.detach_from_layer()
 
     def _channels(self, t: torch.Tensor) -> torch.Tensor:
         """A per-output-channel vector shaped to broadcast over this layer's output."""

@@ -11,24 +11,15 @@ import os
 from dataclasses import dataclass
 from typing import List, Optional
 
-import numpy as np
 import torch
 import torch.nn as nn
 from spikingjelly.activation_based import base, layer as sj_layer, neuron, surrogate
 
 from .._io import atomic_write
 from ..functional.chip_neurons import surrogate_count
+from ..functional.int_limits import check_int  # noqa: F401  (the chip modules' range check)
 from ..functional.rounding import round as round_ste
 from ..kernels.dispatch import DEFAULT_BACKEND, check_backend_name
-
-
-def check_int(name: str, value, lo: int, hi: int) -> int:
-    """``value`` as an int, or a ``TypeError``/``ValueError`` naming ``name`` and the value."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise TypeError(f"{name} must be an int, got {value!r}")
-    if not lo <= value <= hi:
-        raise ValueError(f"{name} must be in [{lo}, {hi}], got {value}")
-    return int(value)
 
 
 def pow2_step(w: torch.Tensor, hi: int) -> float:
@@ -92,10 +83,10 @@ class ChipLayer(base.MemoryModule):
         #: what runs the ``'m'`` step (:mod:`snnquant.kernels.chip`): ``'auto'``, ``'cpp'``,
         #: ``'cupy'`` or ``'torch'``
         self.backend = check_backend_name(backend)
-        self.in_features = check_int("in_features", in_features, 1, 2 ** 31)
-        self.out_features = check_int("out_features", out_features, 1, 2 ** 31)
-        self.delay = check_int("delay", delay, 0, 1)
-        self.input_max = check_int("input_max", input_max, 1, 2 ** 15)
+        self.in_features = check_int(in_features, 1, 2 ** 31, "in_features")
+        self.out_features = check_int(out_features, 1, 2 ** 31, "out_features")
+        self.delay = check_int(delay, 0, 1, "delay")
+        self.input_max = check_int(input_max, 1, 2 ** 15, "input_max")
         if not (isinstance(weight_step, (int, float)) and not isinstance(weight_step, bool)
                 and weight_step > 0 and math.log2(weight_step).is_integer()):
             raise ValueError(f"weight_step must be a power of two, got {weight_step!r}")

@@ -46,6 +46,7 @@ from spikingjelly.activation_based import neuron
 from ..export.ir.chip_ops import LoihiLayerOp
 from ..functional.chip_neurons import loihi_lif_step
 from ..kernels.chip import loihi_lif_multi_step
+from ..functional.int_limits import int_range
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
                      pow2_step, read_checked_json, refuse, sources, write_checked_json)
 
@@ -89,7 +90,7 @@ class LoihiProfile:
     @property
     def weight_range(self) -> tuple:
         """The range of :math:`W`."""
-        return (-(2 ** (self.weight_bits - 1)), 2 ** (self.weight_bits - 1) - 1)
+        return int_range(self.weight_bits, True)
 
 
 #: Loihi 2 through Lava 0.10's fixed-point CPU models.
@@ -144,11 +145,11 @@ class LoihiLIFLayer(ChipLayer):
                          profile.bias_range if bias else None, 1, 1, surrogate_function,
                          step_mode, backend)
         self.profile = profile
-        self.vth = check_int("vth", vth, *profile.vth_range)
-        self.du = check_int("du", du, *profile.decay_range)
-        self.dv = check_int("dv", dv, *profile.decay_range)
-        self.weight_exp = check_int("weight_exp", weight_exp, *profile.weight_exp_range)
-        self.bias_exp = check_int("bias_exp", bias_exp, *profile.bias_exp_range)
+        self.vth = check_int(vth, *profile.vth_range, "vth")
+        self.du = check_int(du, *profile.decay_range, "du")
+        self.dv = check_int(dv, *profile.decay_range, "dv")
+        self.weight_exp = check_int(weight_exp, *profile.weight_exp_range, "weight_exp")
+        self.bias_exp = check_int(bias_exp, *profile.bias_exp_range, "bias_exp")
         self.register_memory("u", 0.0)
         self.register_memory("v", 0.0)
 

@@ -49,6 +49,7 @@ from spikingjelly.activation_based import layer as sj_layer, neuron
 from ..export.ir.chip_ops import SpeckLayerOp
 from ..functional.chip_neurons import speck_iaf_step, speck_synapse
 from ..kernels.chip import speck_iaf_multi_step
+from ..functional.int_limits import int_range
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, pow2_step, read_checked_json,
                      refuse, sources, write_checked_json)
 
@@ -99,12 +100,12 @@ class SpeckProfile:
     @property
     def weight_range(self) -> tuple:
         """The range of the integer weights."""
-        return (-(2 ** (self.weight_bits - 1)), 2 ** (self.weight_bits - 1) - 1)
+        return int_range(self.weight_bits, True)
 
     @property
     def v_min(self) -> int:
         """The membrane's lower bound, :math:`-2^{15}` (Sinabs' default ``min_v_mem``)."""
-        return -(2 ** (self.state_bits - 1))
+        return int_range(self.state_bits, True)[0]
 
 
 #: Speck 2f through Sinabs 3.1's ``DynapcnnNetwork``.
@@ -167,9 +168,9 @@ class SpeckIAFLayer(ChipLayer):
             raise ValueError(f"in_shape must be (channels, height, width) or (features,), got "
                              f"{in_shape}")
         for i, v in enumerate(in_shape):
-            check_int(f"in_shape[{i}]", v, 1, 2 ** 16)
+            check_int(v, 1, 2 ** 16, f"in_shape[{i}]")
         self.linear = kernel_size is None
-        k = None if self.linear else check_int("kernel_size", kernel_size, 1, 64)
+        k = None if self.linear else check_int(kernel_size, 1, 64, "kernel_size")
         fan_in = in_shape[0] * (in_shape[1] * in_shape[2] if self.linear else k * k)
         super().__init__(fan_in, out_channels, weight_step, profile.weight_range,
                          profile.bias_range if bias else None, 0, input_max, surrogate_function,
@@ -177,13 +178,13 @@ class SpeckIAFLayer(ChipLayer):
         if spike not in ("multi", "single"):
             raise ValueError(f"spike must be 'multi' or 'single', got {spike!r}")
         self.in_shape, self.kernel_size, self.spike, self.profile = in_shape, k, spike, profile
-        self.stride = check_int("stride", stride, 1, 64)
-        self.padding = check_int("padding", padding, 0, 64)
-        self.pool = check_int("pool", pool, 1, 64)
+        self.stride = check_int(stride, 1, 64, "stride")
+        self.padding = check_int(padding, 0, 64, "padding")
+        self.pool = check_int(pool, 1, 64, "pool")
         if self.linear and (stride != 1 or padding != 0 or pool != 1):
             raise ValueError("stride, padding and pool: a Linear layer (kernel_size=None) has "
                              f"none, got stride={stride}, padding={padding}, pool={pool}")
-        self.threshold = check_int("threshold", threshold, *profile.threshold_range)
+        self.threshold = check_int(threshold, *profile.threshold_range, "threshold")
         if not self.linear:
             h, w = (_conv_out(s, k, self.stride, self.padding) for s in in_shape[1:])
             if h < 1 or w < 1:

@@ -51,6 +51,7 @@ from spikingjelly.activation_based import neuron
 from ..export.ir.chip_ops import XyloLayerOp
 from ..functional.chip_neurons import xylo_lif_step
 from ..kernels.chip import xylo_lif_multi_step
+from ..functional.int_limits import int_range
 from ._layer import (ChipLayer, Violation, check_int, chip_layers, linear_neuron_pairs,
                      pow2_step, read_checked_json, refuse, sources, write_checked_json)
 
@@ -99,12 +100,12 @@ class XyloProfile:
     @property
     def state_range(self) -> tuple:
         """The saturation bounds of the synaptic current and the membrane."""
-        return (-(2 ** (self.state_bits - 1)), 2 ** (self.state_bits - 1) - 1)
+        return int_range(self.state_bits, True)
 
     @property
     def weight_range(self) -> tuple:
         """The integer weight range."""
-        return (-(2 ** (self.weight_bits - 1)), 2 ** (self.weight_bits - 1) - 1)
+        return int_range(self.weight_bits, True)
 
 
 #: Xylo Audio 2 (SYNS61201), the chip Rockpool's ``devices.xylo.syns61201`` and ``xylosim.v2``
@@ -167,11 +168,11 @@ class XyloLIFLayer(ChipLayer):
                          profile.max_input_events if input_max is None else input_max,
                          surrogate_function, step_mode, backend)
         self.profile = profile
-        self.threshold = check_int("threshold", threshold, *profile.threshold_range)
-        self.dash_syn = check_int("dash_syn", dash_syn, *profile.dash_range)
-        self.dash_mem = check_int("dash_mem", dash_mem, *profile.dash_range)
-        self.weight_shift = check_int("weight_shift", weight_shift, *profile.weight_shift_range)
-        self.max_spikes = check_int("max_spikes", max_spikes, 1, profile.max_hidden_spikes)
+        self.threshold = check_int(threshold, *profile.threshold_range, "threshold")
+        self.dash_syn = check_int(dash_syn, *profile.dash_range, "dash_syn")
+        self.dash_mem = check_int(dash_mem, *profile.dash_range, "dash_mem")
+        self.weight_shift = check_int(weight_shift, *profile.weight_shift_range, "weight_shift")
+        self.max_spikes = check_int(max_spikes, 1, profile.max_hidden_spikes, "max_spikes")
         self.register_memory("isyn", 0.0)
         self.register_memory("vmem", 0.0)
 

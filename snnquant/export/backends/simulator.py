@@ -24,8 +24,9 @@ from typing import Dict, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from ..ir.description import (NETWORK_INPUT, DescriptionError, FlattenOp, GatherOp, IntegerNetwork,
-                               JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp)
+from ..ir.description import (NETWORK_INPUT, DescriptionError, FlattenOp, IntegerNetwork, JoinOp,
+                              NeuronOp, PoolOp, SynapseOp)
+from ..ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from . import compiled_neuron
 from ..ir.chip_ops import CHIP_OP_TYPES
 from ..ir import integer_ops
@@ -248,7 +249,7 @@ class IntegerSNN:
         if isinstance(op, SynapseOp):
             return self._synapse(op, prm, x.to(prm["dtype"]))
         if isinstance(op, PoolOp):
-            return self._pool(op, x if prm["dtype"] is None else x.to(prm["dtype"]))
+            return self.pool(op, x if prm["dtype"] is None else x.to(prm["dtype"]))
         if isinstance(op, FlattenOp):
             start = op.start_dim + 1 if op.start_dim >= 0 else op.start_dim
             end = op.end_dim + 1 if op.end_dim >= 0 else op.end_dim
@@ -326,11 +327,13 @@ class IntegerSNN:
         return x
 
     @classmethod
-    def _pool(cls, op: PoolOp, x: torch.Tensor) -> torch.Tensor:
+    def pool(cls, op: PoolOp, x: torch.Tensor) -> torch.Tensor:
+        """The integer output ``[N, C, ...]`` of the pooling operation ``op`` on ``x``: a max, or
+        a sum over each window (adaptive windows included), in ``x``'s integer dtype."""
         if op.output_size:
             return cls._adaptive_sum(op, x)
         if op.dims == 1 and x.dim() == 2:  # features of [N, F] (VotingLayer)
-            return cls._pool(op, x.unsqueeze(1)).squeeze(1)
+            return cls.pool(op, x.unsqueeze(1)).squeeze(1)
         if op.kind == "max":
             if op.dims == 2:
                 return F.max_pool2d(x, op.kernel_size, op.stride, op.padding, op.dilation,

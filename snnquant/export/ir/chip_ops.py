@@ -23,6 +23,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
+from ...functional.int_limits import as_int
 from ...functional.chip_neurons import (loihi_lif_step, speck_iaf_step, speck_synapse,
                                         xylo_lif_step)
 
@@ -32,7 +33,7 @@ Problem = Tuple[str, object, str]
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return as_int(v, numpy=False) is not None
 
 
 def _int_problems(op, fields) -> List[Problem]:

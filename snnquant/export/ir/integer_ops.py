@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from ...functional import pow2_exponent  # noqa: F401  (the one power-of-two test)
+from ...functional.int_limits import weight_range
 
 __all__ = ["round_half_even_shift", "pack_int", "unpack_int", "fits_packed", "pow2_exponent",
            "PACKABLE_BITS"]
@@ -91,19 +92,13 @@ def _check_pack_bits(bits) -> int:
     return bits
 
 
-def _value_range(bits: int):
-    if bits == 1:
-        return -1, 1
-    return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-
-
 def fits_packed(values: torch.Tensor, bits: int) -> bool:
     """Whether :func:`pack_int` can pack ``values`` into ``bits`` bits (1: only -1 and +1)."""
     if bits not in PACKABLE_BITS:
         return False
     if values.numel() == 0:
         return True
-    lo, hi = _value_range(bits)
+    lo, hi = weight_range(bits, True)
     if int(values.min()) < lo or int(values.max()) > hi:
         return False
     return bits != 1 or not bool((values == 0).any())
@@ -133,7 +128,7 @@ def pack_int(values: torch.Tensor, bits: int) -> torch.Tensor:
     if not isinstance(values, torch.Tensor) or values.is_floating_point() or values.dtype == torch.bool:
         raise TypeError(f"values must be an integer tensor, got {getattr(values, 'dtype', type(values))}")
     flat = values.detach().reshape(-1).to(torch.int64)
-    lo, hi = _value_range(bits)
+    lo, hi = weight_range(bits, True)
     if flat.numel() and (int(flat.min()) < lo or int(flat.max()) > hi):
         raise ValueError(f"values must lie in [{lo}, {hi}] to pack into {bits} bits, got range "
                          f"[{int(flat.min())}, {int(flat.max())}]")

@@ -24,8 +24,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from ...functional.int_limits import INT64_HEADROOM_BITS
 from . import integer_ops
-from .description import JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp
+from .description import JoinOp, NeuronOp, PoolOp, SynapseOp
+from .transformer_ops import MatMulOp, ReduceOp, ScaleOp
 
 __all__ = ["Instr", "NeuronProgram", "neuron_program", "SynapseRescale", "OPCODES",
            "c_literal", "c_rhe_helper", "SynapseBounds", "synapse_bounds", "pool_range",
@@ -48,7 +50,8 @@ def c_literal(v: int) -> str:
 
 #: The C register types a :class:`NeuronProgram` is printed with: ``(type, helper suffix, bits
 #: of the offset that makes the rounded number non-negative)``.
-_C_WIDTHS = {"int64_t": ("", 62), "int32_t": ("_i32", 30), "int16_t": ("_i16", 14)}
+_C_WIDTHS = {"int64_t": ("", INT64_HEADROOM_BITS), "int32_t": ("_i32", INT64_HEADROOM_BITS - 32),
+             "int16_t": ("_i16", INT64_HEADROOM_BITS - 48)}
 
 
 def c_rhe_helper(prefix: str, c_type: str = "int64_t") -> str:

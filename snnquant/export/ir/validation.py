@@ -36,10 +36,12 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
+from ...functional.int_limits import (FRAC_LIMIT, INT64_HEADROOM_BITS, as_int,
+                                     weight_range)
 from .chip_ops import CHIP_OP_TYPES, SpeckLayerOp
 from .description import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, DescriptionError, FlattenOp,
-                          GatherOp, IntegerNetwork, JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp,
-                          ScaleOp, SynapseOp, check_inputs)
+                          IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_inputs)
+from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from .program import (SynapseRescale, join_bound, join_range, matmul_range, neuron_program,
                       pool_range, reduce_range, scale_range, synapse_bounds)
 
@@ -47,8 +49,7 @@ __all__ = ["DescriptionError", "check_network", "VALUE_LIMIT_BITS"]
 
 #: Every value of a valid network, and every register of a neuron's step, is below
 #: ``2**VALUE_LIMIT_BITS`` in magnitude (head room below int64, as the C runtime keeps).
-VALUE_LIMIT_BITS = 62
-_FRAC_LIMIT = 1022      # 2**-F must be a normal float64
+VALUE_LIMIT_BITS = INT64_HEADROOM_BITS
 
 
 def _fail(i: int, op, field: str, value, why: str) -> DescriptionError:
@@ -62,7 +63,7 @@ def _fail(i: int, op, field: str, value, why: str) -> DescriptionError:
 
 
 def _is_int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    return as_int(v, numpy=False) is not None
 
 
 def _int(i, op, field: str, low: int, high: int) -> int:
@@ -99,16 +100,6 @@ def _int_tensor(i, op, field: str, length: int, low: int, high: int,
     return t
 
 
-def _weight_range(weight: torch.Tensor, bits: int) -> Tuple[int, int]:
-    """The ``bits``-bit integers the weights may be: signed when one is negative, else unsigned;
-    1 bit: -1, 0, +1 (binary and ternary weights)."""
-    if bits == 1:
-        return -1, 1
-    if weight.numel() and int(weight.min()) < 0:
-        return -(1 << (bits - 1)), (1 << (bits - 1)) - 1
-    return 0, (1 << bits) - 1
-
-
 def _check_synapse(i: int, op: SynapseOp, frac: int) -> None:
     n = {"linear": 0, "conv1d": 1, "conv2d": 2}.get(op.kind)
     if n is None:
@@ -120,7 +111,7 @@ def _check_synapse(i: int, op: SynapseOp, frac: int) -> None:
         raise _fail(i, op, "weight", shown, f"it must be a non-empty integer tensor of "
                                             f"{n + 2} dimensions for a {op.kind} layer")
     bits = _int(i, op, "weight_bits", 1, 32)
-    lo, hi = _weight_range(w, bits)
+    lo, hi = weight_range(bits, bool(w.numel()) and int(w.min()) < 0)
     w_lo, w_hi = int(w.min()), int(w.max())
     if w_lo < lo or w_hi > hi:
         raise _fail(i, op, "weight", w, f"it holds {w_lo if w_lo < lo else w_hi}, outside the "
@@ -139,10 +130,10 @@ def _check_synapse(i: int, op: SynapseOp, frac: int) -> None:
         _int_tensor(i, op, "bias", c_out, -(1 << VALUE_LIMIT_BITS), 1 << VALUE_LIMIT_BITS)
     if op.bias_bits is not None:
         _int(i, op, "bias_bits", 1, 64)
-    if _int(i, op, "in_frac_bits", -_FRAC_LIMIT, _FRAC_LIMIT) != frac:
+    if _int(i, op, "in_frac_bits", -FRAC_LIMIT, FRAC_LIMIT) != frac:
         raise _fail(i, op, "in_frac_bits", op.in_frac_bits,
                     f"it must be {frac}, the fractional bits of the value it reads")
-    _int(i, op, "out_frac_bits", -_FRAC_LIMIT, _FRAC_LIMIT)
+    _int(i, op, "out_frac_bits", -FRAC_LIMIT, FRAC_LIMIT)
     if n:
         _ints(i, op, "stride", n, 1, 1 << 30)
         _ints(i, op, "dilation", n, 1, 1 << 30)
@@ -178,11 +169,11 @@ def _check_neuron(i: int, op: NeuronOp, frac: int) -> None:
     if op.exact is True and (m, r) != (1, 0):
         raise _fail(i, op, "exact", op.exact, f"an exact leak has leak_multiplier 1 and "
                                               f"leak_round_shift 0, not {m} and {r}")
-    if _int(i, op, "in_frac_bits", -_FRAC_LIMIT, _FRAC_LIMIT) != frac:
+    if _int(i, op, "in_frac_bits", -FRAC_LIMIT, FRAC_LIMIT) != frac:
         raise _fail(i, op, "in_frac_bits", op.in_frac_bits,
                     f"it must be {frac}, the fractional bits of the current it reads")
     input_shift = _int(i, op, "input_shift", 0, VALUE_LIMIT_BITS)
-    grid_frac = _int(i, op, "grid_frac_bits", -_FRAC_LIMIT, _FRAC_LIMIT)
+    grid_frac = _int(i, op, "grid_frac_bits", -FRAC_LIMIT, FRAC_LIMIT)
     if grid_frac != frac + input_shift:
         raise _fail(i, op, "input_shift", input_shift,
                     f"it must be grid_frac_bits - in_frac_bits = {grid_frac - frac}")
@@ -226,7 +217,7 @@ def _check_join(i: int, op: JoinOp, fracs, ranges) -> None:
     if op.kind not in JOIN_KINDS:
         raise _fail(i, op, "kind", op.kind, f"it must be one of {JOIN_KINDS}")
     shifts = _ints(i, op, "shifts", len(op.inputs), 0, VALUE_LIMIT_BITS)
-    out_frac = _int(i, op, "out_frac_bits", -_FRAC_LIMIT, _FRAC_LIMIT)
+    out_frac = _int(i, op, "out_frac_bits", -FRAC_LIMIT, FRAC_LIMIT)
     if op.kind == "add":
         operand_fracs = [fracs[j] for j in op.inputs]
         if any(f + k != out_frac for f, k in zip(operand_fracs, shifts)):
@@ -386,7 +377,7 @@ def check_network(desc: IntegerNetwork) -> None:
             if len(src) != 2:
                 raise _fail(i, op, "inputs", op.inputs, "a matmul reads two values")
             _int(i, op, "inner", 1, 1 << 40)
-            out_frac = _int(i, op, "out_frac_bits", -_FRAC_LIMIT, _FRAC_LIMIT)
+            out_frac = _int(i, op, "out_frac_bits", -FRAC_LIMIT, FRAC_LIMIT)
             if out_frac != fracs[src[0]] + fracs[src[1]]:
                 raise _fail(i, op, "out_frac_bits", out_frac,
                             f"it must be the operands' {fracs[src[0]]} + {fracs[src[1]]}")

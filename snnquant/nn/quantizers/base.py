@@ -28,6 +28,7 @@ import torch.nn as nn
 from spikingjelly.activation_based import base
 
 from ...functional import check_bit_width
+from ...functional.int_limits import int_range
 
 __all__ = ["Grid", "QuantizerBase", "check_bits", "signed_range"]
 
@@ -37,11 +38,9 @@ __all__ = ["Grid", "QuantizerBase", "check_bits", "signed_range"]
 check_bits = check_bit_width
 
 
-def signed_range(bits: int, signed: bool):
-    r"""``(q_min, q_max)`` of a ``bits``-bit integer: :math:`[-2^{b-1}, 2^{b-1}-1]` or :math:`[0, 2^b-1]`."""
-    if signed:
-        return -(2 ** (bits - 1)), 2 ** (bits - 1) - 1
-    return 0, 2 ** bits - 1
+#: :func:`snnquant.functional.int_limits.int_range` under the name the quantizer modules import:
+#: ``(q_min, q_max)`` of a ``bits``-bit integer.
+signed_range = int_range
 
 
 @dataclass(frozen=True)
@@ -314,10 +313,11 @@ class InitFlagMixin:
             self._init_cache = bool(self.initialized)
         return self._init_cache
 
-    def _set_initialized(self, value: bool = True):
+    def set_initialized(self, value: bool = True):
+        """Record that the quantizer has (or, with ``value=False``, lacks) its statistics."""
         self.initialized.fill_(value)
         self._init_cache = value
 
     def mark_uninitialized(self) -> None:
         """Forget the statistics: the next call initialises them again from its input."""
-        self._set_initialized(False)
+        self.set_initialized(False)

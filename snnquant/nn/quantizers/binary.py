@@ -102,7 +102,7 @@ class _ScaledSignQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
             self.alpha.copy_(values)
         else:
             self.alpha.data = values.clone()
-        self._set_initialized(True)
+        self.set_initialized(True)
 
     @torch.no_grad()
     def initialize(self, x: torch.Tensor) -> None:

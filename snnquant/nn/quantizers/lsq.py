@@ -86,7 +86,7 @@ class LSQQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys,
                                       unexpected_keys, error_msgs)
         if key in state_dict:
-            self._set_initialized(True)
+            self.set_initialized(True)
 
     def _reduce_dims(self, x):
         return [d for d in range(x.dim()) if d != self.channel_dim % x.dim()]
@@ -118,7 +118,7 @@ class LSQQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
             self.step.copy_(init)
         else:
             self.step.data = init
-        self._set_initialized(True)
+        self.set_initialized(True)
 
     def effective_step(self) -> torch.Tensor:
         r"""The step used in forward (rounded to a power of two when ``power_of_two``).
@@ -166,7 +166,7 @@ class LSQQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
             self.step.copy_(step)
         else:
             self.step.data = step.clone()
-        self._set_initialized(True)
+        self.set_initialized(True)
 
     def freeze(self) -> None:
         """Stop learning the step (``requires_grad=False``)."""

@@ -100,7 +100,7 @@ class MinMaxObserver(InitFlagMixin, ConfigCheckMixin, nn.Module):
         if not self.is_initialized:
             self.min_val.data = torch.where(torch.isfinite(lo), lo, torch.zeros_like(lo))
             self.max_val.data = torch.where(torch.isfinite(hi), hi, torch.zeros_like(hi))
-            self._set_initialized(True)
+            self.set_initialized(True)
         else:
             m = self.momentum
             # a step (or channel) without finite values leaves its range as it is
@@ -290,7 +290,7 @@ class MinMaxQuantizer(ConfigCheckMixin, QuantizerBase):
         if not obs.per_channel:
             lo, hi = lo.reshape(()), hi.reshape(())
         obs.min_val.data, obs.max_val.data = lo.clone(), hi.clone()
-        obs._set_initialized(True)
+        obs.set_initialized(True)
 
     def freeze(self) -> None:
         """Stop following data in training (a Python flag, not saved in ``state_dict``)."""

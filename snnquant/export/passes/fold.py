@@ -15,11 +15,11 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.nn as nn
 
-from ..capture import FoldPlan, charged_neuron, is_synapse, plan_folding
-from ..utils import copy_model
+from ...capture import FoldPlan, charged_neuron, is_synapse, plan_folding
+from ...utils import copy_model
 
-from .ir.description import ExportError
-from .ir.integer_ops import pow2_exponent
+from ..ir.description import ExportError
+from ..ir.integer_ops import pow2_exponent
 
 __all__ = ["fold_batchnorm", "FoldWarning", "FoldReport", "FoldedLayer"]
 
@@ -87,7 +87,7 @@ def _next_membrane_step(plan: FoldPlan, modules, name: str) -> Optional[float]:
 
 def _grid_bias_quantizer(name: str, layer, membrane_step: Optional[float], bias_bits):
     """Give ``layer`` a bias quantizer on the power-of-two grid min(s_w, s_v)."""
-    from ..nn.quantizers import UniformQuantizer
+    from ...nn.quantizers import UniformQuantizer
     candidates = [s for s in (_weight_step(layer), membrane_step) if s is not None]
     if not candidates:
         layer.bias_quant = None
@@ -450,7 +450,7 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
             innermost submodule, its class, and the file and line).
     """
     from spikingjelly.activation_based import functional as sjf
-    from ..nn.quantizers import check_bits
+    from ...nn.quantizers import check_bits
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")

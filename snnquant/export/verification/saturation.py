@@ -16,8 +16,10 @@ from typing import List, Tuple
 import torch
 import torch.nn as nn
 
+from ..passes.widen import quantized_neurons
+
 __all__ = ["LayerSaturation", "SaturationReport", "saturation_report", "SaturationWarning",
-           "widen_membrane_range", "nir_out_of_bounds"]
+           "nir_out_of_bounds"]
 
 
 class SaturationWarning(UserWarning):
@@ -76,17 +78,11 @@ class SaturationReport:
         return "\n".join(lines)
 
 
-def _quantized_neurons(model: nn.Module):
-    # a neuron with a membrane quantizer, as calibrate finds them (no private class asked for)
-    return [(n, m) for n, m in model.named_modules()
-            if getattr(m, "v_quant", None) is not None and hasattr(m, "v_threshold")]
-
-
 def _charge(module, prev, xs, vr_q):
     """The float charge :math:`H` of a quantized neuron layer, its leak read as the registry's
     neuron kind says (as :func:`~snnquant.export.to_integer` reads it)."""
-    from ..functional.neuron import neuron_charge
-    from ..nn import registry
+    from ...functional.neuron import neuron_charge
+    from ...nn import registry
     kind = registry.neuron_kind(module)
     if kind.leak is None:
         return neuron_charge("if", prev, xs, None, None, True, vr_q)
@@ -129,9 +125,9 @@ def saturation_report(model: nn.Module, data: torch.Tensor) -> SaturationReport:
             quantizer has no uniform per-tensor grid (the layer is named).
     """
     from spikingjelly.activation_based import functional as sjf
-    from ..functional.neuron import membrane_reset_values
-    from ..nn import registry
-    from ..utils import copy_model, is_multi_step
+    from ...functional.neuron import membrane_reset_values
+    from ...nn import registry
+    from ...utils import copy_model, is_multi_step
 
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
@@ -144,7 +140,7 @@ def saturation_report(model: nn.Module, data: torch.Tensor) -> SaturationReport:
     if not data.is_floating_point():
         fp = [t.dtype for t in work.parameters() if t.is_floating_point()]
         data = data.to(fp[0] if fp else torch.get_default_dtype())
-    neurons = _quantized_neurons(work)
+    neurons = quantized_neurons(work)
     if not neurons:
         raise ValueError("model has no quantized neuron (a neuron with a membrane quantizer)")
     for name, m in neurons:
@@ -258,7 +254,7 @@ def nir_out_of_bounds(graph, data: torch.Tensor):
         ``(layers, in_bounds)``: the saturating layers in words (name and % of neuron steps),
         and a bool tensor ``[N]``, True for the samples that stay in bounds everywhere.
     """
-    from .backends.nir_import import simulate_nir
+    from .nir_reference import simulate_nir
     if not isinstance(data, torch.Tensor) or data.dim() < 2:
         got = tuple(data.shape) if isinstance(data, torch.Tensor) else type(data).__name__
         raise ValueError(f"data must be a tensor [T, N, ...], got {got}")
@@ -277,55 +273,3 @@ def nir_out_of_bounds(graph, data: torch.Tensor):
                           f"({100 * float(out.double().mean()):.2f}% of neuron steps)")
             bad |= out.reshape(out.shape[0], out.shape[1], -1).any(dim=2).any(dim=0)
     return layers, ~bad
-
-
-def widen_membrane_range(model: nn.Module, extra_bits: int) -> nn.Module:
-    r"""A copy of ``model`` whose membrane grids keep their step and gain ``extra_bits`` bits.
-
-    .. math::
-
-        s' = s,\qquad [q'_{min}, q'_{max}] = [-2^{b + e - 1}, 2^{b + e - 1} - 1]
-
-    for a neuron whose membrane grid has :math:`2^b` levels of step :math:`s` and
-    :math:`e` = ``extra_bits``: the range is :math:`2^e` times wider on both sides (headroom
-    below zero for inhibited membranes, above for strongly driven ones) with the same resolution
-    and the same power-of-two step, so spikes change only where the old grid saturated. This is
-    the configuration with which NIR consumers reproduce the integer network (see the guide
-    "NIR: export, import and interoperability"): with enough headroom no membrane reaches
-    :math:`v_{min}` or :math:`v_{max}` (check with :func:`saturation_report`).
-
-    Args:
-        model: a quantized network; every quantized neuron's membrane quantizer must have a
-            uniform per-tensor grid (initialised).
-        extra_bits: bits to add, an int in ``[1, 24]``; the result may not exceed 32 bits.
-
-    Returns:
-        The widened copy (each such membrane quantizer replaced by a
-        :class:`~snnquant.nn.UniformQuantizer`).
-
-    Raises:
-        ValueError: bad ``extra_bits``; a membrane grid that is not uniform per tensor or would
-            exceed 32 bits (the layer is named).
-    """
-    import math
-    from spikingjelly.activation_based import functional as sjf
-    from ..nn.quantizers import UniformQuantizer
-    from ..utils import copy_model
-
-    if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if isinstance(extra_bits, bool) or not isinstance(extra_bits, int) or not 1 <= extra_bits <= 24:
-        raise ValueError(f"extra_bits must be an int in [1, 24], got {extra_bits!r}")
-    work = copy_model(model)
-    for name, m in _quantized_neurons(work):
-        grid = m.v_quant.grid()
-        if grid is None or not grid.per_tensor or grid.step is None:
-            raise ValueError(f"layer {name!r}: its membrane quantizer {type(m.v_quant).__name__} "
-                             f"has no uniform per-tensor grid to widen")
-        bits = math.ceil(math.log2(grid.qmax - grid.qmin + 1)) + extra_bits
-        if bits > 32:
-            raise ValueError(f"layer {name!r}: {bits - extra_bits}-bit membrane + extra_bits="
-                             f"{extra_bits} is over 32 bits")
-        m.v_quant = UniformQuantizer(bits, step=float(grid.step.detach())).to(grid.step.device)
-    sjf.invalidate_reset_cache(work)
-    return work

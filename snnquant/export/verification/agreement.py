@@ -13,11 +13,11 @@ from typing import Dict, List, Optional
 import torch
 import torch.nn as nn
 
-from ..utils import copy_model, is_multi_step
+from ...utils import copy_model, is_multi_step
 
-from .ir.description import IntegerNetwork
-from .exporter import to_integer
-from .backends.simulator import IntegerSNN
+from ..ir.description import IntegerNetwork
+from ..frontend.torch_model import to_integer
+from ..backends.simulator import IntegerSNN
 
 __all__ = ["IntegerAgreement", "SilentNetworkWarning", "compare_integer", "integer_agreement",
            "run_float_reference"]

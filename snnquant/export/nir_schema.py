@@ -1,6 +1,0 @@
-"""Moved to :mod:`snnquant.export.backends.nir_schema`; this path stays importable and is that module."""
-import sys
-
-from .backends import nir_schema as _module
-
-sys.modules[__name__] = _module
