@@ -20,6 +20,7 @@ from .nn.quantizers import (MEMBRANE_QUANTIZERS, BinaryQuantizer, LSQQuantizer, 
                             QuantizedBits, TernaryQuantizer, WeightGridBiasQuantizer,
                             make_membrane_quantizer)
 from .capture import charged_neuron, plan_folding
+from .capture.plan import NEEDS_EXAMPLE_INPUT
 from .nn import registry
 from .nn.batchnorm import foldable_batchnorm
 from .utils import copy_model
@@ -379,7 +380,6 @@ def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: 
         else:
             layer.attach_batchnorm(bn, cfg.bias_bits, charged_neuron(plan, modules, synapse_name))
             report.folded.append((synapse_name, bn_name))
-    from .export.passes.fold import NEEDS_EXAMPLE_INPUT
     missed = {}
     for bn_name, reason in why.items():
         if bn_name in modules and config.for_module(bn_name).fold_batchnorm:

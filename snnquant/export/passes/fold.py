@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from ...capture import FoldPlan, charged_neuron, is_synapse, plan_folding
+from ...capture.plan import NEEDS_EXAMPLE_INPUT
 from ...utils import copy_model
 
 from ..ir.description import ExportError
@@ -314,12 +315,6 @@ def _report(original: nn.Module, folded: nn.Module, plan: FoldPlan, before, modu
             f.output_change = float((a - b).abs().max()) if a.numel() and a.shape == b.shape \
                 else 0.0
     return report
-
-
-#: What the FoldWarning names for a BatchNorm that did not train folded because
-#: :func:`~snnquant.quantize_model` had no ``example_input`` (quantize_model records it).
-NEEDS_EXAMPLE_INPUT = ("pass example_input=x to quantize_model (torch.fx could not trace the "
-                       "module that holds the BatchNorm; a run finds it), then train again")
 
 
 def _missed_step(model: nn.Module, plan) -> str:
