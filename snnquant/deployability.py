@@ -33,7 +33,7 @@ from .export import ExportError, fold_batchnorm, to_integer, to_nir
 from .export.backends.nir_graph import nir_refusals
 from .export.frontend.deploy_checks import (accumulator_fix, exact_leak_shift,
                                             nearest_exact_tau, tau_refusal)
-from .export.frontend.torch_model import LEAK_BITS_RANGE, input_max_of
+from .export.frontend.torch_model import check_input_max_and_leak_bits, input_max_of
 from .nn import registry
 from .utils import copy_model, is_multi_step
 
@@ -295,13 +295,7 @@ def _report(model, example_input, chip, profile, input_max, reference_dtype, lea
     """:func:`deployability_report` on checked arguments."""
     if chip in ("xylo", "loihi", "speck"):
         return _chip_report(model, chip, profile, example_input)
-    if input_max is not None and (isinstance(input_max, bool) or not isinstance(input_max, int)
-                                  or input_max < 1):
-        raise ValueError(f"input_max must be None or an int >= 1, got {input_max!r}")
-    lo, hi = LEAK_BITS_RANGE
-    if leak_bits is not None and (isinstance(leak_bits, bool) or not isinstance(leak_bits, int)
-                                  or not lo <= leak_bits <= hi):
-        raise ValueError(f"leak_bits must be None or an int in [{lo}, {hi}], got {leak_bits!r}")
+    check_input_max_and_leak_bits(input_max, leak_bits)
     if reference_dtype is None:
         fp = [t.dtype for t in model.parameters() if t.is_floating_point()]
         reference_dtype = fp[0] if fp else torch.float32

@@ -2,6 +2,7 @@
 training is said before it, with the fix, by the export's own checks; the input_max default;
 the one-call float output of the integer network."""
 
+import functools
 import warnings
 
 import pytest
@@ -39,19 +40,16 @@ def _zoo():
     }
 
 
+@functools.lru_cache(maxsize=None)
+def _zoo_deploy():
+    from conftest import load_script
+    return load_script("benchmarks/zoo_deploy.py", "zoo_deploy_deployability")
+
+
 def _keep_spiking(net):
-    """Kaiming weights and BatchNorm statistics of one batch (as benchmarks/zoo_deploy.py), so
-    that every layer spikes and the agreement checks something."""
-    for m in net.modules():
-        if isinstance(m, (nn.Conv1d, nn.Conv2d, nn.Linear)):
-            nn.init.kaiming_normal_(m.weight, mode="fan_in", nonlinearity="relu")
-        elif isinstance(m, nn.modules.batchnorm._BatchNorm):
-            m.momentum = None
-            if m.affine:
-                if not bool(m.weight.any()):
-                    nn.init.constant_(m.weight, 0.5)
-                nn.init.constant_(m.bias, 1.0)
-    return net
+    """Kaiming weights and BatchNorm statistics of one batch (benchmarks/zoo_deploy.py's
+    keep_spiking), so that every layer spikes and the agreement checks something."""
+    return _zoo_deploy().keep_spiking(net)
 
 
 def _build(build, **fixes):

@@ -86,6 +86,19 @@ def _input_max_said(input_max, source, graph) -> str:
 LEAK_BITS_RANGE = (1, 32)
 
 
+def check_input_max_and_leak_bits(input_max, leak_bits) -> None:
+    """Refuse an ``input_max`` other than ``None`` or an int >= 1, and a ``leak_bits`` other than
+    ``None`` or an int in :data:`LEAK_BITS_RANGE` (``ValueError`` naming the argument and the
+    value): :func:`to_integer`'s checks, which the deployability report makes too."""
+    if input_max is not None and (isinstance(input_max, bool) or not isinstance(input_max, int)
+                                  or input_max < 1):
+        raise ValueError(f"input_max must be None or an int >= 1, got {input_max!r}")
+    lo, hi = LEAK_BITS_RANGE
+    if leak_bits is not None and (isinstance(leak_bits, bool) or not isinstance(leak_bits, int)
+                                  or not lo <= leak_bits <= hi):
+        raise ValueError(f"leak_bits must be None or an int in [{lo}, {hi}], got {leak_bits!r}")
+
+
 def _chip_network(model: nn.Module) -> IntegerNetwork:
     """The :class:`IntegerNetwork` of a chip network: an ``nn.Sequential`` of chip layers (each
     with an ``integer_op``), one operation per layer (:mod:`~snnquant.export.ir.chip_ops`)."""
@@ -237,13 +250,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     if reference_dtype not in MANTISSA_BITS:
         raise ValueError(f"reference_dtype must be torch.float32 or torch.float64, got "
                          f"{reference_dtype!r}")
-    if input_max is not None and (isinstance(input_max, bool) or not isinstance(input_max, int)
-                                  or input_max < 1):
-        raise ValueError(f"input_max must be None or an int >= 1, got {input_max!r}")
-    lo, hi = LEAK_BITS_RANGE
-    if leak_bits is not None and (isinstance(leak_bits, bool) or not isinstance(leak_bits, int)
-                                  or not lo <= leak_bits <= hi):
-        raise ValueError(f"leak_bits must be None or an int in [{lo}, {hi}], got {leak_bits!r}")
+    check_input_max_and_leak_bits(input_max, leak_bits)
     if input_shape is not None:
         input_shape = check_input_shape(input_shape)
     p = MANTISSA_BITS[reference_dtype]

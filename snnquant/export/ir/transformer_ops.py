@@ -16,8 +16,16 @@ import torch
 __all__ = ["GatherOp", "ReduceOp", "MatMulOp", "ScaleOp"]
 
 
+class Stateless:
+    """What these operations share: no membrane, so no leak to describe."""
+
+    def leak_text(self) -> str:  # pragma: no cover
+        """The empty text (a neuron operation's says its leak)."""
+        return ""
+
+
 @dataclass
-class GatherOp:
+class GatherOp(Stateless):
     r"""A layout operation as an index map: reshape, transpose, permute, a slice (``chunk``,
     ``x[..., a:b]``), a broadcast, and any chain of them, composed into one map at export.
 
@@ -44,12 +52,9 @@ class GatherOp:
 
     op_type = "gather"
 
-    def leak_text(self) -> str:  # pragma: no cover
-        return ""
-
 
 @dataclass
-class ReduceOp:
+class ReduceOp(Stateless):
     r"""The sum over per-sample dimensions ``dims`` (0 = first dimension after batch), standing
     for a sum (``frac_bits_added`` 0) or a mean over :math:`2^a` values (``frac_bits_added``
     :math:`a`: the output units gain :math:`a` fractional bits):
@@ -78,12 +83,9 @@ class ReduceOp:
 
     op_type = "reduce"
 
-    def leak_text(self) -> str:  # pragma: no cover
-        return ""
-
 
 @dataclass
-class MatMulOp:
+class MatMulOp(Stateless):
     r"""The matrix product of two integer tensors (a spiking attention's :math:`Q K^\top` and
     :math:`(Q K^\top) V` as counts), per sample, leading dimensions broadcast as in
     ``torch.matmul``:
@@ -115,12 +117,9 @@ class MatMulOp:
         if len(self.inputs) != 2:
             raise ValueError(f"a matmul reads two values, got inputs={self.inputs!r}")
 
-    def leak_text(self) -> str:  # pragma: no cover
-        return ""
-
 
 @dataclass
-class ScaleOp:
+class ScaleOp(Stateless):
     r"""Multiplication by the constant :math:`2^k` (Spikformer's attention scale 0.125 is
     :math:`k = -3`): for :math:`k \le 0` the integers are unchanged and gain :math:`-k`
     fractional bits; for :math:`k > 0` they are shifted left, :math:`y = x \ll k`.
@@ -136,6 +135,3 @@ class ScaleOp:
     inputs: Tuple[int, ...] = ()
 
     op_type = "scale"
-
-    def leak_text(self) -> str:  # pragma: no cover
-        return ""
