@@ -79,6 +79,44 @@ def _float_convolution_allowed(depthwise: bool) -> bool:
     return not depthwise or platform.machine().lower() in ("x86_64", "amd64")
 
 
+def _matmul(op: MatMulOp, prm, xs) -> torch.Tensor:
+    """:math:`a b` per sample (``[T*N, ..., M, K] @ [T*N, ..., K, L]``) in int64."""
+    a, b = (x.to(prm["dtype"]) for x in xs)
+    if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != op.inner or b.shape[-2] != op.inner:
+        raise ValueError(f"it multiplies samples of shapes {tuple(a.shape[1:])} and "
+                         f"{tuple(b.shape[1:])}, not over {op.inner} values")
+    return torch.matmul(a, b)
+
+
+def _join(op: JoinOp, prm, xs) -> torch.Tensor:
+    r"""``'add'``: :math:`\sum_i x_i 2^{\sigma_i}`; ``'and'``: :math:`x_0 x_1`; ``'iand'``:
+    :math:`x_0 (1 - x_1)`."""
+    xs = [x.to(prm["dtype"]) for x in xs]
+    if op.kind == "and":
+        return xs[0] * xs[1]
+    if op.kind == "iand":
+        return xs[0] * (1 - xs[1])
+    out = xs[0] * (1 << op.shifts[0])
+    for x, k in zip(xs[1:], op.shifts[1:]):
+        out = out + x * (1 << k)
+    return out
+
+
+def _adaptive_sum(op: PoolOp, x: torch.Tensor) -> torch.Tensor:
+    """Sum over PyTorch's adaptive windows, one spatial dimension after the other."""
+    for axis, (size_out, width) in enumerate(zip(op.output_size, op.kernel_size)):
+        dim = x.dim() - op.dims + axis
+        size_in = x.shape[dim]
+        windows = adaptive_windows(size_in, size_out)
+        if any(b - a != width for a, b in windows):
+            raise ValueError(f"layer {op.name!r}: adaptive pooling of size {size_in} to "
+                             f"{size_out} has windows other than the {width} elements it was "
+                             f"exported for; use the input size given to to_integer")
+        index = torch.tensor([a for a, _ in windows], dtype=torch.int64, device=x.device)
+        x = sum(x.index_select(dim, index + j) for j in range(width))
+    return x
+
+
 class IntegerSNN:
     r"""Run an :class:`~snnquant.export.IntegerNetwork` in exact integer arithmetic.
 
@@ -288,50 +326,12 @@ class IntegerSNN:
             return acc
         return prm["rescale"].apply(acc, prm["out_dtype"])
 
-    @staticmethod
-    def _matmul(op: MatMulOp, prm, xs) -> torch.Tensor:
-        """:math:`a b` per sample (``[T*N, ..., M, K] @ [T*N, ..., K, L]``) in int64."""
-        a, b = (x.to(prm["dtype"]) for x in xs)
-        if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != op.inner or b.shape[-2] != op.inner:
-            raise ValueError(f"it multiplies samples of shapes {tuple(a.shape[1:])} and "
-                             f"{tuple(b.shape[1:])}, not over {op.inner} values")
-        return torch.matmul(a, b)
-
-    @staticmethod
-    def _join(op: JoinOp, prm, xs) -> torch.Tensor:
-        r"""``'add'``: :math:`\sum_i x_i 2^{\sigma_i}`; ``'and'``: :math:`x_0 x_1`; ``'iand'``:
-        :math:`x_0 (1 - x_1)`."""
-        xs = [x.to(prm["dtype"]) for x in xs]
-        if op.kind == "and":
-            return xs[0] * xs[1]
-        if op.kind == "iand":
-            return xs[0] * (1 - xs[1])
-        out = xs[0] * (1 << op.shifts[0])
-        for x, k in zip(xs[1:], op.shifts[1:]):
-            out = out + x * (1 << k)
-        return out
-
-    @staticmethod
-    def _adaptive_sum(op: PoolOp, x: torch.Tensor) -> torch.Tensor:
-        """Sum over PyTorch's adaptive windows, one spatial dimension after the other."""
-        for axis, (size_out, width) in enumerate(zip(op.output_size, op.kernel_size)):
-            dim = x.dim() - op.dims + axis
-            size_in = x.shape[dim]
-            windows = adaptive_windows(size_in, size_out)
-            if any(b - a != width for a, b in windows):
-                raise ValueError(f"layer {op.name!r}: adaptive pooling of size {size_in} to "
-                                 f"{size_out} has windows other than the {width} elements it was "
-                                 f"exported for; use the input size given to to_integer")
-            index = torch.tensor([a for a, _ in windows], dtype=torch.int64, device=x.device)
-            x = sum(x.index_select(dim, index + j) for j in range(width))
-        return x
-
     @classmethod
     def pool(cls, op: PoolOp, x: torch.Tensor) -> torch.Tensor:
         """The integer output ``[N, C, ...]`` of the pooling operation ``op`` on ``x``: a max, or
         a sum over each window (adaptive windows included), in ``x``'s integer dtype."""
         if op.output_size:
-            return cls._adaptive_sum(op, x)
+            return _adaptive_sum(op, x)
         if op.dims == 1 and x.dim() == 2:  # features of [N, F] (VotingLayer)
             return cls.pool(op, x.unsqueeze(1)).squeeze(1)
         if op.kind == "max":
@@ -437,9 +437,9 @@ class IntegerSNN:
         for i, (op, prm) in enumerate(zip(self.desc.ops, plan)):
             src = self.desc.op_inputs(i)
             if isinstance(op, JoinOp):
-                y = self._join(op, prm, [values[j] for j in src])
+                y = _join(op, prm, [values[j] for j in src])
             elif isinstance(op, MatMulOp):
-                y = self._matmul(op, prm, [values[j] for j in src])
+                y = _matmul(op, prm, [values[j] for j in src])
             elif isinstance(op, CHIP_OP_TYPES):
                 x = values[src[0]]
                 try:
@@ -535,9 +535,9 @@ def _op_shapes(sim: IntegerSNN, input_shape) -> list:
                 if len({tuple(x.shape) for x in xs}) != 1:
                     raise ValueError(f"the operands have the shapes "
                                      f"{[tuple(x.shape[1:]) for x in xs]}")
-                y = sim._join(op, prm, xs)
+                y = _join(op, prm, xs)
             elif isinstance(op, MatMulOp):
-                y = sim._matmul(op, prm, xs)
+                y = _matmul(op, prm, xs)
             elif isinstance(op, NeuronOp):
                 y = xs[0]
             elif isinstance(op, CHIP_OP_TYPES):
