@@ -88,7 +88,12 @@ def deploy(bench, model, x_example, seed: int, crop_input: bool) -> dict:
     x = prep(x_example)
     folded = fold_batchnorm(model.eval(), example_input=x)
     functional.reset_net(folded)
-    desc = to_integer(folded, example_input=x)
+    # exact up to the largest count of the data (uncropped: at least the cropped one); the
+    # default from example_input would be that of these few samples, and the simulator refuses
+    # larger inputs
+    from snnquant.cli.zoo import data_input_max
+    largest = max(data_input_max(bench.train_set), data_input_max(bench.test_set))
+    desc = to_integer(folded, example_input=x, input_max=largest)
     sim = IntegerSNN(desc, synapse_arithmetic="auto")
     args = bench.args_for(seed)
     _, loader = bench.ex.make_loaders(bench.train_set, bench.test_set, args, 0, 1, 0)

@@ -19,13 +19,15 @@ __all__ = ["__version__", "functional", "nn", "QuantConfig", "QuantReport", "qua
            "freeze_batchnorm", "summary", "Summary", "copy_model", "is_multi_step", "save_checkpoint",
            "load_checkpoint", "calibrate", "CalibrationReport", "firing_rates", "FiringRate",
            "FiringRateWarning", "sensitivity",
-           "SensitivityResult", "assign_bits", "export", "datasets", "kernels"]
+           "SensitivityResult", "assign_bits", "export", "datasets", "kernels",
+           "deployability"]
 
-_LAZY = ("export", "datasets", "kernels")
+_LAZY = ("export", "datasets", "kernels", "deployability")
 
 
 def __getattr__(name):
-    # heavy or optional parts load on first use: snnquant.export, snnquant.datasets, snnquant.kernels
+    # heavy or optional parts load on first use: snnquant.export, snnquant.datasets,
+    # snnquant.kernels, snnquant.deployability
     if name in _LAZY:
         import importlib
         return importlib.import_module(f".{name}", __name__)

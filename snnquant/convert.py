@@ -20,6 +20,7 @@ from .nn.quantizers import (MEMBRANE_QUANTIZERS, BinaryQuantizer, LSQQuantizer, 
                             QuantizedBits, TernaryQuantizer, WeightGridBiasQuantizer,
                             make_membrane_quantizer)
 from .capture import charged_neuron, plan_folding
+from .capture.plan import NEEDS_EXAMPLE_INPUT
 from .nn import registry
 from .nn.batchnorm import foldable_batchnorm
 from .utils import copy_model
@@ -213,6 +214,10 @@ class QuantReport:
             and kind (``"0: 2 forward hooks (record, log) moved to QuantLinear"``); forward
             pre-hooks and hooks, and backward pre-hooks and hooks, keep their order and the
             handles that registered them.
+        deployability: with ``example_input``, the
+            :class:`~snnquant.deployability.DeployReport` for ``destination``: every reason the
+            trained network would be refused, each with its fix (``None`` without
+            ``example_input`` or with ``destination=None``).
     """
     replaced: List[ReplacedModule] = field(default_factory=list)
     skipped: List[SkippedModule] = field(default_factory=list)
@@ -220,6 +225,7 @@ class QuantReport:
     notes: List[str] = field(default_factory=list)
     folded: List[tuple] = field(default_factory=list)
     hooks: List[str] = field(default_factory=list)
+    deployability: Optional[object] = None
 
     def __str__(self):
         same = {n: group[0] for group in self.shared for n in group[1:]}
@@ -231,6 +237,8 @@ class QuantReport:
         lines += [f"  {bn}: folded into {syn} during training" for syn, bn in self.folded]
         lines += [f"note: {n}" for n in self.notes]
         lines += [f"hooks: {h}" for h in self.hooks]
+        if self.deployability is not None:
+            lines.append(str(self.deployability))
         return "\n".join(lines)
 
 
@@ -372,6 +380,27 @@ def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: 
         else:
             layer.attach_batchnorm(bn, cfg.bias_bits, charged_neuron(plan, modules, synapse_name))
             report.folded.append((synapse_name, bn_name))
+    missed = {}
+    for bn_name, reason in why.items():
+        if bn_name in modules and config.for_module(bn_name).fold_batchnorm:
+            # what fold_batchnorm's FoldWarning names as the step that was missed
+            needs_run = example_input is None and "whose forward was not captured" in reason
+            modules[bn_name]._snnquant_fold_missed = (
+                NEEDS_EXAMPLE_INPUT if needs_run else f"it could not train folded: {reason}")
+            if needs_run:
+                missed[bn_name] = _layer_before(modules, bn_name)
+        elif bn_name in modules:
+            modules[bn_name]._snnquant_fold_missed = (
+                "train with QuantConfig(fold_batchnorm=True) (the default) so that folding "
+                "changes nothing")
+    if missed:
+        pairs = ", ".join(f"{syn!r} -> {bn!r}" if syn else repr(bn) for bn, syn in missed.items())
+        warnings.warn(f"quantize_model: {len(missed)} BatchNorm(s) will not train folded, "
+                      f"because torch.fx cannot trace the modules that hold them without a run: "
+                      f"{pairs}. Pass example_input=x (one input batch, [T, N, ...] in "
+                      f"multi-step mode) to quantize_model so that they are found from a run and "
+                      f"train folded; otherwise fold_batchnorm folds them after training, which "
+                      f"changes the network at low bits", UserWarning, stacklevel=3)
     folded = {bn for _, bn in report.folded}
     kept = []
     for entry in report.skipped:
@@ -382,6 +411,19 @@ def _fold_batchnorms_in_training(model: nn.Module, config: QuantConfig, report: 
                                           f"{why[entry.name]}")
         kept.append(entry)
     report.skipped[:] = kept
+
+
+def _layer_before(modules, bn_name: str) -> Optional[str]:
+    """The synaptic layer registered right before BatchNorm ``bn_name`` in the same parent (the
+    layer it most likely normalises), or None."""
+    parent = bn_name.rpartition(".")[0]
+    before = None
+    for name, m in modules.items():
+        if name == bn_name:
+            return before
+        if name.rpartition(".")[0] == parent and registry.layer_kind(m) is not None:
+            before = name
+    return None
 
 
 def _plif_note(name: str, module) -> Optional[str]:
@@ -631,7 +673,7 @@ def _quantize_for_chip(model: nn.Module, profile, inplace: bool, example_input):
 
 
 def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inplace: bool = False,
-                   example_input=None):
+                   example_input=None, destination="c"):
     r"""Replace the supported layers and neurons of ``model`` by quantized ones.
 
     ``nn.Linear/Conv1d/Conv2d`` (and SpikingJelly's ``layer.*`` versions) become
@@ -676,7 +718,19 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
             (:func:`~snnquant.capture.capture`), which follows shape checks in ``forward`` and
             blocks in ``nn.ModuleList`` (spiking transformers); without it, torch.fx symbolic
             tracing, whose refusals are in ``report.skipped``. Pass the same input to
-            :func:`~snnquant.export.fold_batchnorm`.
+            :func:`~snnquant.export.fold_batchnorm`. With it, ``report.deployability`` says
+            before training what the export would refuse after it (below). Without it, on a
+            network whose BatchNorms need a run to be found, a ``UserWarning`` names the
+            pairs and asks for ``example_input=x``.
+        destination: what the deployability report checks for (with ``example_input`` only):
+            ``'c'`` (default; the same as ``'integer'``), ``'integer'``, ``'nir'``, ``'xylo'``,
+            ``'loihi'``, ``'speck'`` (a chip profile as ``config`` checks its own), or ``None``
+            (no report). :func:`~snnquant.deployability.deployability_report` runs the checks
+            :func:`~snnquant.export.to_integer`, :func:`~snnquant.export.to_nir` and the chips run
+            (leaks, means over time and over values, accumulator bounds at the largest value of
+            ``example_input``, BatchNorms that do not train folded, operations NIR has no node
+            for, chip limits), each blocker with its fix; a
+            :class:`~snnquant.deployability.DeployabilityWarning` lists them.
 
     Returns:
         ``(quantized_model, report)``, a :class:`QuantReport`. Nothing is silently ignored: every
@@ -694,6 +748,13 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
         raise TypeError(f"config must be a QuantConfig or a chip profile of snnquant.targets, got "
                         f"{type(config).__name__}")
     config.validate()
+    if destination is not None:
+        from .deployability import DESTINATIONS
+        if not (isinstance(destination, str) and destination in DESTINATIONS) and \
+                not hasattr(destination, "quantize_network"):
+            raise ValueError(f"destination must be one of {DESTINATIONS}, a chip profile or None, "
+                             f"got {destination!r}")
+    source = model
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if not inplace:
@@ -759,5 +820,11 @@ def quantize_model(model: nn.Module, config: Optional[QuantConfig] = None, inpla
         warnings.warn("quantize_model found nothing to quantize in "
                       f"{type(model).__name__}; returning it unchanged", stacklevel=2)
     sjf.invalidate_reset_cache(model)
+    if isinstance(example_input, torch.Tensor) and destination is not None and report.replaced:
+        from .deployability import deployability_report, warn_if_blocked
+        chip = not isinstance(destination, str) or destination in ("xylo", "loihi", "speck")
+        report.deployability = deployability_report(source if chip else model, example_input,
+                                                    destination, quant_report=report)
+        warn_if_blocked(report.deployability)
     return model, report
 

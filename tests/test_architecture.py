@@ -484,8 +484,10 @@ FLOORS = (
     ("nn",),
     ("utils",),
     ("capture",),
-    ("convert", "export", "measure"),
+    ("export", "measure"),
     ("targets",),
+    ("deployability",),
+    ("convert",),
     ("summary", "calibrate", "sensitivity"),
 )
 #: The command line stands on top of everything (datasets included); no part imports it.

@@ -32,6 +32,12 @@ from .graph import CaptureError, SpikingTracer, capture, is_sequence, node_origi
 __all__ = ["FoldPlan", "plan_folding", "charged_neuron", "is_synapse", "is_batchnorm",
            "is_neuron", "passes_through"]
 
+
+#: What the FoldWarning names for a BatchNorm that did not train folded because
+#: :func:`~snnquant.quantize_model` had no ``example_input`` (quantize_model records it).
+NEEDS_EXAMPLE_INPUT = ("pass example_input=x to quantize_model (torch.fx could not trace the "
+                       "module that holds the BatchNorm; a run finds it), then train again")
+
 # functions through which a bias still charges the next neuron's membrane
 _PASSTHROUGH_FUNCTIONS = {operator.add, operator.iadd, torch.add, torch.flatten, "add", "add_",
                           "flatten", "view", "reshape"}

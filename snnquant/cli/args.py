@@ -124,6 +124,20 @@ def train_parser(prog=None):
     ap.add_argument("--calib-batches", type=int, default=8, help="--ptq: calibration batches")
     ap.add_argument("--calib-method", default="mse", choices=("minmax", "percentile", "mse"),
                     help="--ptq: snnquant.calibrate method")
+    ap.add_argument("--model", default=None,
+                    help="a network of SpikingJelly's model package instead of the example's "
+                         "CSNN: SpikeDrivenTransformer, Spikformer, QKFormer, MSResNet, "
+                         "NMNISTNet, ... (or module.Name); its channels, classes, image size and "
+                         "T come from --dataset and -T unless --model-arg gives them")
+    ap.add_argument("--model-arg", "--model-args", dest="model_arg", action="append",
+                    default=None, metavar="KEY=VALUE",
+                    help="a constructor argument of --model (repeat), a Python literal: "
+                         "--model-arg embed_dims=64 --model-arg tau=2.0; or several as one "
+                         "dict: --model-args \"{'embed_dims': 64, 'depths': 2}\"")
+    ap.add_argument("--crop", type=int, default=None, metavar="SIZE",
+                    help="centre-crop every frame to SIZE x SIZE (e.g. N-MNIST's 34x34 to 32, "
+                         "so that a transformer's final means run over powers of two, as the "
+                         "deployability report before training asks)")
     ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: simulate an interruption
     return ap
 
@@ -164,6 +178,7 @@ def parse_args(argv=None, prog=None):
         if value < low:
             ap.error(f"{flag} must be >= {low}, got {value}")
     _check_tau(ap, args)
+    _check_model(ap, args)
     _check_device(ap, args.device)
     if args.freeze_bn_epochs is None:
         args.freeze_bn_epochs = args.epochs // 4
@@ -212,6 +227,29 @@ def _check_tau(ap, args) -> None:
     if exports and math.frexp(tau)[0] != 0.5:
         ap.error(f"--tau must be a power of two (2, 4, 8, ...) for the run's integer export, "
                  f"got {tau}: pick one, or pass --no-integer-check to train without the export")
+
+
+def _check_model(ap, args) -> None:
+    """``--model``, ``--model-arg`` and ``--crop``: a network of SpikingJelly's model package
+    that builds with those arguments, refused before any data is read."""
+    crop = getattr(args, "crop", None)
+    if crop is not None:
+        from snnquant.datasets import dataset_info
+        shape = dataset_info(args.dataset).frame_shape
+        if len(shape) != 3 or not 1 <= crop <= min(shape[1:]):
+            ap.error(f"--crop must be in [1, {min(shape[1:]) if len(shape) == 3 else '-'}] for "
+                     f"the {shape} frames of --dataset {args.dataset}, got {crop}")
+    if getattr(args, "model", None) is None:
+        if getattr(args, "model_arg", None):
+            ap.error("--model-arg needs --model")
+        return
+    if args.ptq:
+        ap.error("--ptq quantizes the example's network; it does not take --model")
+    from snnquant.cli.zoo import build_zoo
+    try:
+        build_zoo(args)
+    except ValueError as exc:
+        ap.error(str(exc))
 
 
 def _check_device(ap, device: str) -> None:

@@ -20,6 +20,10 @@ def load_data(args, rank):
     train_set, test_set, _info = load_dataset(args.dataset, args.data_root, args.T,
                                               samples_per_class=args.samples_per_class,
                                               seed=args.seed, rank=rank, barrier=barrier)
+    if getattr(args, "crop", None):
+        from snnquant.cli.zoo import CroppedDataset
+        train_set, test_set = CroppedDataset(train_set, args.crop), CroppedDataset(test_set,
+                                                                                   args.crop)
     return train_set, test_set
 
 

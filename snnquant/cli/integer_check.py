@@ -31,12 +31,19 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
     from spikingjelly.activation_based import functional
 
     import snnquant
-    from snnquant.export import (FoldWarning, c_memory, fold_batchnorm, integer_agreement,
-                                 save_integer, to_c, to_integer)
+    from snnquant.export import (ExportError, FoldWarning, c_memory, fold_batchnorm,
+                                 integer_agreement, save_integer, to_c, to_integer)
 
+    # a network of SpikingJelly's model package is captured from a run (its forward checks
+    # shapes), on the first training samples, as quantize_model did
+    example = None
+    if getattr(args, "model", None):
+        from snnquant.cli.zoo import example_batch
+        example = example_batch(train_set).to(device)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FoldWarning)
-        folded, fold_report = fold_batchnorm(model.eval(), return_report=True)
+        folded, fold_report = fold_batchnorm(model.eval(), return_report=True,
+                                             example_input=example)
     for w in caught:  # the fold's own words, once, on the console
         print(f"warning: {w.message}")
     changed = fold_report.changed()
@@ -65,12 +72,42 @@ def deploy_check(model, train_set, test_set, args, device, out: Path, max_sample
             break
     x_seq = torch.cat(xs, 1)[:, :max_samples]
     folded = folded.cpu().eval()
-    desc = to_integer(folded)
+    reference = None
+    if example is None:
+        desc = to_integer(folded)
+    else:
+        from snnquant.cli.zoo import data_input_max
+        largest = max(data_input_max(train_set), data_input_max(test_set))
+        try:
+            desc, reference = _zoo_integer(folded, x_seq, largest)
+        except ExportError as exc:   # named in the report before training, with its fix
+            return {"skipped": f"the integer export refuses the trained network: {exc}"}
     save_integer(desc, out / "model_int.safetensors")
     snnquant.save_checkpoint(folded.state_dict(), out / "model_folded.pt")
+    if reference is not None:   # compared with the model in the dtype it is exact against
+        folded, x_seq = folded.to(reference), x_seq.to(reference)
     to_c(desc, out, "model_int", input_shape=tuple(x_seq.shape[2:]))   # model_int.h / model_int.c
     mem = c_memory(desc, tuple(x_seq.shape[2:]))
     agreement = integer_agreement(folded, x_seq, desc)
-    return {"folded_test_acc": folded_acc, "agreement": float(agreement),
+    extra = {} if reference is None else {"reference_dtype": str(reference).replace("torch.", ""),
+                                          "input_max": desc.input_max}
+    return {**extra, "folded_test_acc": folded_acc, "agreement": float(agreement),
             "samples": int(x_seq.shape[1]), "finetune": history, "fold": fold_text,
             "c_rom_bytes": mem.rom_bytes, "c_ram_bytes": mem.ram_bytes}
+
+
+def _zoo_integer(folded, x_seq, input_max: int):
+    """The integer network of a ``--model`` network, captured from a run on ``x_seq``, exact up
+    to ``input_max`` (the largest count of the run's data); in float64 when the float32 sums are
+    not exact (the deployability report before training said so). ``(desc, reference_dtype)``."""
+    from snnquant.export import ExportError, to_integer
+
+    try:
+        return to_integer(folded, example_input=x_seq, input_max=input_max), torch.float32
+    except ExportError as exc:
+        if getattr(exc, "check", None) != "accumulator":
+            raise
+        print(f"integer export: float32 sums are not exact ({str(exc)[:160]} ...); exporting "
+              f"against the float64 model (reference_dtype=torch.float64)")
+        return (to_integer(folded.double(), example_input=x_seq.double(), input_max=input_max,
+                           reference_dtype=torch.float64), torch.float64)

@@ -59,8 +59,8 @@ def _input_shape(text: Optional[str], config: Optional[dict]) -> Optional[Tuple[
                                  f"got {text!r}")
         return shape
     if config is not None:
-        from snnquant.datasets import dataset_info
-        return tuple(dataset_info(config["dataset"]).frame_shape)
+        from snnquant.cli.zoo import frame_shape
+        return frame_shape(argparse.Namespace(**config))   # after the run's --crop
     return None
 
 
@@ -81,7 +81,14 @@ def load_run_model(folder: Path):
         raise ModelFileError(str(exc)) from None
     if not (folder / "model.pt").is_file():
         return None, config
-    model, _ = quantize(build_network(argparse.Namespace(**config)), argparse.Namespace(**config))
+    args = argparse.Namespace(**config)
+    example = None
+    if config.get("model"):   # a network of SpikingJelly's model package: captured from a run
+        import torch
+
+        from snnquant.cli.zoo import frame_shape
+        example = torch.zeros((args.T, 1) + frame_shape(args))
+    model, _ = quantize(build_network(args), args, example)
     try:
         model.load_state_dict(load_checkpoint(folder / "model.pt", map_location="cpu"))
     except (OSError, ValueError, RuntimeError) as exc:

@@ -41,16 +41,22 @@ def build_csnn(channels: int, tau: float):
 
 
 def build_network(args):
-    """The example's float network for ``args.dataset`` (``--channels``, ``--tau``)."""
+    """The example's float network for ``args.dataset`` (``--channels``, ``--tau``), or
+    ``--model``'s network of SpikingJelly's model package (:mod:`snnquant.cli.zoo`)."""
+    if getattr(args, "model", None):
+        from snnquant.cli.zoo import build_zoo
+        return build_zoo(args)
     if args.dataset == "nmnist":
         return build_csnn(args.channels, args.tau)
     from snnquant.datasets import default_network
     return default_network(args.dataset, args.channels, args.tau)
 
 
-def quantize(net, args):
+def quantize(net, args, example_input=None):
     """``net`` quantized by :func:`snnquant.quantize_model` as the flags say; ``(net, None)`` for
-    full precision (``--weight-bits 0 --v-bits 0``), else ``(model, report)``."""
+    full precision (``--weight-bits 0 --v-bits 0``), else ``(model, report)``. With
+    ``example_input`` (one batch of the training data) BatchNorm pairs are found from a run and
+    ``report.deployability`` says what the integer export would refuse after training."""
     import snnquant
     if args.weight_bits == 0 and args.v_bits == 0:
         return net, None
@@ -60,5 +66,12 @@ def quantize(net, args):
                                v_bits=args.v_bits or None,
                                membrane_quantizer=args.membrane_quantizer, backend=args.backend,
                                fold_batchnorm=not args.no_fold_bn_training)
-    return snnquant.quantize_model(net, cfg)
+    if example_input is None:
+        return snnquant.quantize_model(net, cfg)
+    import warnings
+
+    from snnquant.deployability import DeployabilityWarning
+    with warnings.catch_warnings():   # the report is printed with the quantize report
+        warnings.simplefilter("ignore", DeployabilityWarning)
+        return snnquant.quantize_model(net, cfg, example_input=example_input)
 

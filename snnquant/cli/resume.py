@@ -16,10 +16,18 @@ RESUMABLE_FLAGS = ("out", "resume", "workers", "stop_after", "no_integer_check",
                    "device")
 
 
+# Flags added after checkpoints recorded their configuration (``--model``, ``--model-arg``,
+# ``--crop``): recorded only when given, so that a checkpoint made before them still resumes.
+_ADDED_FLAGS = ("model", "model_arg", "crop")
+
+
 def run_configuration(args, world: int) -> dict:
     """Everything that changes what the training epochs compute: all flags but
     ``RESUMABLE_FLAGS``, the device type and the world size (number of processes)."""
     config = {k: v for k, v in sorted(vars(args).items()) if k not in RESUMABLE_FLAGS}
+    for flag in _ADDED_FLAGS:   # unused, they leave the configuration as earlier versions wrote it
+        if config.get(flag) is None:
+            config.pop(flag, None)
     config["device_type"] = torch.device(args.device).type
     config["world_size"] = world
     return config

@@ -116,7 +116,11 @@ def _run(args, folder):
     train_set, test_set = load_data(args, rank)
     if args.ptq:
         return run_ptq(args, train_set, test_set, device, out)
-    model, report = quantize(build_network(args), args)
+    # the first training samples: BatchNorm pairs found from a run, and the deployability
+    # report printed (with the quantize report) before the first epoch
+    from snnquant.cli.zoo import example_batch
+    example = example_batch(train_set)
+    model, report = quantize(build_network(args), args, example)
     model.to(device)
     if rank == 0 and report is not None:
         print(report)

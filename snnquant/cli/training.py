@@ -64,8 +64,14 @@ def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, 
         y = label.to(device, non_blocking=True)
         with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp_dtype,
                                                            enabled=use_amp):
-            rate = model(x).float().mean(0)
-            loss = F.mse_loss(rate, F.one_hot(y, rate.shape[-1]).float())
+            out = model(x).float()
+            # [T, N, classes] per step (the example's spikes, Spikformer), or [N, classes]: a
+            # network of SpikingJelly's model package that averages over time itself
+            rate = out.mean(0) if out.dim() == 3 else out
+            if getattr(args, "model", None):   # the model package's heads give logits
+                loss = F.cross_entropy(rate, y)
+            else:
+                loss = F.mse_loss(rate, F.one_hot(y, rate.shape[-1]).float())
         if train:
             opt.zero_grad(set_to_none=True)
             if scaler is not None:

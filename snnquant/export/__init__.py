@@ -16,11 +16,12 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 """
 
 from .ir.description import (FORMAT_VERSION, NETWORK_INPUT, DescriptionError, ExportError,
-                              FlattenOp, GatherOp, IntegerNetwork, JoinOp, MatMulOp, NeuronOp,
-                              PoolOp, ReduceOp, ScaleOp, SynapseOp, check_input_shape)
+                             FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp,
+                             check_input_shape)
+from .ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from .ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from .ir.integer_ops import pack_int, round_half_even_shift, unpack_int
-from .frontend.torch_model import to_integer
+from .frontend.torch_model import input_max_of, to_integer
 from .backends.simulator import IntegerSNN
 from .verification.agreement import IntegerAgreement, SilentNetworkWarning, compare_integer, integer_agreement
 from .passes.fold import FoldedLayer, FoldReport, FoldWarning, fold_batchnorm
@@ -38,7 +39,7 @@ from .backends.nir_consumers import ConsumerRegisterWarning, narrow_registers, s
 __all__ = [
     "FORMAT_VERSION", "ExportError", "IntegerNetwork", "SynapseOp", "NeuronOp", "PoolOp",
     "FlattenOp", "JoinOp", "GatherOp", "ReduceOp", "MatMulOp", "ScaleOp", "NETWORK_INPUT", "round_half_even_shift", "pack_int", "unpack_int",
-    "to_integer", "IntegerSNN",
+    "to_integer", "input_max_of", "IntegerSNN",
     "IntegerAgreement", "SilentNetworkWarning", "compare_integer", "integer_agreement",
     "fold_batchnorm", "save_integer",
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",

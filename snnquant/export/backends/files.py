@@ -18,8 +18,9 @@ from typing import Union
 import torch
 
 from ..._io import atomic_write
-from ..ir.description import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, DescriptionError, GatherOp,
-                              IntegerNetwork, MatMulOp, ReduceOp, ScaleOp)
+from ..ir.description import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, DescriptionError,
+                              IntegerNetwork)
+from ..ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from ..ir.validation import check_network
 
 __all__ = ["save_integer", "load_integer", "FILE_FORMAT"]

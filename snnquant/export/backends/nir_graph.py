@@ -46,19 +46,21 @@ non-binary values, 1-d pooling other than ``VotingLayer``, pooling with dilation
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
 
 from ..ir.description import (NETWORK_INPUT, ExportError, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
-                               ScaleOp, SynapseOp)
+                              SynapseOp)
+from ..ir.transformer_ops import ScaleOp
 from .nir_schema import (NIR_MIN_VERSION, SCHEMA_VERSION, import_nir, is_add_join, nir_factors,
                          nir_wiring, voting_weight)
 from ..ir.program import adaptive_windows
 from .simulator import IntegerSNN, op_shapes
 
-__all__ = ["nir_graph", "refuse_beyond_nir", "UNITS", "MAX_POOL_FORMS", "SCHEMA_VERSION", "NIR_MIN_VERSION"]
+__all__ = ["nir_graph", "refuse_beyond_nir", "nir_refusals", "UNITS", "MAX_POOL_FORMS",
+           "SCHEMA_VERSION", "NIR_MIN_VERSION"]
 
 #: Units of the exported values: ``'integer'`` (each layer on its integer grid) or ``'real'``.
 UNITS = ("integer", "real")
@@ -130,19 +132,30 @@ def refuse_beyond_nir(desc: IntegerNetwork) -> None:
                           f"arithmetic (saturations, decays by shifts, delays), which NIR's "
                           f"equations cannot carry; deploy it with snnquant.targets.to_"
                           f"{desc.chip}")
+    found = nir_refusals(desc)
+    if found:
+        raise ExportError(found[0])
+
+
+def nir_refusals(desc: IntegerNetwork) -> List[str]:
+    """Every operation of ``desc`` that NIR has no node for (one line each: name, index, type
+    and why), and the output's mean over time; empty when NIR can say the network
+    (:func:`refuse_beyond_nir` raises the first; the deployability report lists them all)."""
+    found = []
     last = len(desc.ops) - 1
     for i, op in enumerate(desc.ops):
         why = _BEYOND_NIR.get(type(op).__name__)
         if desc.output_time_mean and i == last and isinstance(op, ScaleOp) and op.exponent == 0:
-            break   # the mean over time itself, refused below
+            break   # the mean over time itself, below
         if why is not None:
-            raise ExportError(f"layer {op.name!r} (operation {i}, {type(op).__name__}): NIR has "
-                              f"no node for it: {why}. Deploy such a network with to_c or "
-                              f"IntegerSNN")
+            found.append(f"layer {op.name!r} (operation {i}, {type(op).__name__}): NIR has "
+                         f"no node for it: {why}. Deploy such a network with to_c or "
+                         f"IntegerSNN")
     if desc.output_time_mean:
-        raise ExportError("the network's output is a mean over time steps (output_time_mean), "
-                          "which NIR's per-step graphs cannot say; export the model without its "
-                          "final mean over time, and average the NIR graph's outputs")
+        found.append("the network's output is a mean over time steps (output_time_mean), "
+                     "which NIR's per-step graphs cannot say; export the model without its "
+                     "final mean over time, and average the NIR graph's outputs")
+    return found
 
 
 def nir_graph(desc: IntegerNetwork, input_shape: Tuple[int, ...], *, units: str, dt: float,

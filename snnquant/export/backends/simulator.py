@@ -24,8 +24,9 @@ from typing import Dict, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from ..ir.description import (NETWORK_INPUT, DescriptionError, FlattenOp, GatherOp, IntegerNetwork,
-                               JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp, ScaleOp, SynapseOp)
+from ..ir.description import (NETWORK_INPUT, DescriptionError, FlattenOp, IntegerNetwork, JoinOp,
+                              NeuronOp, PoolOp, SynapseOp)
+from ..ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from . import compiled_neuron
 from ..ir.chip_ops import CHIP_OP_TYPES
 from ..ir import integer_ops
@@ -76,6 +77,44 @@ def float32_sums_are_exact() -> bool:
 def _float_convolution_allowed(depthwise: bool) -> bool:
     # PyTorch builds for 32-bit ARM compute 3x3 depthwise float convolutions by Winograd
     return not depthwise or platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _matmul(op: MatMulOp, prm, xs) -> torch.Tensor:
+    """:math:`a b` per sample (``[T*N, ..., M, K] @ [T*N, ..., K, L]``) in int64."""
+    a, b = (x.to(prm["dtype"]) for x in xs)
+    if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != op.inner or b.shape[-2] != op.inner:
+        raise ValueError(f"it multiplies samples of shapes {tuple(a.shape[1:])} and "
+                         f"{tuple(b.shape[1:])}, not over {op.inner} values")
+    return torch.matmul(a, b)
+
+
+def _join(op: JoinOp, prm, xs) -> torch.Tensor:
+    r"""``'add'``: :math:`\sum_i x_i 2^{\sigma_i}`; ``'and'``: :math:`x_0 x_1`; ``'iand'``:
+    :math:`x_0 (1 - x_1)`."""
+    xs = [x.to(prm["dtype"]) for x in xs]
+    if op.kind == "and":
+        return xs[0] * xs[1]
+    if op.kind == "iand":
+        return xs[0] * (1 - xs[1])
+    out = xs[0] * (1 << op.shifts[0])
+    for x, k in zip(xs[1:], op.shifts[1:]):
+        out = out + x * (1 << k)
+    return out
+
+
+def _adaptive_sum(op: PoolOp, x: torch.Tensor) -> torch.Tensor:
+    """Sum over PyTorch's adaptive windows, one spatial dimension after the other."""
+    for axis, (size_out, width) in enumerate(zip(op.output_size, op.kernel_size)):
+        dim = x.dim() - op.dims + axis
+        size_in = x.shape[dim]
+        windows = adaptive_windows(size_in, size_out)
+        if any(b - a != width for a, b in windows):
+            raise ValueError(f"layer {op.name!r}: adaptive pooling of size {size_in} to "
+                             f"{size_out} has windows other than the {width} elements it was "
+                             f"exported for; use the input size given to to_integer")
+        index = torch.tensor([a for a, _ in windows], dtype=torch.int64, device=x.device)
+        x = sum(x.index_select(dim, index + j) for j in range(width))
+    return x
 
 
 class IntegerSNN:
@@ -287,50 +326,12 @@ class IntegerSNN:
             return acc
         return prm["rescale"].apply(acc, prm["out_dtype"])
 
-    @staticmethod
-    def _matmul(op: MatMulOp, prm, xs) -> torch.Tensor:
-        """:math:`a b` per sample (``[T*N, ..., M, K] @ [T*N, ..., K, L]``) in int64."""
-        a, b = (x.to(prm["dtype"]) for x in xs)
-        if a.dim() < 3 or b.dim() < 3 or a.shape[-1] != op.inner or b.shape[-2] != op.inner:
-            raise ValueError(f"it multiplies samples of shapes {tuple(a.shape[1:])} and "
-                             f"{tuple(b.shape[1:])}, not over {op.inner} values")
-        return torch.matmul(a, b)
-
-    @staticmethod
-    def _join(op: JoinOp, prm, xs) -> torch.Tensor:
-        r"""``'add'``: :math:`\sum_i x_i 2^{\sigma_i}`; ``'and'``: :math:`x_0 x_1`; ``'iand'``:
-        :math:`x_0 (1 - x_1)`."""
-        xs = [x.to(prm["dtype"]) for x in xs]
-        if op.kind == "and":
-            return xs[0] * xs[1]
-        if op.kind == "iand":
-            return xs[0] * (1 - xs[1])
-        out = xs[0] * (1 << op.shifts[0])
-        for x, k in zip(xs[1:], op.shifts[1:]):
-            out = out + x * (1 << k)
-        return out
-
-    @staticmethod
-    def _adaptive_sum(op: PoolOp, x: torch.Tensor) -> torch.Tensor:
-        """Sum over PyTorch's adaptive windows, one spatial dimension after the other."""
-        for axis, (size_out, width) in enumerate(zip(op.output_size, op.kernel_size)):
-            dim = x.dim() - op.dims + axis
-            size_in = x.shape[dim]
-            windows = adaptive_windows(size_in, size_out)
-            if any(b - a != width for a, b in windows):
-                raise ValueError(f"layer {op.name!r}: adaptive pooling of size {size_in} to "
-                                 f"{size_out} has windows other than the {width} elements it was "
-                                 f"exported for; use the input size given to to_integer")
-            index = torch.tensor([a for a, _ in windows], dtype=torch.int64, device=x.device)
-            x = sum(x.index_select(dim, index + j) for j in range(width))
-        return x
-
     @classmethod
     def pool(cls, op: PoolOp, x: torch.Tensor) -> torch.Tensor:
         """The integer output ``[N, C, ...]`` of the pooling operation ``op`` on ``x``: a max, or
         a sum over each window (adaptive windows included), in ``x``'s integer dtype."""
         if op.output_size:
-            return cls._adaptive_sum(op, x)
+            return _adaptive_sum(op, x)
         if op.dims == 1 and x.dim() == 2:  # features of [N, F] (VotingLayer)
             return cls.pool(op, x.unsqueeze(1)).squeeze(1)
         if op.kind == "max":
@@ -379,7 +380,7 @@ class IntegerSNN:
         return spikes
 
     # ---- call -------------------------------------------------------------------------------
-    def __call__(self, x_seq: torch.Tensor, record: bool = False
+    def __call__(self, x_seq: torch.Tensor, record: bool = False, per_step: bool = False
                  ) -> Union[torch.Tensor, Tuple[torch.Tensor, Dict[str, torch.Tensor]]]:
         r"""Run the network on integer input ``x_seq`` of shape ``[T, N, ...]``.
 
@@ -387,6 +388,8 @@ class IntegerSNN:
             x_seq: integer (or bool) tensor of event counts or spikes, ``|x| <= desc.input_max``.
             record: also return the spikes of every neuron layer, ``{name: [T, N, ...] int8}``
                 (and, for a ``'current'`` output, the output under the last layer's name).
+            per_step: for a network whose output is a mean over time (``output_time_mean``),
+                the output of every step ``[T, N, ...]`` instead of their sum.
 
         Returns:
             The output: ``int8`` spikes ``[T, N, ...]`` (``output_kind='spikes'``), ``int64``
@@ -394,8 +397,9 @@ class IntegerSNN:
             of :math:`2^{-F}` (``'current'``); dividing by
             :attr:`~snnquant.export.IntegerNetwork.output_divisor` gives the float model's
             output. With ``output_time_mean``, the ``int64`` sum over the steps ``[N, ...]``
-            (divide by :math:`T` too; ``record`` keeps the last layer's steps). With
-            ``record``, ``(output, layers)``.
+            (divide by :math:`T` too), or with ``per_step`` every step's. With ``record``,
+            ``(output, layers)``. :meth:`float_output` gives the float model's output in one
+            call.
         """
         if not isinstance(x_seq, torch.Tensor):
             raise TypeError(f"x_seq must be a tensor, got {type(x_seq).__name__}")
@@ -433,9 +437,9 @@ class IntegerSNN:
         for i, (op, prm) in enumerate(zip(self.desc.ops, plan)):
             src = self.desc.op_inputs(i)
             if isinstance(op, JoinOp):
-                y = self._join(op, prm, [values[j] for j in src])
+                y = _join(op, prm, [values[j] for j in src])
             elif isinstance(op, MatMulOp):
-                y = self._matmul(op, prm, [values[j] for j in src])
+                y = _matmul(op, prm, [values[j] for j in src])
             elif isinstance(op, CHIP_OP_TYPES):
                 x = values[src[0]]
                 try:
@@ -472,9 +476,34 @@ class IntegerSNN:
             out = out.to(torch.int64)
             if record:
                 layers[self.desc.ops[-1].name] = out
-        if self.desc.output_time_mean:  # the model averages over time: the sum, [N, ...]
+        # the model averages over time: the sum, [N, ...]
+        if self.desc.output_time_mean and not per_step:
             out = out.to(torch.int64).sum(0)
         return (out, layers) if record else out
+
+    def float_output(self, x_seq: torch.Tensor, per_step: bool = False) -> torch.Tensor:
+        r"""The float model's output, from a run of the integer network on ``x_seq``, whatever
+        the network's output convention.
+
+        .. math::
+
+            y = \frac{Y}{D}\ \text{(every step)},\qquad
+            y = \frac{1}{T D} \sum_{t=1}^{T} Y_t\ \text{(a model that averages over time)}
+
+        with :math:`D` = :attr:`~snnquant.export.IntegerNetwork.output_divisor`.
+
+        Args:
+            x_seq: the integer input ``[T, N, ...]`` (as for calling the network).
+            per_step: for a network that averages over time, the output of every step
+                ``[T, N, ...]`` instead of their mean.
+
+        Returns:
+            A ``float64`` tensor: ``[T, N, ...]`` (per-step outputs) or ``[N, ...]`` (a mean
+            over time), equal to the float model's output in eval mode for an exact export.
+        """
+        if per_step or not self.desc.output_time_mean:
+            return self(x_seq, per_step=True).to(torch.float64) / self.desc.output_divisor
+        return self.desc.float_output(self(x_seq), steps=int(x_seq.shape[0]))
 
     def __repr__(self):
         return f"IntegerSNN({len(self.desc.ops)} ops, device={self.device})"
@@ -506,9 +535,9 @@ def _op_shapes(sim: IntegerSNN, input_shape) -> list:
                 if len({tuple(x.shape) for x in xs}) != 1:
                     raise ValueError(f"the operands have the shapes "
                                      f"{[tuple(x.shape[1:]) for x in xs]}")
-                y = sim._join(op, prm, xs)
+                y = _join(op, prm, xs)
             elif isinstance(op, MatMulOp):
-                y = sim._matmul(op, prm, xs)
+                y = _matmul(op, prm, xs)
             elif isinstance(op, NeuronOp):
                 y = xs[0]
             elif isinstance(op, CHIP_OP_TYPES):

@@ -9,6 +9,7 @@ from typing import Tuple
 import torch
 
 from ..ir.description import ExportError
+from .deploy_checks import tagged
 
 __all__ = ["fail_layer", "sj_modules", "mantissa_exponent", "float_frac_bits", "as_dtype_float",
            "MANTISSA_BITS"]
@@ -17,8 +18,10 @@ __all__ = ["fail_layer", "sj_modules", "mantissa_exponent", "float_frac_bits", "
 MANTISSA_BITS = {torch.float32: 24, torch.float64: 53}
 
 
-def fail_layer(name: str, module, reason: str):
-    raise ExportError(f"layer {name!r} ({type(module).__name__}): {reason}")
+def fail_layer(name: str, module, reason: str, check: str = "other"):
+    """Refuse layer ``name``: an ExportError naming it and its class, tagged with the kind of
+    refusal ``check`` (one of :data:`~snnquant.export.frontend.deploy_checks.CHECKS`)."""
+    raise tagged(ExportError(f"layer {name!r} ({type(module).__name__}): {reason}"), check)
 
 
 # --------------------------------------------------------------------------------------------------

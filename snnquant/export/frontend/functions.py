@@ -13,11 +13,13 @@ import torch
 from ...capture import connect_functions
 from ...functional.int_limits import INT64_HEADROOM_BITS
 from ..ir.integer_ops import pow2_exponent
-from ..ir.description import JoinOp, MatMulOp, NETWORK_INPUT, ReduceOp, ScaleOp
+from ..ir.description import JoinOp, NETWORK_INPUT
+from ..ir.transformer_ops import MatMulOp, ReduceOp, ScaleOp
 from .values import (ADD_FUNCTIONS, CONNECT_KINDS, FLATTEN_FUNCTIONS, FlattenCall, LAYOUT_FUNCTIONS,
                      MATMUL_FUNCTIONS, MUL_FUNCTIONS, SPIKES, TRUEDIV_FUNCTIONS, Value, View,
                      arg_text, flat_args)
 from .pooling import export_flatten
+from .deploy_checks import mean_refusal
 
 __all__ = ["FunctionLowering"]
 
@@ -218,7 +220,7 @@ class FunctionLowering:
                 self._fail_at(name, module, node, f"the sum over {steps} time steps of values "
                                                   f"up to {mag} can reach {mag * steps}, more "
                                                   f"than 2^{self.p}: the {self.dtype} mean is "
-                                                  f"not exact")
+                                                  f"not exact", "accumulator")
             # its own value (an identity: integers and grid unchanged, run per step), so that
             # other readers of the averaged tensor still read it per step
             value = dataclasses.replace(v, time_mean=True, binary=False)
@@ -238,10 +240,8 @@ class FunctionLowering:
         if what == "mean":
             added = pow2_exponent(float(count))
             if added is None:
-                self._fail_at(name, module, node, f"it averages {count} values, not a power of "
-                                                  f"two, so the mean is not an exact binary "
-                                                  f"fraction; use a sum, or a size that is a "
-                                                  f"power of two")
+                self._fail_at(name, module, node, mean_refusal(
+                    count, [full[d] for d in dims]), "mean")
         op = ReduceOp(name=self._node_label(name, node), dims=tuple(d - lead for d in dims),
                       keepdim=keepdim, count=int(count), frac_bits_added=int(added))
         mag = v.magnitude(self.input_max)
@@ -252,7 +252,7 @@ class FunctionLowering:
         if total > 1 << self.p:
             self._fail_at(name, module, node, f"the sum of {count} values of magnitude up to "
                                               f"{mag} can reach {total}, more than 2^{self.p}: "
-                                              f"the {self.dtype} sum is not exact")
+                                              f"the {self.dtype} sum is not exact", "accumulator")
         value = Value(v.domain, v.frac + added, ("abs", total), math.log2(max(total, 1)))
         return self._emit(op, value, (src,))
 
@@ -281,7 +281,7 @@ class FunctionLowering:
             self._fail_at(name, module, node, f"the product sums {inner} terms of magnitude up "
                                               f"to {mags[0] * mags[1]}: {total} exceeds "
                                               f"2^{self.p}, so the {self.dtype} product of the "
-                                              f"model is not exact")
+                                              f"model is not exact", "accumulator")
         frac = vals[0].frac + vals[1].frac
         op = MatMulOp(name=self._node_label(name, node), inner=inner, out_frac_bits=frac,
                       inputs=tuple(srcs))
@@ -291,8 +291,8 @@ class FunctionLowering:
     def join(self, label, at_node, kind, srcs) -> int:
         """A JoinOp named ``label`` of ``srcs``; ``at_node`` = ``(graph owner name, owner,
         node)`` says where a refusal points."""
-        def refuse(reason):
-            self._fail_at(*at_node, reason)
+        def refuse(reason, check="other"):
+            self._fail_at(*at_node, reason, check)
 
         vals = [self.values[i] for i in srcs]
         where = [("the network input" if i == NETWORK_INPUT else repr(self.ops[i].name))
@@ -327,7 +327,8 @@ class FunctionLowering:
                    f"operands have {[v.frac for v in vals]} fractional bits) can reach "
                    f"{total:.4g}, more than 2^{self.p}: the {self.dtype} addition of the "
                    f"fake-quantized model is not exact. Use fewer weight/membrane bits on the "
-                   f"branches, or power-of-two steps that differ less between them")
+                   f"branches, or power-of-two steps that differ less between them, or "
+                   f"reference_dtype=torch.float64", "accumulator")
         if math.log2(max(total, 1.0)) + 2 > INT64_HEADROOM_BITS:
             refuse(f"the integer sum needs {math.log2(total):.0f} bits, more than int64 holds")
         domain = "current" if any(v.domain == "current" for v in vals) else "event"

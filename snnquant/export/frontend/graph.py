@@ -14,8 +14,10 @@ from ...nn import registry
 from ...utils import is_multi_step as _is_multi_step, model_walk as _model_walk
 from ...capture import CaptureError, is_sequence, node_origin
 from ..ir.integer_ops import pow2_exponent
-from ..ir.description import ExportError, GatherOp, NETWORK_INPUT
+from ..ir.description import ExportError, NETWORK_INPUT
+from ..ir.transformer_ops import GatherOp
 from .common import fail_layer, sj_modules
+from .deploy_checks import tagged, time_mean_refusal
 from .values import (ADAPTIVE_TYPES, POOL_TYPES, SPIKES, Value, View, arg_text, module_lead,
                      spiking_part_hint)
 from .synapses import export_synapse
@@ -154,18 +156,17 @@ class GraphBuilder(FunctionLowering):
             return self._emit(export_flatten(name, module, lead), v, (src,))
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             from ..passes.fold import batchnorm_refusal
-            fail_layer(name, module, batchnorm_refusal(self.work, name, self.captured.example_input))
+            fail_layer(name, module,
+                       batchnorm_refusal(self.work, name, self.captured.example_input), "batchnorm")
         self.notes.append(f"{name} ({type(module).__name__}) is the identity in eval mode")
         return src
 
     def _time_steps(self, name, module) -> int:
         """``log2(T)`` of the example input's time steps (a mean over time divides by T)."""
-        steps = pow2_exponent(float(self.time_steps or 0)) if self.time_steps else None
-        if steps is None:
-            fail_layer(name, module, f"it reads the mean over {self.time_steps} time steps, not a "
-                                f"power of two, so the model's mean is rounded and no per-step "
-                                f"integer layer reproduces it; use a power-of-two T")
-        return steps
+        why = time_mean_refusal(self.time_steps or 0)
+        if why is not None:
+            fail_layer(name, module, why, "time_mean")
+        return pow2_exponent(float(self.time_steps))
 
     def _pool_input(self, name) -> Tuple[int, ...]:
         """The spatial input size of the adaptive pool ``name`` (one run on zeros)."""
@@ -234,13 +235,15 @@ class GraphBuilder(FunctionLowering):
         """The name of the operation ``node`` makes (a JoinOp's, a FlattenOp's)."""
         return f"{name}.{node.name}" if name else node.name
 
-    def _fail_at(self, name, module, node, reason):
+    def _fail_at(self, name, module, node, reason, check="other"):
         """Refuse ``node`` of the graph of ``module``, naming the innermost submodule it comes
-        from (dotted name and class), the operation and its file and line."""
+        from (dotted name and class), the operation and its file and line; ``check``: the kind
+        of refusal (one of :data:`~snnquant.export.frontend.deploy_checks.CHECKS`)."""
         inner, cls, where = node_origin(node, name, module)
         what = getattr(node.target, "__name__", str(node.target))
-        raise ExportError(f"{'layer ' + repr(inner) if inner else 'the model'} ({cls}), the "
-                          f"operation {what}{' at ' + where if where else ''}: {reason}")
+        raise tagged(ExportError(f"{'layer ' + repr(inner) if inner else 'the model'} ({cls}), "
+                                 f"the operation {what}{' at ' + where if where else ''}: "
+                                 f"{reason}"), check)
 
     def _arg(self, name, module, node, at, i) -> int:
         """The value index of ``node``'s argument ``i`` (a pending layout is materialised)."""

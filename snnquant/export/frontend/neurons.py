@@ -13,6 +13,7 @@ from ...functional.int_limits import INT64_HEADROOM_BITS
 from ..ir.integer_ops import pow2_exponent
 from ..ir.description import NeuronOp
 from .common import as_dtype_float, fail_layer
+from .deploy_checks import exact_leak_shift, tau_refusal
 
 __all__ = ["export_neuron"]
 
@@ -71,11 +72,7 @@ def export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
             inv = pow2_exponent(kval)
             if inv is None or inv > 0:
                 if leak_bits is None:
-                    fail_layer(name, module, f"the learned tau = 1/sigmoid(w) = {1 / kval:.6g} is not a "
-                                        f"power of two, so the float model's leak rounds and no "
-                                        f"integer shift reproduces it. To export it approximately "
-                                        f"(fixed-point leak, agreement not guaranteed), pass "
-                                        f"to_integer(..., leak_bits=F), e.g. leak_bits=12")
+                    fail_layer(name, module, tau_refusal(1 / kval, learned=True), "tau")
                 k, multiplier = leak_bits, _leak_multiplier(name, module, Fraction(kval), leak_bits,
                                                             f"sigmoid(w) = {kval!r}")
                 exact, round_shift = False, leak_bits - leak_bits // 2
@@ -83,15 +80,10 @@ def export_neuron(name, module, dtype, p, in_frac, cur_log2, leak_bits=None):
                 k = -inv
         else:
             tau_src = float(module.tau)
-            tau = as_dtype_float(module.tau, dtype)
-            e = pow2_exponent(tau)
-            if e is None or e < 0 or tau != float(module.tau):
+            e = exact_leak_shift(module.tau, dtype)
+            if e is None:
                 if leak_bits is None:
-                    fail_layer(name, module, f"tau = {module.tau!r} is not a power of two >= 1; the leak "
-                                        f"is exported exactly as a right shift, which needs "
-                                        f"tau = 2^k. To export it approximately (fixed-point leak "
-                                        f"round(2^F / tau) / 2^F, agreement not guaranteed), pass "
-                                        f"to_integer(..., leak_bits=F), e.g. leak_bits=12")
+                    fail_layer(name, module, tau_refusal(module.tau), "tau")
                 if not (math.isfinite(tau_src) and tau_src > 0):
                     fail_layer(name, module, f"tau = {module.tau!r} must be finite and > 0")
                 k, multiplier = leak_bits, _leak_multiplier(name, module, 1 / Fraction(tau_src),

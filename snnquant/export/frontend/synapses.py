@@ -13,6 +13,7 @@ from ...utils import copy_model
 from ..ir.integer_ops import narrowest_int, pow2_exponent
 from ..ir.description import SynapseOp
 from .common import fail_layer, float_frac_bits, mantissa_exponent
+from .deploy_checks import accumulator_fix
 
 __all__ = ["export_synapse"]
 
@@ -136,10 +137,11 @@ def export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
                    f"(largest sum|w_int| * m = {max(t[0] for t in terms)})")
             if any(mm != 1 for mm, _ in parts):
                 why = _non_pow2_advice(steps, dtype, why)
-            fail_layer(name, layer, why)
+            fail_layer(name, layer, why, "accumulator")
         if input_max is not None and allowed is not None and input_max > allowed:
             fail_layer(name, layer, f"input_max={input_max} is too large: inputs above {allowed} make "
-                               f"the accumulator bound exceed 2^{p}")
+                               f"the accumulator bound exceed 2^{p}; "
+                               + accumulator_fix(dtype, input_max, True), "accumulator")
         x_eff = x_bound[1] * (input_max if input_max is not None
                               else min(allowed if allowed is not None else 1, (1 << 31) - 1))
     else:
@@ -153,7 +155,9 @@ def export_synapse(name, layer, dtype, p, in_frac, x_bound, input_max):
                    f"fake-quantized model is not exact")
             if parts[c][0] != 1:
                 why = _non_pow2_advice(steps, dtype, why)
-            fail_layer(name, layer, why)
+            else:
+                why += ". Fix: " + accumulator_fix(dtype, input_max, x_bound[0] == "input")
+            fail_layer(name, layer, why, "accumulator")
         log2_cur = max(log2_cur, math.log2(max(total, 1)) + (out_frac + u))
     shift = [out_frac + e - in_frac for _, e in parts]
     bias_int = None

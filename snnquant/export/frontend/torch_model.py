@@ -38,6 +38,7 @@ with the float model is measured, not guaranteed.
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Tuple
 
 import torch
@@ -50,15 +51,52 @@ from ..backends.simulator import op_shapes
 from ..ir.description import (ExportError, FlattenOp, IntegerNetwork, JoinOp, PoolOp,
                               check_input_shape)
 from .common import MANTISSA_BITS
+from .deploy_checks import tagged
 from .graph import GraphBuilder
 
-__all__ = ["to_integer"]
+__all__ = ["to_integer", "input_max_of"]
 
 
 # --------------------------------------------------------------------------------------------------
 
+def input_max_of(example_input: torch.Tensor) -> int:
+    """The default ``input_max`` that an example input (or a batch of data) gives: its largest
+    magnitude, rounded up to an integer, at least 1 (its largest event count)."""
+    if example_input.numel() == 0:
+        return 1
+    return max(1, int(math.ceil(float(example_input.detach().abs().max()))))
+
+
+def _input_max_said(input_max, source, graph) -> str:
+    """Where the input bound behind an accumulator refusal came from, for its message."""
+    if input_max is None:
+        allowed = graph.allowed_input
+        return (f"input_max was not given and there was no example_input, so the export "
+                f"assumed inputs up to {allowed}, the largest the first layer allows; pass "
+                f"input_max=<the largest event count of your data> (or example_input=x), or "
+                f"reference_dtype=torch.float64")
+    if source == "example_input":
+        return (f"input_max={input_max}, the largest value of example_input; pass a smaller "
+                f"input_max if the data never exceeds it, or reference_dtype=torch.float64")
+    return (f"at input_max={input_max}: a smaller input_max, or reference_dtype=torch.float64, "
+            f"lowers or lifts the bound")
+
+
 #: Accepted range of ``leak_bits`` (fractional bits of a fixed-point leak multiplier).
 LEAK_BITS_RANGE = (1, 32)
+
+
+def check_input_max_and_leak_bits(input_max, leak_bits) -> None:
+    """Refuse an ``input_max`` other than ``None`` or an int >= 1, and a ``leak_bits`` other than
+    ``None`` or an int in :data:`LEAK_BITS_RANGE` (``ValueError`` naming the argument and the
+    value): :func:`to_integer`'s checks, which the deployability report makes too."""
+    if input_max is not None and (isinstance(input_max, bool) or not isinstance(input_max, int)
+                                  or input_max < 1):
+        raise ValueError(f"input_max must be None or an int >= 1, got {input_max!r}")
+    lo, hi = LEAK_BITS_RANGE
+    if leak_bits is not None and (isinstance(leak_bits, bool) or not isinstance(leak_bits, int)
+                                  or not lo <= leak_bits <= hi):
+        raise ValueError(f"leak_bits must be None or an int in [{lo}, {hi}], got {leak_bits!r}")
 
 
 def _chip_network(model: nn.Module) -> IntegerNetwork:
@@ -167,8 +205,12 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         reference_dtype: ``torch.float32`` or ``torch.float64``; default: the dtype of the
             model's parameters.
         input_max: largest input magnitude the network must accept exactly (event counts per
-            pixel and step); default: the largest that the first layer's accumulator bound
-            allows. Inputs of binary spikes need 1.
+            pixel and step); default: the largest value of ``example_input`` rounded up
+            (:func:`input_max_of`) when one is given, else the largest that the first layer's
+            accumulator bound allows (which can be millions, and goes into ``SNN_INPUT_MAX`` of
+            the C model: pass the largest count of your data). Inputs of binary spikes need 1.
+            A refusal of an accumulator bound says which ``input_max`` it was checked at and
+            where that number came from.
         leak_bits: ``None`` (default: refuse a :math:`\tau` that is not a power of two), or the
             fractional bits :math:`F` (an int in ``[1, 32]``, e.g. 8..16) of the fixed-point
             leak multiplier of such layers (approximate export).
@@ -208,13 +250,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     if reference_dtype not in MANTISSA_BITS:
         raise ValueError(f"reference_dtype must be torch.float32 or torch.float64, got "
                          f"{reference_dtype!r}")
-    if input_max is not None and (isinstance(input_max, bool) or not isinstance(input_max, int)
-                                  or input_max < 1):
-        raise ValueError(f"input_max must be None or an int >= 1, got {input_max!r}")
-    lo, hi = LEAK_BITS_RANGE
-    if leak_bits is not None and (isinstance(leak_bits, bool) or not isinstance(leak_bits, int)
-                                  or not lo <= leak_bits <= hi):
-        raise ValueError(f"leak_bits must be None or an int in [{lo}, {hi}], got {leak_bits!r}")
+    check_input_max_and_leak_bits(input_max, leak_bits)
     if input_shape is not None:
         input_shape = check_input_shape(input_shape)
     p = MANTISSA_BITS[reference_dtype]
@@ -225,8 +261,17 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     if input_shape is None and isinstance(example_input, torch.Tensor):
         # one sample's shape, which an adaptive pool's divisor depends on
         input_shape = tuple(example_input.shape[2 if _is_multi_step(work) else 1:])
+    input_max_from = "given"
+    if input_max is None and isinstance(example_input, torch.Tensor):
+        input_max, input_max_from = input_max_of(example_input), "example_input"
     graph = GraphBuilder(work, reference_dtype, p, input_max, leak_bits, input_shape, captured)
-    out = graph.build()
+    try:
+        out = graph.build()
+    except ExportError as err:
+        if getattr(err, "check", None) == "accumulator":
+            said = _input_max_said(input_max, input_max_from, graph)
+            raise tagged(ExportError(f"{err} [{said}]"), "accumulator") from None
+        raise
     ops, notes = graph.ops, graph.notes
     if not graph.seen_synapse:
         raise ExportError("the model has no synaptic layer to export")

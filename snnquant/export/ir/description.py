@@ -36,11 +36,11 @@ import torch
 from ...capture.graph import ExportError  # noqa: F401 (defined with the capture, which raises it)
 from .chip_ops import CHIP_OP_TYPES, LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from .integer_ops import fits_packed, pack_int
+from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 
 __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "SynapseOp", "NeuronOp",
-           "PoolOp", "FlattenOp", "JoinOp", "GatherOp", "ReduceOp", "MatMulOp", "ScaleOp",
-           "OP_TYPES", "IntegerNetwork", "ExportError", "DescriptionError",
-           "check_inputs", "check_input_shape"]
+           "PoolOp", "FlattenOp", "JoinOp", "OP_TYPES", "IntegerNetwork", "ExportError",
+           "DescriptionError", "check_inputs", "check_input_shape"]
 
 #: Version of the description and of the file format of :func:`~snnquant.export.save_integer`.
 #: Version 2 adds the neuron fields ``leak_multiplier``, ``leak_round_shift``, ``exact`` and
@@ -78,7 +78,6 @@ def check_input_shape(input_shape, name: str = "input_shape") -> Tuple[int, ...]
         raise ValueError(f"{name} must be a non-empty tuple of ints >= 1 (one sample's shape, "
                          f"without time and batch), got {input_shape!r}")
     return tuple(int(v) for v in items)
-
 
 
 class DescriptionError(ExportError):
@@ -421,131 +420,6 @@ class JoinOp:
         return ""
 
 
-@dataclass
-class GatherOp:
-    r"""A layout operation as an index map: reshape, transpose, permute, a slice (``chunk``,
-    ``x[..., a:b]``), a broadcast, and any chain of them, composed into one map at export.
-
-    Per sample, with :math:`x` and :math:`y` read in row-major order:
-
-    .. math::
-
-        y_j = x_{\mathrm{index}_j},\qquad j = 0, \ldots, \textstyle\prod \mathrm{shape} - 1
-
-    ``index`` ``None`` is the identity order (a reshape: no data moves). No arithmetic: the
-    values, their bound and their fractional bits are the input's.
-
-    Attributes:
-        name: the operation (the last of the chain) it comes from.
-        shape: one sample's output shape.
-        index: ``int64`` tensor of ``prod(shape)`` input positions, or ``None``.
-        inputs: the value it reads.
-    """
-
-    name: str
-    shape: Tuple[int, ...]
-    index: Optional[torch.Tensor] = None
-    inputs: Tuple[int, ...] = ()
-
-    op_type = "gather"
-
-    def leak_text(self) -> str:  # pragma: no cover
-        return ""
-
-
-@dataclass
-class ReduceOp:
-    r"""The sum over per-sample dimensions ``dims`` (0 = first dimension after batch), standing
-    for a sum (``frac_bits_added`` 0) or a mean over :math:`2^a` values (``frac_bits_added``
-    :math:`a`: the output units gain :math:`a` fractional bits):
-
-    .. math::
-
-        y = \sum_{i \in \mathrm{dims}} x_i,\qquad \text{real value } y\, 2^{-(F + a)}
-
-    Attributes:
-        name: the operation it comes from (``x.sum(dim)``, ``x.mean(dim)``).
-        dims: the summed dimensions of one sample, each in ``[0, rank)``, sorted.
-        keepdim: they stay as size-1 dimensions.
-        count: how many values each output sums (the product of the summed sizes): the bound
-            of the sum, checked against the shapes by
-            :func:`~snnquant.export.backends.simulator.op_shapes`.
-        frac_bits_added: :math:`a`.
-        inputs: the value it reads.
-    """
-
-    name: str
-    dims: Tuple[int, ...]
-    keepdim: bool
-    count: int
-    frac_bits_added: int = 0
-    inputs: Tuple[int, ...] = ()
-
-    op_type = "reduce"
-
-    def leak_text(self) -> str:  # pragma: no cover
-        return ""
-
-
-@dataclass
-class MatMulOp:
-    r"""The matrix product of two integer tensors (a spiking attention's :math:`Q K^\top` and
-    :math:`(Q K^\top) V` as counts), per sample, leading dimensions broadcast as in
-    ``torch.matmul``:
-
-    .. math::
-
-        y_{\ldots i j} = \sum_k a_{\ldots i k}\, b_{\ldots k j},\qquad
-        F_y = F_a + F_b
-
-    exact in integers; the float model's product is exact when
-    :math:`K \max|a| \max|b| \le 2^p` (checked at export).
-
-    Attributes:
-        name: the operation it comes from.
-        inner: :math:`K`, the length of the summed dimension (the bound of the product, checked
-            against the shapes by :func:`~snnquant.export.backends.simulator.op_shapes`).
-        out_frac_bits: :math:`F_y`.
-        inputs: ``(a, b)``.
-    """
-
-    name: str
-    inner: int
-    out_frac_bits: int
-    inputs: Tuple[int, ...] = ()
-
-    op_type = "matmul"
-
-    def __post_init__(self):
-        if len(self.inputs) != 2:
-            raise ValueError(f"a matmul reads two values, got inputs={self.inputs!r}")
-
-    def leak_text(self) -> str:  # pragma: no cover
-        return ""
-
-
-@dataclass
-class ScaleOp:
-    r"""Multiplication by the constant :math:`2^k` (Spikformer's attention scale 0.125 is
-    :math:`k = -3`): for :math:`k \le 0` the integers are unchanged and gain :math:`-k`
-    fractional bits; for :math:`k > 0` they are shifted left, :math:`y = x \ll k`.
-
-    Attributes:
-        name: the operation it comes from.
-        exponent: :math:`k`.
-        inputs: the value it reads.
-    """
-
-    name: str
-    exponent: int
-    inputs: Tuple[int, ...] = ()
-
-    op_type = "scale"
-
-    def leak_text(self) -> str:  # pragma: no cover
-        return ""
-
-
 Op = Union[SynapseOp, NeuronOp, PoolOp, FlattenOp, JoinOp, GatherOp, ReduceOp, MatMulOp, ScaleOp,
            XyloLayerOp, LoihiLayerOp, SpeckLayerOp]
 #: Every operation type of an :class:`IntegerNetwork`.
@@ -601,16 +475,52 @@ class IntegerNetwork:
 
     @property
     def output_divisor(self) -> float:
-        r"""What the integer output is divided by to give the float model's output: :math:`2^F`
-        for a ``'current'`` output (``output_frac_bits`` :math:`F`), :math:`2^a D` when the
-        network ends in a sum pool of spikes (an average pool of :math:`2^a` elements, or
-        ``VotingLayer``'s :math:`D`; the output is then a count, not 0/1), else 1."""
+        r"""What each step's integer output is divided by to give that step's float value:
+        :math:`2^F` for a ``'current'`` output (``output_frac_bits`` :math:`F`), :math:`2^a D`
+        when the network ends in a sum pool of spikes (an average pool of :math:`2^a` elements,
+        or ``VotingLayer``'s :math:`D`; the output is then a count, not 0/1), else 1.
+
+        For a network that averages its output over time (:attr:`output_time_mean`),
+        :class:`~snnquant.export.IntegerSNN` returns the sum over the :math:`T` steps, so the
+        float model's output is that sum divided by :math:`T` times this number.
+        :meth:`IntegerSNN.float_output <snnquant.export.IntegerSNN.float_output>` does the
+        conversion in one call, whatever the convention."""
         if self.output_kind == "current":
             return 2.0 ** self.output_frac_bits
         last = self.ops[-1]
         if isinstance(last, PoolOp) and last.kind == "sum":
             return 2.0 ** last.frac_bits_added * last.divisor
         return 1.0
+
+    def float_output(self, output: torch.Tensor, steps: Optional[int] = None) -> torch.Tensor:
+        r"""The float model's output from the integer network's output ``output`` (as
+        :class:`~snnquant.export.IntegerSNN` returns it), whatever the output convention.
+
+        .. math::
+
+            y_t = \frac{Y_t}{D}\ \text{(every step)},\qquad
+            y = \frac{\sum_t Y_t}{T D}\ \text{(a model that averages over time)}
+
+        with :math:`D` = :attr:`output_divisor`.
+
+        Args:
+            output: the integer output, ``[T, N, ...]``, or for a network that averages over
+                time (:attr:`output_time_mean`) the sum over the steps ``[N, ...]``.
+            steps: :math:`T`, needed for a network that averages over time.
+
+        Returns:
+            A ``float64`` tensor of the shape of ``output``.
+
+        Raises:
+            ValueError: ``steps`` missing (or not a positive int) for a time-mean network.
+        """
+        y = torch.as_tensor(output).to(torch.float64) / self.output_divisor
+        if not self.output_time_mean:
+            return y
+        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+            raise ValueError(f"steps must be the number of time steps T (an int >= 1) for a "
+                             f"network whose output is a mean over time, got {steps!r}")
+        return y / steps
 
     @property
     def is_graph(self) -> bool:

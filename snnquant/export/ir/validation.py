@@ -44,8 +44,8 @@ from ...functional.int_limits import (FRAC_LIMIT, INT64_HEADROOM_BITS, as_int,
                                      weight_range)
 from .chip_ops import CHIP_OP_TYPES, SpeckLayerOp
 from .description import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, DescriptionError, FlattenOp,
-                          GatherOp, IntegerNetwork, JoinOp, MatMulOp, NeuronOp, PoolOp, ReduceOp,
-                          ScaleOp, SynapseOp, check_inputs)
+                          IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_inputs)
+from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from .program import (SynapseRescale, join_bound, join_range, matmul_range, neuron_program,
                       pool_range, reduce_range, scale_range, synapse_bounds)
 

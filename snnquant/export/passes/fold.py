@@ -16,6 +16,7 @@ import torch
 import torch.nn as nn
 
 from ...capture import FoldPlan, charged_neuron, is_synapse, plan_folding
+from ...capture.plan import NEEDS_EXAMPLE_INPUT
 from ...utils import copy_model
 
 from ..ir.description import ExportError
@@ -316,6 +317,38 @@ def _report(original: nn.Module, folded: nn.Module, plan: FoldPlan, before, modu
     return report
 
 
+def _missed_step(model: nn.Module, plan) -> str:
+    """The step that would have trained the folded pairs of ``plan`` folded: what
+    :func:`~snnquant.quantize_model` recorded on each BatchNorm it could not attach (the
+    ``example_input`` it lacked, or ``fold_batchnorm=False``), else the general advice."""
+    modules = dict(model.named_modules())
+    steps, traced = {}, None
+    for synapse_name, bn_name in plan.pairs:
+        bn, layer = modules.get(bn_name), modules.get(synapse_name)
+        if bn is None or getattr(layer, "batchnorm", None) is bn:
+            continue
+        step = getattr(bn, "_snnquant_fold_missed", None)
+        if step is None and getattr(layer, "weight_quant", None) is not None:
+            # not recorded (a model rebuilt from a state_dict): a pair that torch.fx does not
+            # find was missed for want of example_input, one it finds for fold_batchnorm=False
+            if traced is None:
+                try:
+                    traced = set(plan_folding(model).pairs)
+                except ExportError:
+                    traced = set()
+            step = (NEEDS_EXAMPLE_INPUT if (synapse_name, bn_name) not in traced else
+                    "train with QuantConfig(fold_batchnorm=True), quantize_model's default, so "
+                    "that folding changes nothing")
+        if step is not None:
+            steps.setdefault(step, []).append(bn_name)
+    if steps:
+        return "; ".join(f"For {', '.join(repr(n) for n in names)}: {step}"
+                         for step, names in steps.items())
+    return ("Train with BatchNorm folded in the loop (quantize_model with QuantConfig("
+            "fold_batchnorm=True), its default, and example_input=x where the model needs a run "
+            "to be traced) so that folding changes nothing")
+
+
 def batchnorm_refusal(model: nn.Module, name: str, example_input=None) -> str:
     """Why BatchNorm ``name`` of ``model`` is still there: not folded yet, or why it cannot be."""
     reason = plan_folding(model, example_input).refused.get(name)
@@ -457,8 +490,7 @@ def fold_batchnorm(model: nn.Module, *, bias_bits: Optional[int] = None,
     report = _report(original, model, plan, before, dict(model.named_modules()), data)
     changed = report.changed()
     if changed:
-        warnings.warn(f"fold_batchnorm changed the network: {'; '.join(changed)}. Train with "
-                      f"BatchNorm folded in the loop (QuantConfig(fold_batchnorm=True), the "
-                      f"default of quantize_model) so that folding changes nothing, or evaluate "
-                      f"and fine-tune the folded network", FoldWarning, stacklevel=2)
+        warnings.warn(f"fold_batchnorm changed the network: {'; '.join(changed)}. "
+                      f"{_missed_step(original, plan)}, or evaluate and fine-tune the folded "
+                      f"network", FoldWarning, stacklevel=2)
     return (model, report) if return_report else model
