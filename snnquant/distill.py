@@ -59,15 +59,21 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
 
 
 def rate_readout(output: torch.Tensor) -> torch.Tensor:
-    r"""The class scores of a multi-step spiking network: its output averaged over time.
+    r"""The class scores of a multi-step spiking network: its output averaged over time (an
+    ``[N, C]`` output, which networks that average themselves return, is taken as it is).
 
     .. math::
 
         r_{n,c} = \frac{1}{T} \sum_t o_{t,n,c}
 
     Args:
-        output: ``[T, N, C]`` output of the network.
+        output: ``[T, N, C]`` (or ``[N, C]``) output of the network.
     """
+    if output.dim() == 2:
+        return output.float()
+    if output.dim() != 3:
+        raise ValueError(f"rate_readout expects a [T, N, C] (or [N, C]) output, got shape "
+                         f"{tuple(output.shape)}; pass Distiller(readout=...) for other outputs")
     return output.float().mean(0)
 
 
