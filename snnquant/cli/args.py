@@ -10,6 +10,14 @@ import torch
 
 from snnquant.cli.network import BINARY_LR, DEFAULT_LR, default_lr
 from snnquant.cli.ptq import ptq_network
+from snnquant.distill import ALIGNMENTS
+
+#: ``--kd-temperature``, ``--kd-weight``, ``--align``, ``--align-weight`` by default: chosen on
+#: a validation split of the real N-MNIST training recordings (benchmarks/distill_low_bits.py)
+KD_TEMPERATURE = 0.2
+KD_WEIGHT = 0.5
+KD_ALIGN = "none"
+KD_ALIGN_WEIGHT = 1.0
 
 #: ``snnquant train --help``: what the command does, its outputs, its run folder and exit statuses
 #: (the description above the flags; the dataset layouts follow it)
@@ -122,6 +130,31 @@ def parse_args(argv=None, prog=None):
     ap.add_argument("--calib-batches", type=int, default=8, help="--ptq: calibration batches")
     ap.add_argument("--calib-method", default="mse", choices=("minmax", "percentile", "mse"),
                     help="--ptq: snnquant.calibrate method")
+    kd = ap.add_argument_group(
+        "distillation from the full-precision network (snnquant.distill.Distiller)",
+        "At 3 bits and below, training against the full-precision network recovers accuracy "
+        "(docs: guide/low_bits): give a finished --weight-bits 0 --v-bits 0 run with --teacher, "
+        "or --train-teacher to train it first into <out>/teacher. The student still trains with "
+        "BatchNorm folded and deploys exactly; an epoch costs about one more forward pass of the "
+        "full-precision network. The teacher's SHA-256 goes into run.json and the checkpoint.")
+    kd.add_argument("--teacher", metavar="RUN_DIR", default=None,
+                    help="distil from the full-precision network of this finished run folder "
+                         "(its model.pt, checked against its run.json)")
+    kd.add_argument("--train-teacher", action="store_true",
+                    help="train the full-precision teacher first, into <out>/teacher (same data, "
+                         "network, epochs and seed), then distil from it; --resume continues "
+                         "whichever of the two was interrupted")
+    kd.add_argument("--kd-temperature", type=float, default=KD_TEMPERATURE,
+                    help=f"temperature of the output loss on the output firing rates (default "
+                         f"{KD_TEMPERATURE}: rates lie in [0, 1], so below 1 sharpens them)")
+    kd.add_argument("--kd-weight", type=float, default=KD_WEIGHT,
+                    help=f"weight alpha of the output loss; the task loss gets 1 - alpha "
+                         f"(default {KD_WEIGHT})")
+    kd.add_argument("--align", default=KD_ALIGN, choices=("none",) + ALIGNMENTS,
+                    help=f"per-layer alignment with the teacher, layers matched by name "
+                         f"(default {KD_ALIGN})")
+    kd.add_argument("--align-weight", type=float, default=KD_ALIGN_WEIGHT,
+                    help=f"weight of the alignment (default {KD_ALIGN_WEIGHT})")
     ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: simulate an interruption
     args = ap.parse_args(argv)
     if args.dataset != "nmnist" and args.data_root is None:
@@ -167,6 +200,7 @@ def parse_args(argv=None, prog=None):
     if args.ptq and args.resume:
         ap.error("--resume continues a training run from its checkpoint; a --ptq run has none: "
                  "run --ptq again into an empty --out")
+    _check_distillation(ap, args)
     if args.ptq and not Path(args.ptq).is_file():
         ap.error(f"--ptq: no checkpoint file at {args.ptq}")
     if args.ptq:
@@ -175,6 +209,29 @@ def parse_args(argv=None, prog=None):
         except ValueError as exc:
             ap.error(str(exc))
     return args
+
+
+def _check_distillation(ap, args) -> None:
+    """``--teacher`` / ``--train-teacher`` and the distillation options."""
+    distils = args.teacher is not None or args.train_teacher
+    if args.teacher is not None and args.train_teacher:
+        ap.error("give --teacher RUN_DIR (a finished full-precision run) or --train-teacher, "
+                 "not both")
+    if distils and args.ptq:
+        ap.error("--teacher/--train-teacher distil during training; --ptq does not train: drop "
+                 "one of them")
+    if distils and args.weight_bits == 0 and args.v_bits == 0:
+        ap.error("--teacher/--train-teacher distil into a quantized network: give --weight-bits "
+                 "or --v-bits > 0")
+    if args.teacher is not None and not (Path(args.teacher) / "model.pt").is_file():
+        ap.error(f"--teacher {args.teacher}: no model.pt there (give the folder of a finished "
+                 f"--weight-bits 0 --v-bits 0 run)")
+    if not math.isfinite(args.kd_temperature) or args.kd_temperature <= 0:
+        ap.error(f"--kd-temperature must be a finite number > 0, got {args.kd_temperature}")
+    if not 0 <= args.kd_weight <= 1:
+        ap.error(f"--kd-weight must be in [0, 1], got {args.kd_weight}")
+    if not math.isfinite(args.align_weight) or args.align_weight < 0:
+        ap.error(f"--align-weight must be a finite number >= 0, got {args.align_weight}")
 
 
 def _check_tau(ap, args) -> None:
