@@ -61,6 +61,13 @@ CANDIDATES = {
                                    align_weight=1.0),
     "kd T0.2 a0.5 + membrane b0.1": dict(temperature=0.2, kd_weight=0.5, align="membrane",
                                          align_weight=0.1),
+    # issue 48 §2: progressive lowering of the weight bits (from 4, lowered after a third)
+    "progressive 4->": dict(lower_from=4, lower_at=1 / 3),
+    "kd T0.2 a0.9 + progressive 4->": dict(temperature=0.2, kd_weight=0.9, align=None,
+                                           lower_from=4, lower_at=1 / 3),
+    "kd T0.1 a0.9": dict(temperature=0.1, kd_weight=0.9, align=None),
+    "kd T0.2 a0.9 + rate b1": dict(temperature=0.2, kd_weight=0.9, align="firing_rate",
+                                   align_weight=1.0),
 }
 
 
@@ -84,19 +91,29 @@ def train_student(bench, config, seed: int, teacher, options, freeze_bn_epochs: 
     import snnquant
     from snnquant.distill import Distiller
     from spikingjelly.activation_based import functional
+    from snnquant.lower_bits import lower_weight_bits
     args = bench.args_for(seed)
+    options = dict(options or {})
+    # progressive lowering: train at lower_from bits until the epoch lower_at * epochs, then at
+    # the configuration's bits (snnquant.lower_bits.lower_weight_bits)
+    lower_from, lower_at = options.pop("lower_from", None), options.pop("lower_at", None)
+    distil = bool(options)
     torch.manual_seed(seed)
     model = bench.ex.build_csnn(args.channels, args.tau)
     if config is not None:
-        model, _ = snnquant.quantize_model(model, config)
+        start = config if lower_from is None else snnquant.QuantConfig(
+            weight_bits=lower_from, v_bits=config.v_bits)
+        model, _ = snnquant.quantize_model(model, start)
     lr = bench.ex.default_lr(*(0, None) if config is None else
                              (config.weight_bits, config.weight_quantizer))
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     epochs = bench.epochs
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
-    distiller = Distiller(model, teacher, **options) if options is not None else None
+    distiller = Distiller(model, teacher, **options) if distil else None
     seconds = 0.0
     for epoch in range(epochs):
+        if lower_from is not None and epoch == int(lower_at * epochs):
+            lower_weight_bits(model, config.weight_bits)
         if epoch >= epochs - freeze_bn_epochs:
             snnquant.freeze_batchnorm(model)
         loader, _ = bench.ex.make_loaders(bench.train_set, bench.test_set, args, 0, 1, epoch)
