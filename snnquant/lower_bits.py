@@ -31,9 +31,6 @@ def lower_weight_bits(model: nn.Module, weight_bits: int) -> List[str]:
             ``'lsq_pow2'`` weights.
         weight_bits: the new width, >= 2 (a narrower grid than binary needs another quantizer).
     """
-    from snnquant.nn.quantizers import LSQQuantizer
-    from snnquant.nn.quantizers.base import signed_range
-
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     if isinstance(weight_bits, bool) or not isinstance(weight_bits, int) or weight_bits < 2:
@@ -41,12 +38,9 @@ def lower_weight_bits(model: nn.Module, weight_bits: int) -> List[str]:
     changed = []
     for name, module in model.named_modules():
         q = getattr(module, "weight_quant", None)
-        if not isinstance(q, LSQQuantizer) or q.bits <= weight_bits:
-            continue
-        q.bits = weight_bits
-        q.qmin, q.qmax = signed_range(weight_bits, q.signed)
-        q.bit_width.fill_(weight_bits)
-        q.mark_uninitialized()
+        if not callable(getattr(q, "set_bits", None)) or q.bits <= weight_bits:
+            continue  # only the learned-step quantizers change their width in place
+        q.set_bits(weight_bits)
         changed.append(name)
     if not changed:
         raise ValueError(f"lower_weight_bits: no LSQ weight quantizer of {type(model).__name__} "

@@ -505,7 +505,7 @@ FLOORS = (
     ("capture",),
     ("convert", "export", "measure"),
     ("targets",),
-    ("summary", "calibrate", "sensitivity"),
+    ("summary", "calibrate", "sensitivity", "distill", "lower_bits"),
 )
 #: The command line stands on top of everything (datasets included); no part imports it.
 APPLICATIONS = ("cli", "__main__")

@@ -34,10 +34,10 @@ def teacher_argv(args) -> list:
     return argv
 
 
-def train_teacher(args) -> Path:
+def train_teacher(args, run_main) -> Path:
     """Train (or, after an interruption, resume; or, when finished, keep) the teacher of
-    ``--train-teacher`` in ``<out>/teacher``; return that folder."""
-    from snnquant.cli.train import main
+    ``--train-teacher`` in ``<out>/teacher`` with ``run_main`` (``snnquant.cli.train.main``, one
+    run of the given flags); return that folder."""
     folder = Path(args.out) / TEACHER_FOLDER
     if (folder / MANIFEST).is_file():
         print(f"teacher: the finished run in {folder}")
@@ -45,7 +45,8 @@ def train_teacher(args) -> Path:
     resume = (folder / "checkpoint.pt").is_file()
     print(f"teacher: {'resuming' if resume else 'training'} the full-precision network in "
           f"{folder}", flush=True)
-    main(teacher_argv(args) + (["--resume"] if resume else []), prog="snnquant train (teacher)")
+    run_main(teacher_argv(args) + (["--resume"] if resume else []),
+             prog="snnquant train (teacher)")
     return folder
 
 

@@ -11,6 +11,8 @@ stage of a run lives in a module of its own, in the order a run goes through the
 * :mod:`snnquant.cli.resume`: the run configuration a checkpoint records, checked by ``--resume``;
 * :mod:`snnquant.cli.data`: the datasets and the loaders of each epoch;
 * :mod:`snnquant.cli.network`: the example's network, quantized as the flags say;
+* :mod:`snnquant.cli.teacher`: ``--teacher`` / ``--train-teacher``, the full-precision network
+  a run distils from;
 * :mod:`snnquant.cli.training`: the training loop, a checkpoint after each epoch;
 * :mod:`snnquant.cli.integer_check`: BatchNorm folding, integer and C export, integer agreement;
 * :mod:`snnquant.cli.ptq`: ``--ptq``, post-training quantization instead of training;
@@ -113,7 +115,7 @@ def _run(args, folder):
         if args.train_teacher and world > 1:
             raise SystemExit("--train-teacher trains the teacher in one process: train it "
                              "first (--weight-bits 0 --v-bits 0), then distil with --teacher")
-        teacher_folder = train_teacher(args) if args.train_teacher else Path(args.teacher)
+        teacher_folder = train_teacher(args, main) if args.train_teacher else Path(args.teacher)
         teacher = load_teacher(args, teacher_folder)
         random.seed(args.seed)
         torch.manual_seed(args.seed)
