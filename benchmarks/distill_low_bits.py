@@ -239,35 +239,38 @@ def report(parts: list) -> str:
              f"to_integer + IntegerSNN, 0 fine-tuning epochs; agreement = samples whose integer "
              f"output spikes equal the trained network's. Median (min..max) over the seeds; "
              f"points relative to full precision's median.", "",
-             "| configuration | method | trained | deployed (0 ft) | vs full precision | "
-             "agreement | s/epoch (training) |", "|---|---|---|---|---|---|---|"]
+             "| configuration | method | seeds | trained | deployed (0 ft) | vs full precision | "
+             "agreement | s/epoch (training) |", "|---|---|---|---|---|---|---|---|"]
     fp = [p["rows"]["FP"]["full precision"]["trained"] for p in parts]
     fp_med = statistics.median(fp)
-    lines.append(f"| full precision | - | {fmt(fp)} | - | - | - | - |")
-    names = [n for n in CONFIGS if all(n in p["rows"] for p in parts)]
+    lines.append(f"| full precision | - | {len(fp)} | {fmt(fp)} | - | - | - | - |")
+    names = [n for n in CONFIGS if any(n in p["rows"] for p in parts)]
     for name in names:
-        methods = [m for m in parts[0]["rows"][name] if all(m in p["rows"][name] for p in parts)]
+        # every method measured on some seed, in the order first measured
+        methods = list(dict.fromkeys(m for p in parts for m in p["rows"].get(name, {})))
         base_time = None
         for method in methods:
-            rows = [p["rows"][name][method] for p in parts]
+            rows = [p["rows"][name][method] for p in parts if method in p["rows"].get(name, {})]
             dep = [r["deployed"] for r in rows]
             per_epoch = statistics.median(r["seconds_per_epoch"] for r in rows)
             if method == "default":
                 base_time = per_epoch
             rel = f" ({per_epoch / base_time:.2f}x)" if base_time and method != "default" else ""
-            lines.append(f"| {name} | {method} | {fmt([r['trained'] for r in rows])} | "
+            lines.append(f"| {name} | {method} | {len(rows)} | {fmt([r['trained'] for r in rows])} | "
                          f"{fmt(dep)} | {100 * (statistics.median(dep) - fp_med):+.1f} | "
                          f"{fmt([r['agreement'] for r in rows])} | {per_epoch:.2f}{rel} |")
     lines += ["", "Options of each method (snnquant.distill.Distiller):", ""]
-    for name in names:
-        for method, row in parts[0]["rows"][name].items():
-            lines.append(f"- {name} {method}: {row['options']}")
-        break
+    options = {}
+    for p in parts:
+        for method, row in p["rows"].get(names[0], {}).items() if names else ():
+            options.setdefault(method, row["options"])
+    lines += [f"- {method}: {opts}" for method, opts in options.items()]
     lines += ["", "Per seed (deployed accuracy %):", ""]
     for p in parts:
         cells = [f"FP {100 * p['rows']['FP']['full precision']['trained']:.2f}"]
         for name in names:
-            cells += [f"{name} {m} {100 * r['deployed']:.2f}" for m, r in p["rows"][name].items()]
+            cells += [f"{name} {m} {100 * r['deployed']:.2f}"
+                      for m, r in p["rows"].get(name, {}).items()]
         lines.append(f"- seed {p['seed']}: " + "; ".join(cells))
     commands = sorted({c for p in parts for c in p.get("commands", [p["command"]])})
     lines += ["", "Measured by: " + "; ".join(f"`{c}`" for c in commands)]
@@ -300,6 +303,63 @@ def combine(paths: list, out: str, name: str) -> str:
     return table
 
 
+def time_epochs(args, bench) -> str:
+    """``--time-epochs N``: the cost of distillation, with the machine's load drift taken out:
+    one student with and one without the distiller (the ``kd`` options) train in turn, epoch by
+    epoch, ``N`` epochs each, in this process; the median of the per-pair ratios."""
+    import snnquant
+    from snnquant.distill import Distiller
+    from spikingjelly.activation_based import functional
+    seed = args.seeds[0]
+    teacher, _, _ = teacher_for(bench, seed)
+    w, v = CONFIGS[args.configs[0]]
+    bargs = bench.args_for(seed)
+    students = []
+    for distil in (False, True):
+        torch.manual_seed(seed)
+        model, _ = snnquant.quantize_model(bench.ex.build_csnn(bargs.channels, bargs.tau),
+                                           snnquant.QuantConfig(weight_bits=w, v_bits=v))
+        opt = torch.optim.Adam(model.parameters(), lr=bench.ex.default_lr(w, None))
+        options = method_options(args, "kd")
+        students.append((model, opt, Distiller(model, teacher, **options) if distil else None))
+    seconds = {False: [], True: []}
+    for epoch in range(args.time_epochs):
+        loader, _ = bench.ex.make_loaders(bench.train_set, bench.test_set, bargs, 0, 1, epoch)
+        batches = list(loader)
+        for model, opt, distiller in students:
+            model.train()
+            t0 = time.time()
+            for frames, y in batches:
+                x = frames.float().transpose(0, 1)
+                out = distiller(x) if distiller is not None else model(x)
+                rate = out.float().mean(0)
+                loss = F.mse_loss(rate, F.one_hot(y, rate.shape[-1]).float())
+                if distiller is not None:
+                    loss = distiller.loss(out, loss)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                functional.reset_net(model)
+            seconds[distiller is not None].append(time.time() - t0)
+    ratios = [b / a for a, b in zip(seconds[False], seconds[True])]
+    table = (f"Cost of distillation ({args.configs[0]}, the kd options {method_options(args, 'kd')}): "
+             f"{args.time_epochs} training epochs each on the {len(bench.train_set)} training "
+             f"recordings, with and without the distiller in turn in one process (one thread; "
+             f"the machine was shared, so the pairs' ratio counts, not the seconds).\n\n"
+             f"| | s/epoch without | s/epoch with distillation | ratio (median of pairs) |\n"
+             f"|---|---|---|---|\n"
+             f"| {args.configs[0]} | {statistics.median(seconds[False]):.2f} | "
+             f"{statistics.median(seconds[True]):.2f} | {statistics.median(ratios):.2f}x "
+             f"({min(ratios):.2f}..{max(ratios):.2f}) |\n")
+    if not args.quick:
+        common.write_results("distill_low_bits_cost", dict(
+            seconds_without=seconds[False], seconds_with=seconds[True], ratios=ratios,
+            options=method_options(args, "kd"), config=args.configs[0]), table, args.out)
+        from _tables import md_to_rst
+        write_files(args.out, {"distill_low_bits_cost_table.rst": md_to_rst(table)})
+    return table
+
+
 def main():
     ap = common.common_args(__doc__, default_epochs=30)
     ap.add_argument("--configs", nargs="+", default=["W2/V4"], choices=list(CONFIGS))
@@ -316,6 +376,9 @@ def main():
     ap.add_argument("--name", default=None, help="results file name (default distill_low_bits"
                     "[_val]_real)")
     ap.add_argument("--combine", nargs="+", metavar="JSON", default=None)
+    ap.add_argument("--time-epochs", type=int, default=None, metavar="N",
+                    help="measure the cost of distillation only: N epochs with and N without, "
+                         "in turn (the first seed and configuration)")
     if "--combine" in sys.argv:
         args = ap.parse_args()
         print(combine(args.combine, args.out, args.name or "distill_low_bits_real"))
@@ -332,6 +395,9 @@ def main():
             "" if args.root is None else "_real")
     if args.quick:
         args.out = os.path.join("/tmp", "distill_quick")
+    if args.time_epochs:
+        print(time_epochs(args, bench))
+        return
     for seed in args.seeds:
         run_seed(args, bench, seed)
 

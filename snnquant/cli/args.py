@@ -132,10 +132,10 @@ def parse_args(argv=None, prog=None):
                     help="--ptq: snnquant.calibrate method")
     kd = ap.add_argument_group(
         "distillation from the full-precision network (snnquant.distill.Distiller)",
-        "At 3 bits and below, training against the full-precision network recovers accuracy "
-        "(docs: guide/low_bits): give a finished --weight-bits 0 --v-bits 0 run with --teacher, "
-        "or --train-teacher to train it first into <out>/teacher. The student still trains with "
-        "BatchNorm folded and deploys exactly; an epoch costs about one more forward pass of the "
+        "At 3 bits and below, training against the full-precision network recovers accuracy\n"
+        "(docs: guide/low_bits): give a finished --weight-bits 0 --v-bits 0 run with --teacher,\n"
+        "or --train-teacher to train it first into <out>/teacher. The student still trains with\n"
+        "BatchNorm folded and deploys exactly; an epoch costs one more forward pass of the\n"
         "full-precision network. The teacher's SHA-256 goes into run.json and the checkpoint.")
     kd.add_argument("--teacher", metavar="RUN_DIR", default=None,
                     help="distil from the full-precision network of this finished run folder "
@@ -150,9 +150,10 @@ def parse_args(argv=None, prog=None):
     kd.add_argument("--kd-weight", type=float, default=KD_WEIGHT,
                     help=f"weight alpha of the output loss; the task loss gets 1 - alpha "
                          f"(default {KD_WEIGHT})")
-    kd.add_argument("--align", default=KD_ALIGN, choices=("none",) + ALIGNMENTS,
-                    help=f"per-layer alignment with the teacher, layers matched by name "
-                         f"(default {KD_ALIGN})")
+    kd.add_argument("--align", default=KD_ALIGN,
+                    choices=("none",) + tuple(a for a in ALIGNMENTS if a != "attention"),
+                    help=f"per-layer alignment with the teacher's neurons, matched by name "
+                         f"(default {KD_ALIGN}; the command line's networks have no attention)")
     kd.add_argument("--align-weight", type=float, default=KD_ALIGN_WEIGHT,
                     help=f"weight of the alignment (default {KD_ALIGN_WEIGHT})")
     ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: simulate an interruption
