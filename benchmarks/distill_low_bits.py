@@ -238,7 +238,9 @@ def report(parts: list) -> str:
              f"frozen), seeds {seeds}; deployed = fold_batchnorm (FoldWarning an error) + "
              f"to_integer + IntegerSNN, 0 fine-tuning epochs; agreement = samples whose integer "
              f"output spikes equal the trained network's. Median (min..max) over the seeds; "
-             f"points relative to full precision's median.", "",
+             f"points relative to full precision's median. The seconds per epoch were measured "
+             f"on a shared 2-core machine whose load changed from run to run: the cost of "
+             f"distillation is measured apart (distill_low_bits_cost).", "",
              "| configuration | method | seeds | trained | deployed (0 ft) | vs full precision | "
              "agreement | s/epoch (training) |", "|---|---|---|---|---|---|---|---|"]
     fp = [p["rows"]["FP"]["full precision"]["trained"] for p in parts]

@@ -12,11 +12,13 @@ from snnquant.cli.network import BINARY_LR, DEFAULT_LR, default_lr
 from snnquant.cli.ptq import ptq_network
 from snnquant.distill import ALIGNMENTS
 
-#: ``--kd-temperature``, ``--kd-weight``, ``--align``, ``--align-weight`` by default: chosen on
-#: a validation split of the real N-MNIST training recordings (benchmarks/distill_low_bits.py)
+#: ``--kd-temperature``, ``--kd-weight``, ``--align``, ``--align-weight`` by default: chosen for
+#: W2/V4 on a validation split of the real N-MNIST training recordings (160 of the 800, 2 seeds;
+#: benchmarks/results/distill_low_bits_val_real.md): the output loss plus firing-rate alignment
+#: beat either alone and the membrane alignment
 KD_TEMPERATURE = 0.2
 KD_WEIGHT = 0.5
-KD_ALIGN = "none"
+KD_ALIGN = "firing_rate"
 KD_ALIGN_WEIGHT = 1.0
 
 #: ``snnquant train --help``: what the command does, its outputs, its run folder and exit statuses
