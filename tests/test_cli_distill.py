@@ -105,3 +105,24 @@ def test_bad_teacher_flags_are_refused(env, tmp_path, teacher_run):
                    *STUDENT, "--teacher", teacher_run, "--out", tmp_path / "o2", "--epochs", "1")
     assert res.returncode == 1 and "--channels" in res.stderr.strip().splitlines()[-1], \
         res.stderr[-2000:]
+
+
+def test_a_run_killed_while_its_teacher_trains_resumes_the_teacher(env, tmp_path):
+    from snnquant.cli.args import parse_args
+    from snnquant.cli.teacher import teacher_argv
+    out = tmp_path / "run"
+    flags = [*TINY, "--epochs", "2", *STUDENT, "--no-integer-check"]
+    # the teacher's own run, stopped after its first epoch, where --train-teacher puts it
+    argv = teacher_argv(parse_args([*flags, "--train-teacher", "--out", str(out),
+                                    "--device", "cpu"]))
+    res = snnquant(env, "train", *argv, "--stop-after", "1")
+    assert res.returncode == 0 and "stopping after epoch 1" in res.stdout, res.stderr[-2000:]
+    assert not (out / "teacher" / "model.pt").exists()   # (a stopped run writes run.json)
+    line = one_error_line(snnquant(env, "train", *flags, "--train-teacher", "--out", out))
+    assert "not empty" in line and "--resume" in line
+    res = snnquant(env, "train", *flags, "--train-teacher", "--out", out, "--resume")
+    assert res.returncode == 0, res.stdout[-2000:] + res.stderr[-2000:]
+    assert "teacher: resuming the full-precision network" in res.stdout
+    assert "resumed from" in res.stdout
+    manifest = json.loads((out / "run.json").read_text())
+    assert manifest["configuration"]["teacher_sha256"] == _sha256(out / "teacher" / "model.pt")

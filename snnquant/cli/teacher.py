@@ -39,7 +39,8 @@ def train_teacher(args, run_main) -> Path:
     ``--train-teacher`` in ``<out>/teacher`` with ``run_main`` (``snnquant.cli.train.main``, one
     run of the given flags); return that folder."""
     folder = Path(args.out) / TEACHER_FOLDER
-    if (folder / MANIFEST).is_file():
+    # a run stopped early (--stop-after) writes run.json too, but no model.pt
+    if (folder / MANIFEST).is_file() and (folder / "model.pt").is_file():
         print(f"teacher: the finished run in {folder}")
         return folder
     resume = (folder / "checkpoint.pt").is_file()
@@ -66,6 +67,9 @@ def load_teacher(args, folder: Path):
         manifest = verify_manifest(folder)
     except ValueError as exc:
         raise SystemExit(f"--teacher: {exc}") from None
+    if "model.pt" not in manifest.get("files", {}):
+        raise SystemExit(f"--teacher {folder}: {folder / MANIFEST} lists no model.pt (the run "
+                         f"stopped before its end): finish it with --resume first")
     config = manifest.get("configuration") or {}
     if config.get("weight_bits") != 0 or config.get("v_bits") != 0:
         raise SystemExit(f"--teacher {folder}: {folder / MANIFEST} records --weight-bits "
