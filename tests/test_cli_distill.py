@@ -26,6 +26,7 @@ def teacher_run(env, tmp_path_factory):
     return out
 
 
+@pytest.mark.heavy  # several subprocess trainings
 def test_train_teacher_first_then_distil_end_to_end(env, tmp_path):
     """A tiny run that trains its teacher into <out>/teacher, distils, deploys exactly and
     records the teacher's checksum in run.json."""
@@ -49,6 +50,7 @@ def test_train_teacher_first_then_distil_end_to_end(env, tmp_path):
     assert _sha256(teacher_pt) == manifest["configuration"]["teacher_sha256"]
 
 
+@pytest.mark.heavy  # several subprocess trainings
 def test_a_distillation_killed_and_resumed_equals_an_uninterrupted_one(env, tmp_path, teacher_run):
     whole, part = tmp_path / "whole", tmp_path / "part"
     flags = [*TINY, "--epochs", "3", *STUDENT, "--kd-weight", "0.7", "--teacher", teacher_run,
@@ -107,6 +109,7 @@ def test_bad_teacher_flags_are_refused(env, tmp_path, teacher_run):
         res.stderr[-2000:]
 
 
+@pytest.mark.heavy  # several subprocess trainings
 def test_a_run_killed_while_its_teacher_trains_resumes_the_teacher(env, tmp_path):
     from snnquant.cli.args import parse_args
     from snnquant.cli.teacher import teacher_argv
