@@ -140,29 +140,38 @@ def train_student(bench, config, seed: int, teacher, options, freeze_bn_epochs: 
 
 
 def deploy(bench, model, seed: int) -> dict:
-    """Fold (FoldWarning an error), export and run ``IntegerSNN`` on ``bench.test_set``: its
-    accuracy and the share of samples whose output spikes equal the trained network's."""
+    """Fold, export and run ``IntegerSNN`` on ``bench.test_set``: its accuracy and the share of
+    samples whose output spikes equal the trained network's. Folding must change nothing
+    (FoldWarning), except for binary weights, whose BatchNorm folds after training
+    (``fold_batchnorm`` rescales alpha): ``fold_changed`` then says so and the agreement is with
+    the folded network."""
     from spikingjelly.activation_based import functional
     from snnquant.export import IntegerSNN, fold_batchnorm, to_integer
     from snnquant.export.fold import FoldWarning
     model.eval()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", FoldWarning)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", FoldWarning)
         folded = fold_batchnorm(model)
+    changed = [str(w.message) for w in caught if issubclass(w.category, FoldWarning)]
+    binary = any(getattr(getattr(m, "weight_quant", None), "bits", None) == 1
+                 for m in model.modules())
+    if changed and not binary:
+        raise FoldWarning(changed[0])
+    reference = folded.eval() if changed else model
     sim = IntegerSNN(to_integer(folded.eval()))
     args = bench.args_for(seed)
     _, loader = bench.ex.make_loaders(bench.train_set, bench.test_set, args, 0, 1, 0)
     correct = equal = count = 0
     with torch.no_grad():
         for frames, y in loader:
-            functional.reset_net(model)
-            trained = model(frames.float().transpose(0, 1))
+            functional.reset_net(reference)
+            trained = reference(frames.float().transpose(0, 1))
             out = sim(frames.transpose(0, 1).to(torch.int64))
             correct += int((out.float().mean(0).argmax(-1) == y).sum())
             equal += int((out.float() == trained.float()).flatten(2).all(-1).all(0).sum())
             count += int(y.numel())
-    functional.reset_net(model)
-    return dict(deployed=correct / count, agreement=equal / count)
+    functional.reset_net(reference)
+    return dict(deployed=correct / count, agreement=equal / count, fold_changed=bool(changed))
 
 
 def teacher_for(bench, seed: int):
