@@ -273,6 +273,12 @@ def report(parts: list) -> str:
             lines.append(f"| {name} | {method} | {len(rows)} | {fmt([r['trained'] for r in rows])} | "
                          f"{fmt(dep)} | {100 * (statistics.median(dep) - fp_same):+.1f} | "
                          f"{fmt([r['agreement'] for r in rows])} | {per_epoch:.2f}{rel} |")
+    refolded = sorted({name for p in parts for name, methods in p["rows"].items()
+                       for r in methods.values() if r.get("fold_changed")})
+    if refolded:
+        lines += ["", f"{', '.join(refolded)}: binary weights' BatchNorm folds after training "
+                      f"(fold_batchnorm rescales alpha, with a FoldWarning), so deployed may "
+                      f"differ from trained; the agreement is with the folded network."]
     if not first["validate"]:
         lines += ["", "Targets of issue 48 (deployed, median, against full precision's median):",
                   ""]
