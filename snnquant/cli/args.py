@@ -134,10 +134,10 @@ def parse_args(argv=None, prog=None):
                     help="--ptq: snnquant.calibrate method")
     kd = ap.add_argument_group(
         "distillation from the full-precision network (snnquant.distill.Distiller)",
-        "Use it at 2 weight bits: there, training against the full-precision network recovered\n"
-        "most of the points the default loses on real N-MNIST; at 3 and 4 bits the default was\n"
-        "already near full precision, and with binary weights (--weight-bits 1, BatchNorm folded\n"
-        "after training) it lost accuracy (docs: guide/low_bits, measured by\n"
+        "Use it at 2 to 4 weight bits: on real N-MNIST, training against the full-precision\n"
+        "network recovered most of the points the default loses at 2 bits and the last point at\n"
+        "3 and 4 bits; with binary weights (--weight-bits 1, BatchNorm folded after training)\n"
+        "it lost accuracy (docs: guide/low_bits, measured by\n"
         "benchmarks/distill_low_bits.py). Give a finished --weight-bits 0 --v-bits 0 run with\n"
         "--teacher, or --train-teacher to train it first into <out>/teacher. The student still\n"
         "trains with BatchNorm folded and deploys exactly; an epoch costs one more forward pass\n"
