@@ -488,7 +488,7 @@ FLOORS = (
     ("targets",),
     ("deployability",),
     ("convert",),
-    ("summary", "calibrate", "sensitivity"),
+    ("summary", "calibrate", "sensitivity", "distill", "lower_bits"),
 )
 #: The command line stands on top of everything (datasets included); no part imports it.
 APPLICATIONS = ("cli", "__main__")

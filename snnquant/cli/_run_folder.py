@@ -27,7 +27,9 @@ EPOCH_FILES = ("checkpoint.pt", "metrics.json", "accuracy.png", "firing_rates.pn
 # written once at the end of a run (or by --ptq): a resumed run removes them and writes them again
 END_OF_RUN_FILES = ("model.pt", "summary.txt", "model_folded.pt", "model_int.safetensors",
                     "model_int.h", "model_int.c", "ptq.json", MANIFEST)
-RUN_FILES = EPOCH_FILES + END_OF_RUN_FILES
+# the full-precision teacher that --train-teacher trains first: a run folder of its own
+TEACHER_FOLDER = "teacher"
+RUN_FILES = EPOCH_FILES + END_OF_RUN_FILES + (TEACHER_FOLDER,)
 
 
 class RunFolderError(Exception):

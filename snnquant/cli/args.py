@@ -10,6 +10,16 @@ import torch
 
 from snnquant.cli.network import BINARY_LR, DEFAULT_LR, default_lr
 from snnquant.cli.ptq import ptq_network
+from snnquant.distill import ALIGNMENTS
+
+#: ``--kd-temperature``, ``--kd-weight``, ``--align``, ``--align-weight`` by default: chosen for
+#: W2/V4 on a validation split of the real N-MNIST training recordings (160 of the 800, 2 seeds;
+#: benchmarks/results/distill_low_bits_val_real.md): the output loss plus firing-rate alignment
+#: beat either alone and the membrane alignment
+KD_TEMPERATURE = 0.2
+KD_WEIGHT = 0.5
+KD_ALIGN = "firing_rate"
+KD_ALIGN_WEIGHT = 1.0
 
 #: ``snnquant train --help``: what the command does, its outputs, its run folder and exit statuses
 #: (the description above the flags; the dataset layouts follow it)
@@ -138,6 +148,36 @@ def train_parser(prog=None):
                     help="centre-crop every frame to SIZE x SIZE (e.g. N-MNIST's 34x34 to 32, "
                          "so that a transformer's final means run over powers of two, as the "
                          "deployability report before training asks)")
+    kd = ap.add_argument_group(
+        "distillation from the full-precision network (snnquant.distill.Distiller)",
+        "Use it at 2 to 4 weight bits: on real N-MNIST, training against the full-precision\n"
+        "network recovered most of the points the default loses at 2 bits and the last point at\n"
+        "3 and 4 bits; with binary weights (--weight-bits 1, BatchNorm folded after training)\n"
+        "it lost accuracy (docs: guide/low_bits, measured by\n"
+        "benchmarks/distill_low_bits.py). Give a finished --weight-bits 0 --v-bits 0 run with\n"
+        "--teacher, or --train-teacher to train it first into <out>/teacher. The student still\n"
+        "trains with BatchNorm folded and deploys exactly; an epoch costs one more forward pass\n"
+        "of the full-precision network (about 1.6x the time of an epoch on a CPU). The\n"
+        "teacher's SHA-256 goes into run.json and the checkpoint.")
+    kd.add_argument("--teacher", metavar="RUN_DIR", default=None,
+                    help="distil from the full-precision network of this finished run folder "
+                         "(its model.pt, checked against its run.json)")
+    kd.add_argument("--train-teacher", action="store_true",
+                    help="train the full-precision teacher first, into <out>/teacher (same data, "
+                         "network, epochs and seed), then distil from it; --resume continues "
+                         "whichever of the two was interrupted")
+    kd.add_argument("--kd-temperature", type=float, default=KD_TEMPERATURE,
+                    help=f"temperature of the output loss on the output firing rates (default "
+                         f"{KD_TEMPERATURE}: rates lie in [0, 1], so below 1 sharpens them)")
+    kd.add_argument("--kd-weight", type=float, default=KD_WEIGHT,
+                    help=f"weight alpha of the output loss; the task loss gets 1 - alpha "
+                         f"(default {KD_WEIGHT})")
+    kd.add_argument("--align", default=KD_ALIGN,
+                    choices=("none",) + tuple(a for a in ALIGNMENTS if a != "attention"),
+                    help=f"per-layer alignment with the teacher's neurons, matched by name "
+                         f"(default {KD_ALIGN}; the command line's networks have no attention)")
+    kd.add_argument("--align-weight", type=float, default=KD_ALIGN_WEIGHT,
+                    help=f"weight of the alignment (default {KD_ALIGN_WEIGHT})")
     ap.add_argument("--stop-after", type=int, default=None, help=argparse.SUPPRESS)  # tests: simulate an interruption
     return ap
 
@@ -193,6 +233,7 @@ def parse_args(argv=None, prog=None):
     if args.ptq and args.resume:
         ap.error("--resume continues a training run from its checkpoint; a --ptq run has none: "
                  "run --ptq again into an empty --out")
+    _check_distillation(ap, args)
     if args.ptq and not Path(args.ptq).is_file():
         ap.error(f"--ptq: no checkpoint file at {args.ptq}")
     if args.ptq:
@@ -213,6 +254,27 @@ def _check_ptq_options(ap, args) -> None:
         if given:
             ap.error(f"{flag} changes training; a --ptq run trains nothing (it calibrates and "
                      f"fine-tunes the folded network): leave {flag} out")
+def _check_distillation(ap, args) -> None:
+    """``--teacher`` / ``--train-teacher`` and the distillation options."""
+    distils = args.teacher is not None or args.train_teacher
+    if args.teacher is not None and args.train_teacher:
+        ap.error("give --teacher RUN_DIR (a finished full-precision run) or --train-teacher, "
+                 "not both")
+    if distils and args.ptq:
+        ap.error("--teacher/--train-teacher distil during training; --ptq does not train: drop "
+                 "one of them")
+    if distils and args.weight_bits == 0 and args.v_bits == 0:
+        ap.error("--teacher/--train-teacher distil into a quantized network: give --weight-bits "
+                 "or --v-bits > 0")
+    if args.teacher is not None and not (Path(args.teacher) / "model.pt").is_file():
+        ap.error(f"--teacher {args.teacher}: no model.pt there (give the folder of a finished "
+                 f"--weight-bits 0 --v-bits 0 run)")
+    if not math.isfinite(args.kd_temperature) or args.kd_temperature <= 0:
+        ap.error(f"--kd-temperature must be a finite number > 0, got {args.kd_temperature}")
+    if not 0 <= args.kd_weight <= 1:
+        ap.error(f"--kd-weight must be in [0, 1], got {args.kd_weight}")
+    if not math.isfinite(args.align_weight) or args.align_weight < 0:
+        ap.error(f"--align-weight must be a finite number >= 0, got {args.align_weight}")
 
 
 def _check_tau(ap, args) -> None:

@@ -12,8 +12,9 @@ CHECKPOINT = "checkpoint.pt"
 # Flags that do not change what the training epochs compute: a run may resume with other values.
 # Every other flag (and the world size and device type) is part of the run configuration stored
 # in the checkpoint, and --resume refuses a checkpoint made with another configuration.
+# --teacher is the path of the teacher's run folder: its SHA-256 (teacher_sha256) is what counts.
 RESUMABLE_FLAGS = ("out", "resume", "workers", "stop_after", "no_integer_check", "finetune_epochs",
-                   "device")
+                   "device", "teacher")
 
 
 # Flags added after checkpoints recorded their configuration (``--model``, ``--model-arg``,

@@ -11,6 +11,8 @@ stage of a run lives in a module of its own, in the order a run goes through the
 * :mod:`snnquant.cli.resume`: the run configuration a checkpoint records, checked by ``--resume``;
 * :mod:`snnquant.cli.data`: the datasets and the loaders of each epoch;
 * :mod:`snnquant.cli.network`: the example's network, quantized as the flags say;
+* :mod:`snnquant.cli.teacher`: ``--teacher`` / ``--train-teacher``, the full-precision network
+  a run distils from;
 * :mod:`snnquant.cli.training`: the training loop, a checkpoint after each epoch;
 * :mod:`snnquant.cli.integer_check`: BatchNorm folding, integer and C export, integer agreement;
 * :mod:`snnquant.cli.ptq`: ``--ptq``, post-training quantization instead of training;
@@ -38,7 +40,7 @@ from snnquant.cli.network import (BINARY_LR, DEFAULT_LR, build_csnn, build_netwo
 from snnquant.cli.ptq import ptq_network, run_ptq
 from snnquant.cli.report import (atomic_write_text, print_integer_check, write_metrics,
                                  write_plots, write_summary)
-from snnquant.cli.resume import (RESUMABLE_FLAGS, check_resume_config, checkpoint_to_resume,
+from snnquant.cli.resume import (CHECKPOINT, RESUMABLE_FLAGS, check_resume_config, checkpoint_to_resume,
                                  config_differences, run_configuration)
 from snnquant.cli.training import FiringRates, run_epoch, train
 
@@ -106,9 +108,22 @@ def _run(args, folder):
     random.seed(args.seed)
     torch.manual_seed(args.seed)
 
+    # the teacher first: its checksum is part of the run configuration a checkpoint records
+    teacher = None
+    if args.teacher is not None or args.train_teacher:
+        from snnquant.cli.teacher import load_teacher, train_teacher
+        if args.train_teacher and world > 1:
+            raise SystemExit("--train-teacher trains the teacher in one process: train it "
+                             "first (--weight-bits 0 --v-bits 0), then distil with --teacher")
+        teacher_folder = train_teacher(args, main) if args.train_teacher else Path(args.teacher)
+        teacher = load_teacher(args, teacher_folder)
+        random.seed(args.seed)
+        torch.manual_seed(args.seed)
+
     # the checkpoint is verified (checksum) and its run configuration checked before any work
     ckpt = None
-    if args.resume:
+    if args.resume and not (args.train_teacher and not (out / CHECKPOINT).exists()):
+        # (a --train-teacher run interrupted while its teacher trained has no checkpoint yet)
         ckpt = checkpoint_to_resume(args, out, world)
         if folder is not None:
             folder.remove_end_of_run_files()
@@ -124,8 +139,14 @@ def _run(args, folder):
     model.to(device)
     if rank == 0 and report is not None:
         print(report)
+    distiller = None
+    if teacher is not None:
+        from snnquant.cli.teacher import make_distiller
+        distiller = make_distiller(args, model, teacher.to(device))
     history, seconds, stopped_after = train(model, train_set, test_set, args, device, rank, world,
-                                            out, ckpt)
+                                            out, ckpt, distiller=distiller)
+    if distiller is not None:
+        distiller.remove()
     if stopped_after is not None:
         return dict(stopped_after=stopped_after)
 

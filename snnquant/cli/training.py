@@ -43,10 +43,12 @@ class FiringRates:
 
 
 def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, epoch: int,
-              label: str = "", reduce: bool = True):
+              label: str = "", reduce: bool = True, distiller=None):
     """One pass over ``loader`` (training when ``train``): MSE between the output firing rate and
-    the one-hot label, an ``opt`` step per batch, ``reset_net`` after each; returns ``(mean loss,
-    accuracy)``, summed over ranks when ``reduce``."""
+    the one-hot label (mixed with the distillation loss of ``distiller``, a
+    :class:`~snnquant.distill.Distiller` of ``model``, when training), an ``opt`` step per
+    batch, ``reset_net`` after each; returns ``(mean loss, accuracy)``, summed over ranks when
+    ``reduce``."""
     from spikingjelly.activation_based import functional
     from tqdm import tqdm
 
@@ -64,14 +66,18 @@ def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, 
         y = label.to(device, non_blocking=True)
         with torch.set_grad_enabled(train), torch.autocast(device.type, dtype=amp_dtype,
                                                            enabled=use_amp):
-            out = model(x).float()
+            distil = distiller is not None and train
+            out = distiller(x) if distil else model(x)
+            out_float = out.float()
             # [T, N, classes] per step (the example's spikes, Spikformer), or [N, classes]: a
             # network of SpikingJelly's model package that averages over time itself
-            rate = out.mean(0) if out.dim() == 3 else out
+            rate = out_float.mean(0) if out_float.dim() == 3 else out_float
             if getattr(args, "model", None):   # the model package's heads give logits
                 loss = F.cross_entropy(rate, y)
             else:
                 loss = F.mse_loss(rate, F.one_hot(y, rate.shape[-1]).float())
+            if distil:
+                loss = distiller.loss(out, loss)
         if train:
             opt.zero_grad(set_to_none=True)
             if scaler is not None:
@@ -93,12 +99,14 @@ def run_epoch(model, loader, opt, scaler, args, device, train: bool, rank: int, 
 
 
 def train(model, train_set, test_set, args, device, rank: int, world: int, out: Path,
-          ckpt=None):
+          ckpt=None, distiller=None):
     """Train ``model`` (already on ``device``) for the epochs ``--epochs`` asks, from the first or,
     given the checkpoint ``ckpt`` of ``--resume``, from the one after it: Adam at ``--lr`` with a
     cosine schedule, DDP over ``world`` processes, the last ``--freeze-bn-epochs`` epochs with
     the BatchNorm statistics frozen. After every epoch rank 0 reports it and writes
-    ``checkpoint.pt``, ``metrics.json`` and the plots into ``out``.
+    ``checkpoint.pt``, ``metrics.json`` and the plots into ``out``. With ``distiller`` (a
+    :class:`~snnquant.distill.Distiller` of ``model``) the training passes distil from its
+    frozen teacher.
 
     Returns:
         ``(history, seconds, stopped_after)``: one entry per epoch (losses, accuracies, firing
@@ -128,6 +136,8 @@ def train(model, train_set, test_set, args, device, rank: int, world: int, out: 
     if world > 1:
         ddp_kw = dict(device_ids=[device.index]) if device.type == "cuda" else {}
         net = torch.nn.parallel.DistributedDataParallel(model, **ddp_kw)
+        if distiller is not None:
+            distiller.student = net  # the same modules (hooks and all), through the DDP wrapper
     rates = FiringRates(model)
     log = EpochLog(out) if rank == 0 else None
 
@@ -138,7 +148,8 @@ def train(model, train_set, test_set, args, device, rank: int, world: int, out: 
             print(f"epoch {epoch + 1}: BN statistics frozen (the deployed network trains)")
         train_loader, test_loader = make_loaders(train_set, test_set, args, rank, world, epoch)
         t0 = time.time()
-        train_loss, train_acc = run_epoch(net, train_loader, opt, scaler, args, device, True, rank, epoch)
+        train_loss, train_acc = run_epoch(net, train_loader, opt, scaler, args, device, True, rank,
+                                          epoch, distiller=distiller)
         train_rates = rates.pop()
         names = sorted(train_rates)
         train_rates = {k: v / world for k, v in zip(names, all_sum([train_rates[k] for k in names], device))}

@@ -120,6 +120,15 @@ class LSQQuantizer(InitFlagMixin, ConfigCheckMixin, QuantizerBase):
             self.step.data = init
         self.set_initialized(True)
 
+    def set_bits(self, bits: int) -> None:
+        """Change the bit width in place (progressive lowering,
+        :func:`snnquant.lower_bits.lower_weight_bits`): the range becomes that of ``bits`` and
+        the step is initialised again from the next input."""
+        self.bits = check_bits(bits, "bits", 2 if self.signed else 1)
+        self.qmin, self.qmax = signed_range(bits, self.signed)
+        self.bit_width.fill_(bits)
+        self.mark_uninitialized()
+
     def effective_step(self) -> torch.Tensor:
         r"""The step used in forward (rounded to a power of two when ``power_of_two``).
 
