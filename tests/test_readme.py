@@ -44,8 +44,9 @@ def test_readme_example_runs():
 # --------------------------------------------------------------------------------------------------
 # The first page's figures: each one from the results file its section names
 
-#: a measured figure: a percentage, or a number of a (min..max) range
-FIGURE = re.compile(r"(?<![\w.])\d+\.\d+(?=%|\.\.\d)|(?<=\.\.)\d+\.\d+")
+#: a measured figure: a percentage, a ratio (1.6x), a number of a (min..max) range, bytes
+FIGURE = re.compile(r"(?<![\w.])\d+\.\d+(?=%|\.\.\d|x\b)|(?<=\.\.)\d+\.\d+"
+                    r"|(?<![\w.,])\d{1,3}(?:,\d{3})+(?= B\b)")
 
 
 def _sections(text: str):
