@@ -62,6 +62,25 @@ def write_files(out_dir, files: dict) -> list:
     return [write_atomic(os.path.join(out_dir, name), text) for name, text in files.items()]
 
 
+def write_result(out_dir, stem: str, result: dict, markdown: str) -> list:
+    """Write ``<stem>.json`` (``result``) and ``<stem>.md`` (``markdown``) into ``out_dir``
+    atomically (:func:`write_files`); return their paths."""
+    import json
+
+    return write_files(out_dir, {stem + ".json": json.dumps(result, indent=2) + "\n",
+                                 stem + ".md": markdown})
+
+
+def target_rows(targets: dict) -> list:
+    """Markdown rows ``| name | value | <= limit | pass |`` of a benchmark's targets
+    (``{name: {"value", "target", "pass"}}``; a value of None shows as n/a)."""
+    rows = []
+    for name, t in targets.items():
+        value = "n/a" if t["value"] is None else f"{t['value']:.2f}"
+        rows.append(f"| {name} | {value} | <= {t['target']} | {t['pass']} |")
+    return rows
+
+
 def spread(values):
     """``(median, min, max)`` of a list of values (accuracies of several seeds, times of several
     runs)."""

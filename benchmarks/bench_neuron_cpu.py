@@ -53,7 +53,7 @@ from typing import Callable, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import cpu_name, package_version, use_checkout  # noqa: E402
-from _tables import RESULTS, write_files  # noqa: E402
+from _tables import RESULTS, target_rows, write_result  # noqa: E402
 
 use_checkout()
 import torch  # noqa: E402
@@ -396,9 +396,7 @@ def format_markdown(result) -> str:
     lines.append(f"| C runtime | {c['skipped'] if 'skipped' in c else _fmt(c, 1)} |")
     lines += ["", "## Targets (first shape)", "", "| target | value | limit | pass |",
               "|---|---|---|---|"]
-    for name, t in result["targets"].items():
-        value = "n/a" if t["value"] is None else f"{t['value']:.2f}"
-        lines.append(f"| {name} | {value} | <= {t['target']} | {t['pass']} |")
+    lines += target_rows(result["targets"])
     return "\n".join(lines) + "\n"
 
 
@@ -406,8 +404,7 @@ def write_results(result, out_dir: str, quick: bool):
     """Write ``bench_neuron_cpu.json`` and ``.md`` (``_quick`` with ``--quick``) atomically into
     ``out_dir``; return their paths."""
     stem = "bench_neuron_cpu_quick" if quick else "bench_neuron_cpu"
-    return write_files(out_dir, {stem + ".json": json.dumps(result, indent=2) + "\n",
-                                 stem + ".md": format_markdown(result)})
+    return write_result(out_dir, stem, result, format_markdown(result))
 
 
 def main(argv=None) -> int:

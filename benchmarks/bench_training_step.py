@@ -47,7 +47,7 @@ from typing import Optional
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from _machine import cpu_name, package_version, use_checkout  # noqa: E402
-from _tables import RESULTS, write_files  # noqa: E402
+from _tables import RESULTS, target_rows, write_result  # noqa: E402
 
 use_checkout()
 
@@ -301,9 +301,7 @@ def format_markdown(result) -> str:
               "the folded layer as before.", "",
               "## Targets (W4/V8 / unquantized)", "", "| network | value | limit | pass |",
               "|---|---|---|---|"]
-    for name, t in result["targets"].items():
-        value = "n/a" if t["value"] is None else f"{t['value']:.2f}"
-        lines.append(f"| {name} | {value} | <= {t['target']} | {t['pass']} |")
+    lines += target_rows(result["targets"])
     return "\n".join(lines) + "\n"
 
 
@@ -311,8 +309,7 @@ def write_results(result, out_dir: str, quick: bool):
     """Write ``bench_training_step.json`` and ``.md`` (``_quick`` with ``--quick``) into
     ``out_dir``; return their paths."""
     stem = "bench_training_step_quick" if quick else "bench_training_step"
-    return write_files(out_dir, {stem + ".json": json.dumps(result, indent=2) + "\n",
-                                 stem + ".md": format_markdown(result)})
+    return write_result(out_dir, stem, result, format_markdown(result))
 
 
 def main(argv=None) -> int:

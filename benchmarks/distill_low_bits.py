@@ -86,6 +86,21 @@ def method_options(args, method: str):
     return kd
 
 
+def train_step(model, opt, distiller, frames, y) -> None:
+    """One training step of the example's loss (mean squared error of the output rates against
+    the one-hot label), through ``distiller`` when there is one."""
+    x = frames.float().transpose(0, 1)
+    out = distiller(x) if distiller is not None else model(x)
+    rate = out.float().mean(0)
+    loss = F.mse_loss(rate, F.one_hot(y, rate.shape[-1]).float())
+    if distiller is not None:
+        loss = distiller.loss(out, loss)
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    opt.step()
+    functional.reset_net(model)
+
+
 def train_student(bench, config, seed: int, teacher, options, freeze_bn_epochs: int):
     """Train a student from scratch as ``Bench.train`` does (same seed, network, optimizer,
     schedule and batches), with the distiller of ``options`` when given; return ``(model,
@@ -122,16 +137,7 @@ def train_student(bench, config, seed: int, teacher, options, freeze_bn_epochs: 
         model.train()
         t0 = time.time()
         for frames, y in loader:
-            x = frames.float().transpose(0, 1)
-            out = distiller(x) if distiller is not None else model(x)
-            rate = out.float().mean(0)
-            loss = F.mse_loss(rate, F.one_hot(y, rate.shape[-1]).float())
-            if distiller is not None:
-                loss = distiller.loss(out, loss)
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-            functional.reset_net(model)
+            train_step(model, opt, distiller, frames, y)
         seconds += time.time() - t0
         sched.step()
     if distiller is not None:
@@ -364,16 +370,7 @@ def time_epochs(args, bench) -> str:
             model.train()
             t0 = time.time()
             for frames, y in batches:
-                x = frames.float().transpose(0, 1)
-                out = distiller(x) if distiller is not None else model(x)
-                rate = out.float().mean(0)
-                loss = F.mse_loss(rate, F.one_hot(y, rate.shape[-1]).float())
-                if distiller is not None:
-                    loss = distiller.loss(out, loss)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                functional.reset_net(model)
+                train_step(model, opt, distiller, frames, y)
             seconds[distiller is not None].append(time.time() - t0)
     ratios = [b / a for a, b in zip(seconds[False], seconds[True])]
     table = (f"Cost of distillation ({args.configs[0]}, the kd options {method_options(args, 'kd')}): "

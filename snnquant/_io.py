@@ -341,9 +341,10 @@ MAX_FILE_BYTES = 1 << 30
 MAX_JSON_BYTES = 1 << 26
 
 
-def read_bounded(path: PathLike, limit: int = MAX_FILE_BYTES, what: str = "file") -> bytes:
-    r"""The bytes of the regular file ``path``, refused before reading when it is larger than
-    ``limit`` or not a regular file (a FIFO, a device such as ``/dev/zero``, a folder).
+def open_bounded(path: PathLike, limit: int = MAX_FILE_BYTES, what: str = "file"):
+    r"""``(binary file object, size)`` of the regular file ``path`` opened for reading, refused
+    before anything is read when it is larger than ``limit`` bytes or not a regular file (a FIFO,
+    a device such as ``/dev/zero``, a folder). The caller closes the file.
 
     Raises:
         ValueError: naming the file and its size or kind.
@@ -353,6 +354,7 @@ def read_bounded(path: PathLike, limit: int = MAX_FILE_BYTES, what: str = "file"
 
     path_s = os.fspath(path)
     fd = os.open(path_s, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    f = os.fdopen(fd, "rb")
     try:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
@@ -361,20 +363,34 @@ def read_bounded(path: PathLike, limit: int = MAX_FILE_BYTES, what: str = "file"
         if info.st_size > limit:
             raise ValueError(f"{path_s}: {info.st_size} bytes, larger than the {limit} bytes a "
                              f"{what} may have")
-        chunks, left = [], limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 24))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-    finally:
-        os.close(fd)
-    data = b"".join(chunks)
+    except BaseException:
+        f.close()
+        raise
+    return f, info.st_size
+
+
+def read_rest_bounded(f, path: PathLike, start: bytes = b"", limit: int = MAX_FILE_BYTES,
+                      what: str = "file") -> bytes:
+    """``start`` and the rest of the open file ``f`` (:func:`open_bounded`), at most ``limit``
+    bytes in all: a file that grew past it while read is refused, naming ``path``."""
+    data = start + f.read(limit + 1 - len(start))
     if len(data) > limit:
-        raise ValueError(f"{path_s}: larger than the {limit} bytes a {what} may have (it grew "
-                         f"while read)")
+        raise ValueError(f"{os.fspath(path)}: larger than the {limit} bytes a {what} may have (it "
+                         f"grew while read)")
     return data
+
+
+def read_bounded(path: PathLike, limit: int = MAX_FILE_BYTES, what: str = "file") -> bytes:
+    r"""The bytes of the regular file ``path``, refused before reading when it is larger than
+    ``limit`` or not a regular file (:func:`open_bounded`).
+
+    Raises:
+        ValueError: naming the file and its size or kind.
+        OSError: the file cannot be opened.
+    """
+    f, _ = open_bounded(path, limit, what)
+    with f:
+        return read_rest_bounded(f, path, b"", limit, what)
 
 
 def _refuse_constant(name: str):

@@ -108,3 +108,37 @@ def real_split_bench(script, recordings, tmp_path, monkeypatch, epochs: int, T: 
     split.lay_out_split(recordings, root, quick=False)
     monkeypatch.setenv("SNNQUANT_DATA", str(tmp_path / "cache"))
     return module, module.common.Bench(epochs, str(root), T=T)
+
+
+def host_reads():
+    """A ``TorchDispatchMode`` that records the operations copying a device value to the host
+    (item, bool, tolist, nonzero) in its ``reads`` list: a hot path that must not wait on the
+    device (nor break a compiled graph) runs with none."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class HostReads(TorchDispatchMode):
+        READS = ("aten._local_scalar_dense", "aten.is_nonzero", "aten.nonzero", "aten.equal")
+
+        def __init__(self):
+            super().__init__()
+            self.reads = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if any(str(func).startswith(r) for r in self.READS):
+                self.reads.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    return HostReads()
+
+
+def assert_no_host_reads(net, x):
+    """One training step of ``net`` on ``x`` after a first one (initialisation may read the
+    data once) copies nothing from the device to the host (:func:`host_reads`)."""
+    from spikingjelly.activation_based import functional as sjf
+
+    net(x).sum().backward()
+    sjf.reset_net(net)
+    with host_reads() as rec:
+        net(x).sum().backward()
+    sjf.reset_net(net)
+    assert rec.reads == []

@@ -10,13 +10,13 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import snnquant
 import snnquant.nn as qnn
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import ExportError, compare_integer, integer_agreement, to_integer
 from snnquant.nn import Grid, QuantizerBase
+from conftest import assert_no_host_reads
 
 # The source the scans read: the package these tests import (a clone's snnquant/ or an installed
 # wheel's), never a folder guessed from where the tests are.
@@ -327,19 +327,6 @@ def test_lsq_membrane_does_not_advise_a_power_of_two_threshold():
 # the hot path
 
 
-class _HostReads(TorchDispatchMode):
-    """Counts operations that copy a device value to the host (item, bool, tolist, nonzero)."""
-
-    READS = ("aten._local_scalar_dense", "aten.is_nonzero", "aten.nonzero", "aten.equal")
-
-    def __init__(self):
-        super().__init__()
-        self.reads = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if any(str(func).startswith(r) for r in self.READS):
-            self.reads.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def _csnn(v_quant_2=None):
@@ -358,13 +345,7 @@ def _csnn(v_quant_2=None):
 @pytest.mark.parametrize("membrane", ["lsq", "minmax"])
 def test_training_step_reads_nothing_on_the_host(membrane):
     net = _csnn(qnn.MinMaxQuantizer(8) if membrane == "minmax" else None)
-    x = torch.rand(3, 2, 1, 8, 8)
-    net(x).sum().backward()  # first call: initialisation may read the data once
-    sjf.reset_net(net)
-    with _HostReads() as rec:
-        net(x).sum().backward()
-    sjf.reset_net(net)
-    assert rec.reads == []
+    assert_no_host_reads(net, torch.rand(3, 2, 1, 8, 8))
 
 
 def test_compiled_csnn_has_no_graph_break_and_equals_eager():

@@ -8,9 +8,8 @@ import gc
 import pytest
 import torch
 from spikingjelly.activation_based import functional as sjf
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from conftest import csnn
+from conftest import assert_no_host_reads, csnn
 from snnquant import QuantConfig, quantize_model
 
 T, N = 4, 2
@@ -102,28 +101,9 @@ def test_folded_training_step_has_no_graph_break_and_equals_eager(name):
     torch._dynamo.reset()
 
 
-class _HostReads(TorchDispatchMode):
-    """Counts operations that copy a device value to the host (item, bool, tolist, nonzero)."""
-
-    READS = ("aten._local_scalar_dense", "aten.is_nonzero", "aten.nonzero", "aten.equal")
-
-    def __init__(self):
-        super().__init__()
-        self.reads = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if any(str(func).startswith(r) for r in self.READS):
-            self.reads.append(str(func))
-        return func(*args, **(kwargs or {}))
 
 
 def test_folded_training_step_reads_nothing_on_the_host():
     """A host read is a GPU synchronisation on every step (and a graph break when compiled)."""
     build, x = _csnn("uniform")
-    net = build().train()
-    net(x).sum().backward()   # first call: initialisation may read the data once
-    sjf.reset_net(net)
-    with _HostReads() as rec:
-        net(x).sum().backward()
-    sjf.reset_net(net)
-    assert rec.reads == []
+    assert_no_host_reads(build().train(), x)

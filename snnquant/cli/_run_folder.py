@@ -36,7 +36,8 @@ class RunFolderError(Exception):
     """The run folder cannot be used as asked; the message is one line saying why and what to do."""
 
 
-def _sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
+    """The SHA-256 of the file ``path`` (hex), read a MiB at a time."""
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
@@ -148,7 +149,7 @@ class RunFolder:
         for path in sorted(self.path.rglob("*")):
             rel = path.relative_to(self.path).as_posix()
             if path.is_file() and rel != MANIFEST and ".tmp-" not in path.name:
-                files[rel] = {"sha256": _sha256(path), "bytes": path.stat().st_size}
+                files[rel] = {"sha256": file_sha256(path), "bytes": path.stat().st_size}
         manifest = dict(command=command, configuration=configuration, result=result, files=files,
                         snnquant_version=__version__,
                         finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
@@ -294,7 +295,7 @@ def verify_manifest(folder: Path) -> dict:
         path = folder / rel
         if not path.is_file():
             raise ValueError(f"{path} is listed in {folder / MANIFEST} but missing")
-        if _sha256(path) != entry["sha256"]:
+        if file_sha256(path) != entry["sha256"]:
             raise ValueError(f"{path} differs from the SHA-256 in {folder / MANIFEST} (changed "
                              f"after the run wrote it)")
     return manifest

@@ -3,24 +3,15 @@
 and its SHA-256 recorded in the run configuration (``teacher_sha256``)."""
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
-from snnquant.cli._run_folder import MANIFEST, TEACHER_FOLDER, verify_manifest
+from snnquant.cli._run_folder import MANIFEST, TEACHER_FOLDER, file_sha256, verify_manifest
 
 # the flags of the student's run that the teacher's run must share (the network and its input)
 SHARED_FLAGS = ("dataset", "T", "channels", "tau")
 # the flags a --train-teacher run passes on to the teacher's run
 _PASSED_ON = ("dataset", "data_root", "T", "epochs", "batch_size", "seed", "device", "workers",
               "channels", "tau", "samples_per_class", "backend", "freeze_bn_epochs")
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def teacher_argv(args) -> list:
@@ -82,7 +73,7 @@ def load_teacher(args, folder: Path):
                              f"{config.get(name)!r}, this run has {getattr(args, name)!r}; the "
                              f"teacher must be the same network on the same input")
     path = folder / "model.pt"
-    args.teacher_sha256 = _sha256(path)
+    args.teacher_sha256 = file_sha256(path)
     teacher = build_network(args)
     teacher.load_state_dict(snnquant.load_checkpoint(path, map_location="cpu"))
     return freeze_teacher(teacher)

@@ -211,30 +211,18 @@ def _read_bounded_file(path_s: str) -> bytes:
     :data:`~snnquant._io.MAX_FILE_BYTES` bytes whose safetensors header is read and checked
     (:func:`_read_header`) before the tensors are read, so that nothing proportional to a
     declared size is allocated before it is checked."""
-    import stat
+    from ..._io import MAX_FILE_BYTES, open_bounded, read_rest_bounded
 
-    from ..._io import MAX_FILE_BYTES
-
-    fd = os.open(path_s, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
-    with os.fdopen(fd, "rb") as f:
-        info = os.fstat(f.fileno())
-        if not stat.S_ISREG(info.st_mode):
-            raise ValueError(f"{path_s!r}: not a regular file (a FIFO, a device or a folder); "
-                             f"an integer network is read only from a regular file")
-        if info.st_size > MAX_FILE_BYTES:
-            raise ValueError(f"{path_s!r}: {info.st_size} bytes, larger than the "
-                             f"{MAX_FILE_BYTES} bytes an integer network file may have")
+    what = "integer network file"
+    f, size = open_bounded(path_s, MAX_FILE_BYTES, what)
+    with f:
         head = f.read(8)
         if len(head) == 8:
             (n,) = struct.unpack("<Q", head)
-            if n <= info.st_size - 8:
+            if n <= size - 8:
                 head += f.read(n)
             _read_header(head, path_s)
-        data = head + f.read(MAX_FILE_BYTES + 1 - len(head))
-    if len(data) > MAX_FILE_BYTES:
-        raise ValueError(f"{path_s!r}: larger than the {MAX_FILE_BYTES} bytes an integer network "
-                         f"file may have (it grew while read)")
-    return data
+        return read_rest_bounded(f, path_s, head, MAX_FILE_BYTES, what)
 
 
 def _from_bytes(data: bytes, path_s: str) -> IntegerNetwork:
