@@ -516,3 +516,17 @@ def test_export_of_a_transformer_file_to_int_and_nir_writes_nothing(env, tmp_pat
                                    "--input-shape", shape, "--out", out))
     assert "NIR has no node" in line and "nothing was written" in line, line
     assert not out.exists()
+
+
+def test_a_repeated_flag_is_a_list_in_the_run_configuration(tmp_path):
+    """``--model-arg K=V`` given several times is stored as a list: the configuration check
+    takes a list of the flag's values (a zoo run's export was refused naming
+    ``configuration.model_arg``) and still refuses an item of another type."""
+    from snnquant.cli._run_folder import _check_configuration
+
+    path = tmp_path / "run.json"
+    _check_configuration({"model_arg": ["embed_dims=32", "depths=1"], "T": 4}, path)
+    with pytest.raises(ValueError, match=r"'configuration.model_arg' must be a list of a string"):
+        _check_configuration({"model_arg": ["embed_dims=32", 7]}, path)
+    with pytest.raises(ValueError, match=r"'configuration.T' must be an int"):
+        _check_configuration({"T": [4]}, path)

@@ -83,9 +83,13 @@ def test_a_zoo_transformer_end_to_end_on_the_command_line(tmp_path):
     assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
     assert "nothing blocks the export after training" in res.stdout
     assert "integer model agreement: 100.00%" in res.stdout
+    # every target is checked before any is written: NIR's refusal leaves nothing behind
     res = _snnquant(env, "export", out, "--to", "int", "--to", "c", "--to", "nir",
                     "--out", tmp_path / "exp")
     assert res.returncode == 2 and "NIR has no node for it" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "exp").exists() or not any((tmp_path / "exp").iterdir())
+    res = _snnquant(env, "export", out, "--to", "int", "--to", "c", "--out", tmp_path / "exp")
+    assert res.returncode == 0, res.stderr[-2000:]
     assert {p.name for p in (tmp_path / "exp").iterdir()} == {"snn.safetensors", "snn.h",
                                                               "snn.c"}
     from snnquant.export import IntegerSNN, load_integer

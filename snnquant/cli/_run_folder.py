@@ -236,23 +236,35 @@ def _check_configuration(config, path: Path) -> None:
         name = f"configuration.{key}"
         if action is None:
             continue
-        if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
-            ok, want = isinstance(value, bool), "a bool"
-        elif value is None:
-            ok, want = True, ""
-        elif action.type in (int, float):
-            ok = isinstance(value, (int, float) if action.type is float else int) \
-                and not isinstance(value, bool) and math.isfinite(value)
-            want = "an int" if action.type is int else "a number"
+        repeated = isinstance(action, argparse._AppendAction) or action.nargs in ("+", "*") \
+            or isinstance(action.nargs, int)
+        if repeated and isinstance(value, list):
+            # a flag given several times (--model-arg K=V ...): a list of the flag's values
+            checked = [_flag_value_ok(action, item) for item in value]
+            ok = all(item_ok for item_ok, _ in checked)
+            want = "a list of " + next((w for item_ok, w in checked if not item_ok), "values")
         else:
-            ok, want = isinstance(value, str), "a string"
-        if ok and action.choices is not None and value is not None and value not in \
-                action.choices:
-            ok, want = False, f"one of {list(action.choices)}"
+            ok, want = _flag_value_ok(action, value)
         if ok and action.type is int and key in _SIZES and not 1 <= value <= _SIZES[key]:
             ok, want = False, f"an int in [1, {_SIZES[key]}]"
         if not ok:
             raise ValueError(f"{path}: field {name!r} must be {want}, got {value!r:.80}")
+
+
+def _flag_value_ok(action, value):
+    """``(ok, what it must be)`` of one value of the ``snnquant train`` flag ``action``."""
+    if isinstance(action, (argparse._StoreTrueAction, argparse._StoreFalseAction)):
+        return isinstance(value, bool), "a bool"
+    if value is None:
+        return True, ""
+    ok, want = isinstance(value, str), "a string"
+    if action.type in (int, float):
+        ok = isinstance(value, (int, float) if action.type is float else int) \
+            and not isinstance(value, bool) and math.isfinite(value)
+        want = "an int" if action.type is int else "a number"
+    if ok and action.choices is not None and value not in action.choices:
+        ok, want = False, f"one of {list(action.choices)}"
+    return ok, want
 
 
 #: the sizes a run folder's network is rebuilt from, and their bounds
