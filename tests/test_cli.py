@@ -501,6 +501,7 @@ def test_a_resealed_run_json_is_still_checked_field_by_field(env, run_folder, tm
     assert "'configuration.T'" in line and "int" in line, line
 
 
+@needs("benchmarks")   # the transformer comes from benchmarks/zoo_deploy.py's builders
 def test_export_of_a_transformer_file_to_int_and_nir_writes_nothing(env, tmp_path):
     """NIR has no node for a spiking transformer's operations: the NIR graph is built before
     any file is written, so --to int --to nir leaves no integer file behind."""
