@@ -16,18 +16,30 @@ import statistics
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
-#: an absolute path of this machine in a results file (where it ran, its interpreter, scratch
-#: folders): the files are read on other machines, so none may stay (:func:`portable`)
-ABSOLUTE_PATH = re.compile(r"(?<![\w.~<>$-])/(?:work|tmp|root|home|usr|opt|var|mnt|srv|scratch)"
-                           r"(?:/[^\s\"'`,;)\]|]+)*")
 _CHECKOUT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+#: the top folders an absolute path of a machine starts with; the checkout's own is added to them
+#: (a CI machine clones into a folder of its choosing, e.g. ``/check/work/main``)
+_TOP_FOLDERS = ("work", "tmp", "root", "home", "usr", "opt", "var", "mnt", "srv", "scratch")
 
 
-def _portable_path(path: str) -> str:
+def absolute_path_pattern(checkout: str = _CHECKOUT):
+    """The regular expression of an absolute path of this machine in a results file (where it ran,
+    its interpreter, scratch folders): one under a usual top folder or under ``checkout``'s. The
+    files are read on other machines, so none may stay (:func:`portable`)."""
+    top = set(_TOP_FOLDERS) | {checkout.strip("/").split("/")[0]}
+    return re.compile(r"(?<![\w.~<>$-])/(?:" + "|".join(sorted(map(re.escape, top - {""})))
+                      + r")(?![\w.-])(?:/[^\s\"'`,;)\]|]+)*")
+
+
+#: the absolute paths of this machine in this checkout (:func:`absolute_path_pattern`)
+ABSOLUTE_PATH = absolute_path_pattern()
+
+
+def _portable_path(path: str, checkout: str) -> str:
     if re.search(r"/bin/python[\d.]*$", path):
         return "python"
-    if path == _CHECKOUT or path.startswith(_CHECKOUT + "/"):
-        return os.path.relpath(path, _CHECKOUT)
+    if path == checkout or path.startswith(checkout + "/"):
+        return os.path.relpath(path, checkout)
     if "/shared/data/" in path:
         return "../shared/data/" + path.split("/shared/data/", 1)[1]
     if path.startswith("/tmp"):
@@ -36,11 +48,13 @@ def _portable_path(path: str) -> str:
     return "/".join(parts[1:]) or parts[0]  # a scratch folder beside a checkout: its own name
 
 
-def portable(text: str) -> str:
-    """``text`` with every absolute path of this machine made portable: the checkout's paths
-    relative to it, the shared recordings as ``../shared/data/...``, an interpreter as ``python``,
-    ``/tmp/x`` as ``$TMPDIR/x`` and another folder by its path below the top folder."""
-    return ABSOLUTE_PATH.sub(lambda m: _portable_path(m.group(0)), text)
+def portable(text: str, checkout: str = _CHECKOUT) -> str:
+    """``text`` with every absolute path of this machine made portable: the paths of ``checkout``
+    (this one by default) relative to it, the shared recordings as ``../shared/data/...``, an
+    interpreter as ``python``, ``/tmp/x`` as ``$TMPDIR/x`` and another folder by its path below the
+    top folder."""
+    pattern = ABSOLUTE_PATH if checkout == _CHECKOUT else absolute_path_pattern(checkout)
+    return pattern.sub(lambda m: _portable_path(m.group(0), checkout), text)
 
 
 def write_atomic(path, text: str) -> str:

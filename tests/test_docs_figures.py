@@ -90,3 +90,14 @@ def test_results_are_written_with_portable_paths(tmp_path):
     assert open(path).read() == ("`python benchmarks/x.py --real-split ../shared/data/"
                                  "nmnist-real-1k --out $TMPDIR/run1 --fp-cache runs/fp_cache`")
     assert tables.portable("W2/V4 at 0.5 ms, 10/20 (min..max)") == "W2/V4 at 0.5 ms, 10/20 (min..max)"
+
+
+def test_paths_of_a_checkout_under_any_top_folder_are_made_portable():
+    # CI clones into a folder of its choosing (/check/work/main): its interpreter and scripts
+    # must come out as `python benchmarks/...` as they do here
+    tables = _tables()
+    checkout = "/check/work/main"
+    text = (f"`{checkout}/.venv/bin/python {checkout}/benchmarks/x.py --out {checkout}/runs/a` "
+            "and /checkpoint/x, W2/V4")
+    assert tables.portable(text, checkout=checkout) == (
+        "`python benchmarks/x.py --out runs/a` and /checkpoint/x, W2/V4")
