@@ -533,7 +533,12 @@ def _op_shapes(sim: IntegerSNN, input_shape) -> list:
         try:
             infer_shapes(desc, input_shape)
         except DescriptionError as err:
-            raise DescriptionError(f"input_shape={tuple(input_shape)}: {err}") from None
+            detail = getattr(err, "shape_detail", None)
+            if detail is None:
+                raise DescriptionError(f"input_shape={tuple(input_shape)}: {err}") from None
+            i, name, before, why = detail
+            raise DescriptionError(f"input_shape={tuple(input_shape)} does not fit operation {i} "
+                                   f"({name!r}): its input would be {before}: {why}") from None
     values = {NETWORK_INPUT: torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)}
     out = []
     for i, (op, prm) in enumerate(zip(desc.ops, sim._params)):

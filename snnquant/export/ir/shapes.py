@@ -41,8 +41,11 @@ def _refuse(i: int, op, field: str, before, why: str) -> DescriptionError:
     value = getattr(op, field, None)
     shown = f"<tensor of shape {tuple(value.shape)}>" if hasattr(value, "shape") else repr(value)
     inputs = " and ".join(str(tuple(s)) for s in before)
-    return DescriptionError(f"operation {i} ({op.name!r}) has {field}={shown}: it does not fit "
-                            f"its input of shape {inputs} (per sample): {why}")
+    err = DescriptionError(f"operation {i} ({op.name!r}) has {field}={shown}: it does not fit "
+                           f"its input of shape {inputs} (per sample): {why}")
+    # what op_shapes words its own way: (index, name, its input, field=value: why)
+    err.shape_detail = (i, op.name, tuple(before[0]), f"{field}={shown}: {why}")
+    return err
 
 
 def _window_out(size: int, kernel: int, stride: int, padding: int, dilation: int,
@@ -97,8 +100,9 @@ def _pool(i: int, op: PoolOp, x: Shape) -> Shape:
             # PyTorch's adaptive windows [floor(j n / m), ceil((j + 1) n / m)), each `width` long
             if any(-((-(j + 1) * size) // out) - (j * size) // out != width for j in range(out)):
                 raise _refuse(i, op, "output_size", [x],
-                              f"adaptive pooling of size {size} to {out} has windows other "
-                              f"than the {width} elements (kernel_size) it was exported for")
+                              f"layer {op.name!r}: adaptive pooling of size {size} to {out} has "
+                              f"windows other than the {width} elements (kernel_size) it was "
+                              f"exported for; use the input size given to to_integer")
         return x[:-dims] + tuple(op.output_size)
     if dims == 1 and len(x) == 1:    # the features of [N, F] (VotingLayer)
         return _pool(i, op, (1,) + x)[1:]
@@ -213,7 +217,8 @@ def infer_shapes(desc, input_shape) -> List[Tuple[Shape, Shape]]:
             y = _matmul(i, op, x, xs[1])
         elif isinstance(op, JoinOp):
             if len(set(xs)) != 1:
-                raise _refuse(i, op, "inputs", xs, "the operands of a join have one shape")
+                raise _refuse(i, op, "inputs", xs, f"the operands have the shapes {xs}, a "
+                                                   f"join's have one")
             y = x
         elif isinstance(op, CHIP_OP_TYPES):
             y = _chip(i, op, x)
