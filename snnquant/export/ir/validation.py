@@ -435,7 +435,8 @@ def _check_shapes(desc: IntegerNetwork) -> None:
     shape = desc.input_shape
     if shape is None:
         return
-    if not isinstance(shape, tuple) or not shape or not all(_is_int(v) and v >= 1 for v in shape):
+    if not isinstance(shape, (tuple, list)) or not shape or not all(
+            _is_int(v) and v >= 1 for v in shape):
         raise _fail(None, desc, "input_shape", shape, "it must be None or a non-empty tuple of "
                                                       "ints >= 1 (one sample's shape, without "
                                                       "time and batch)")
