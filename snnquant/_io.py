@@ -372,8 +372,17 @@ def open_bounded(path: PathLike, limit: int = MAX_FILE_BYTES, what: str = "file"
 def read_rest_bounded(f, path: PathLike, start: bytes = b"", limit: int = MAX_FILE_BYTES,
                       what: str = "file") -> bytes:
     """``start`` and the rest of the open file ``f`` (:func:`open_bounded`), at most ``limit``
-    bytes in all: a file that grew past it while read is refused, naming ``path``."""
-    data = start + f.read(limit + 1 - len(start))
+    bytes in all: a file that grew past it while read is refused, naming ``path``. It is read
+    in blocks of at most 16 MiB, so what is allocated follows the file, not ``limit`` (one
+    ``read(limit)`` reserves ``limit`` bytes first)."""
+    chunks, total = [start], len(start)
+    while total <= limit:
+        block = f.read(min(1 << 24, limit + 1 - total))
+        if not block:
+            break
+        chunks.append(block)
+        total += len(block)
+    data = b"".join(chunks) if len(chunks) > 1 else start
     if len(data) > limit:
         raise ValueError(f"{os.fspath(path)}: larger than the {limit} bytes a {what} may have (it "
                          f"grew while read)")

@@ -351,15 +351,18 @@ def _layer_field_violations(name: str, m: "SpeckIAFLayer", profile: SpeckProfile
 FLOAT32_EXACT = 2 ** 24
 
 
-def _float32_violation(name: str, m: "SpeckIAFLayer", x_max: float) -> tuple:
+def _float32_violation(name: str, m: "SpeckIAFLayer", x_max: float,
+                       steps: Optional[int] = None) -> tuple:
     r"""``(violations, largest count the layer sends per step)`` for input counts up to
     ``x_max``: the partial sums of a neuron's current lie in :math:`[-\sum_j W^-_j x_{max} -
     b^-,\ \sum_j W^+_j x_{max} + b^+]`, and with multi-spike neurons the membrane before firing
-    is at most :math:`	heta - 1` plus the positive end; both must stay within :math:`2^{24}`
-    (Sinabs adds in float32). A neuron then sends at most :math:`\lfloor(	heta - 1 +
-    \sum_j W^+_j x_{max} + b^+)/	heta
-floor` spikes (1 with single spikes), times
-    :math:`k^2` after a :math:`k 	imes k` sum pooling."""
+    is at most :math:`\theta - 1` plus the positive end; both must stay within :math:`2^{24}`
+    (Sinabs adds in float32). A neuron then sends at most :math:`\lfloor(\theta - 1 +
+    \sum_j W^+_j x_{max} + b^+)/\theta\rfloor` spikes (1 with single spikes), times
+    :math:`k^2` after a :math:`k \times k` sum pooling. A single-spike neuron keeps what is
+    above the threshold (one spike a step), so with the largest current :math:`P > \theta` its
+    membrane before firing grows to at most :math:`P + (T - 1)(P - \theta)` over ``steps``
+    :math:`T`: that must stay within :math:`2^{24}` too (not checked without ``steps``)."""
     with torch.no_grad():
         w = m.integer_weight().detach().to(torch.float64).flatten(1)
         pos, neg = w.clamp(min=0).sum(1) * x_max, (-w).clamp(min=0).sum(1) * x_max
@@ -369,6 +372,17 @@ floor` spikes (1 with single spikes), times
     top = m.threshold - 1 + float(pos.max())
     sent = (top // m.threshold if m.spike == "multi" else 1) * m.pool ** 2
     reach = max(top, float(neg.max()))
+    p = float(pos.max())
+    if m.spike == "single" and steps is not None and p > m.threshold:
+        grown = p + (steps - 1) * (p - m.threshold)
+        if grown > FLOAT32_EXACT:
+            longest = int((FLOAT32_EXACT - p) // (p - m.threshold)) + 1
+            return [Violation(name, f"a single-spike membrane within 2^24 = {FLOAT32_EXACT} "
+                                    f"over {steps} steps (it keeps what is above the threshold, "
+                                    f"up to {p - m.threshold:.0f} more a step: at most "
+                                    f"{max(longest, 0)} steps for input counts up to "
+                                    f"{x_max:.0f}; Sinabs computes in float32)",
+                              f"{grown:.0f}")], sent
     if reach <= FLOAT32_EXACT:
         return [], sent
     return [Violation(name, f"input current and membrane within 2^24 = {FLOAT32_EXACT} for "
@@ -376,7 +390,8 @@ floor` spikes (1 with single spikes), times
                             f"lower input_max or the weights)", f"{reach:.0f}")], sent
 
 
-def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> List[Violation]:
+def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None, *,
+                steps: Optional[int] = None) -> List[Violation]:
     r"""Every way ``model`` (a stack of :class:`SpeckIAFLayer`) exceeds ``profile``'s limits: a
     layer's profile, consecutive shapes, a layer larger than every core's memory, more layers than
     cores or no assignment of layers to distinct cores, and a threshold too close to the 16-bit
@@ -388,9 +403,23 @@ def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Lis
     threshold, stride, padding, pool, kernel and spike are checked as they are now, by the rules
     its constructor applies.
 
+    With ``spike='single'`` a neuron fires at most once a step and keeps what is above the
+    threshold, so its membrane can grow over the run; given the run's ``steps`` :math:`T`, a layer
+    whose membrane could leave :math:`2^{24}` within them is listed too (without ``steps``,
+    :class:`~snnquant.export.IntegerSNN` refuses the step of a run at which it does).
+
+    Args:
+        model: the stack of :class:`SpeckIAFLayer`.
+        profile: default: the first layer's.
+        steps: the number of time steps :math:`T` of a run (an int >= 1), or ``None``.
+
     Returns:
         The list of :class:`Violation` (empty when the network fits).
     """
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int)
+                              or steps < 1):
+        raise ValueError(f"steps must be None or the number of time steps (an int >= 1), got "
+                         f"{steps!r}")
     layers = _speck_layers(model)
     if not layers:
         return [Violation("", "at least one SpeckIAFLayer", "none")]
@@ -419,7 +448,7 @@ def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Lis
                 found.append(Violation(name, f"{key} memory <= {max(caps)} (the largest core)",
                                        mem[key]))
         x_max = m.input_max if previous is None else min(m.input_max, sent_max)
-        bad, sent_max = _float32_violation(name, m, x_max)
+        bad, sent_max = _float32_violation(name, m, x_max, steps)
         found += bad
         with torch.no_grad():
             reach = max(float(m.integer_weight().max()), 0.0)
@@ -576,9 +605,11 @@ class SpeckSpec:
     device: str = SPECK2F.device
 
 
-def to_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> SpeckSpec:
-    """The :class:`SpeckSpec` of a stack of :class:`SpeckIAFLayer` (after :func:`check_speck`)."""
-    refuse(check_speck(model, profile), "to_speck")
+def to_speck(model: nn.Module, profile: Optional[SpeckProfile] = None, *,
+             steps: Optional[int] = None) -> SpeckSpec:
+    """The :class:`SpeckSpec` of a stack of :class:`SpeckIAFLayer` (after :func:`check_speck`,
+    with ``steps``, the run's number of time steps, when given)."""
+    refuse(check_speck(model, profile, steps=steps), "to_speck")
     layers = _speck_layers(model)
     out = []
     for _, m in layers:

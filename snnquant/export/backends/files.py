@@ -20,6 +20,7 @@ import torch
 from ..._io import atomic_write
 from ..ir.description import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, DescriptionError,
                               IntegerNetwork)
+from ..ir.shapes import SHAPE_DEPENDENT_OPS
 from ..ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from ..ir.validation import check_network
 
@@ -119,6 +120,7 @@ def save_integer(desc: IntegerNetwork, path: PathLike) -> None:
                          f"{desc.format_version} cannot hold; set desc.format_version = "
                          f"{FORMAT_VERSION}")
     check_network(desc)
+    _needs_input_shape(desc, os.fspath(path), "cannot be written")
     meta, tensors = desc.to_record()
     metadata = {
         "format": FILE_FORMAT,
@@ -127,6 +129,22 @@ def save_integer(desc: IntegerNetwork, path: PathLike) -> None:
         "description": json.dumps(meta, sort_keys=True),
     }
     atomic_write(path, _serialize(tensors, metadata))
+
+
+def _needs_input_shape(desc: IntegerNetwork, path, what: str) -> None:
+    """A network with an operation whose shapes need the input's
+    (:data:`~snnquant.export.ir.shapes.SHAPE_DEPENDENT_OPS`) must hold its ``input_shape``."""
+    if desc.input_shape is not None:
+        return
+    dependent = [op.name for op in desc.ops if isinstance(op, SHAPE_DEPENDENT_OPS)]
+    if dependent:
+        where = f"{path!r} {what}" if path is not None else f"it {what}"
+        raise DescriptionError(
+            f"{where}: the network has no input_shape, and its operations "
+            f"{dependent[:3]} (gathers, sums over dimensions, matrix products) can be checked "
+            f"only against one sample's input shape. Re-export it with "
+            f"to_integer(model, example_input=x) (or input_shape=...), set desc.input_shape, or "
+            f"load it with load_integer(path, input_shape=...)")
 
 
 def _read_header(data: bytes, path: str):
@@ -180,12 +198,24 @@ def _verify_file(data: bytes, raw_header: bytes, meta: dict, path: str) -> None:
                          f"(a changed byte, a truncation or appended bytes)")
 
 
-def load_integer(path: PathLike) -> IntegerNetwork:
+def load_integer(path: PathLike, *, input_shape=None) -> IntegerNetwork:
     r"""Read an integer network written by :func:`save_integer`, after verifying the checksum of
-    the whole file.
+    the whole file, and check it (:func:`~snnquant.export.check_network`) before anything is
+    allocated in proportion to a size the file declares.
+
+    Where the network holds its input shape
+    (:attr:`~snnquant.export.IntegerNetwork.input_shape`, written by :func:`save_integer` for
+    every network exported with an ``example_input`` or an ``input_shape``), the shapes along
+    every edge are checked with it at load (:func:`~snnquant.export.ir.shapes.infer_shapes`, in
+    integers, at most :data:`~snnquant.export.ir.shapes.MAX_SAMPLE_ELEMENTS` values per sample).
+    A file without it loads when its shapes follow from the input alone (synapses, neurons,
+    pools, flattens, joins: checked for each input shape at the first run); one that holds a
+    gather, a sum over dimensions or a matrix product is refused: give its ``input_shape``.
 
     Args:
         path: the file.
+        input_shape: one sample's input shape, for a file that does not hold it (checked like
+            the one a file holds; refused when the file holds a different one).
 
     Returns:
         The :class:`~snnquant.export.IntegerNetwork` (packed weights unpacked to ``int8``).
@@ -203,7 +233,10 @@ def load_integer(path: PathLike) -> IntegerNetwork:
     load, with a ``UserWarning`` that their header is not verified: save them again.
     """
     path_s = os.fspath(path)
-    return _from_bytes(_read_bounded_file(path_s), path_s)
+    if input_shape is not None:
+        from ..ir.description import check_input_shape
+        input_shape = check_input_shape(input_shape)
+    return _from_bytes(_read_bounded_file(path_s), path_s, input_shape)
 
 
 def _read_bounded_file(path_s: str) -> bytes:
@@ -225,7 +258,7 @@ def _read_bounded_file(path_s: str) -> bytes:
         return read_rest_bounded(f, path_s, head, MAX_FILE_BYTES, what)
 
 
-def _from_bytes(data: bytes, path_s: str) -> IntegerNetwork:
+def _from_bytes(data: bytes, path_s: str, input_shape=None) -> IntegerNetwork:
     st = _safetensors()
     meta, raw_header = _read_header(data, path_s)
     legacy = _CHECKSUM_KEY not in meta and "checksum" in meta
@@ -256,7 +289,13 @@ def _from_bytes(data: bytes, path_s: str) -> IntegerNetwork:
     try:
         record = json.loads(meta["description"])
         desc = IntegerNetwork.from_record(record, tensors)
+        if input_shape is not None:
+            if desc.input_shape not in (None, input_shape):
+                raise DescriptionError(f"it holds input_shape={desc.input_shape}, not the "
+                                       f"given input_shape={input_shape}")
+            desc.input_shape = input_shape
         check_network(desc)
+        _needs_input_shape(desc, None, "cannot be checked")
     except DescriptionError as exc:
         raise DescriptionError(f"{path_s!r}: {exc}") from None
     except RecursionError:

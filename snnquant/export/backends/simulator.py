@@ -33,6 +33,7 @@ from ..ir import integer_ops
 from ..ir.integer_ops import narrowest_int, round_half_even_shift
 from ..ir.program import (SynapseRescale, adaptive_windows, join_range, matmul_range,
                           neuron_program, pool_range, reduce_range, scale_range, synapse_bounds)
+from ..ir.shapes import infer_shapes
 from ..ir.validation import check_network
 
 __all__ = ["IntegerSNN", "op_shapes", "SYNAPSE_ARITHMETIC", "float32_sums_are_exact"]
@@ -510,7 +511,9 @@ class IntegerSNN:
 
 
 def op_shapes(desc: IntegerNetwork, input_shape) -> list:
-    """Per-sample ``(input shape, output shape)`` of every operation of ``desc``, found by running
+    """Per-sample ``(input shape, output shape)`` of every operation of ``desc``, computed in
+    integers first (:func:`~snnquant.export.ir.shapes.infer_shapes`: every size checked before
+    anything is allocated), then found by running
     one all-zero time step of shape ``input_shape`` through :class:`IntegerSNN`'s own layers:
     the check of the shapes along every edge of a description
     (:func:`~snnquant.export.check_network` checks the rest).
@@ -525,6 +528,17 @@ def op_shapes(desc: IntegerNetwork, input_shape) -> list:
 def _op_shapes(sim: IntegerSNN, input_shape) -> list:
     """:func:`op_shapes` with the layers of ``sim``."""
     desc = sim.desc
+    if all(v >= 1 for v in input_shape):
+        # the shapes first, in integers: nothing allocated before every size is checked
+        try:
+            infer_shapes(desc, input_shape)
+        except DescriptionError as err:
+            detail = getattr(err, "shape_detail", None)
+            if detail is None:
+                raise DescriptionError(f"input_shape={tuple(input_shape)}: {err}") from None
+            i, name, before, why = detail
+            raise DescriptionError(f"input_shape={tuple(input_shape)} does not fit operation {i} "
+                                   f"({name!r}): its input would be {before}: {why}") from None
     values = {NETWORK_INPUT: torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)}
     out = []
     for i, (op, prm) in enumerate(zip(desc.ops, sim._params)):

@@ -216,7 +216,9 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
             leak multiplier of such layers (approximate export).
         input_shape: one sample's input shape (without time and batch), needed only when the
             network has an adaptive average pool (its divisor depends on the input size);
-            default: that of ``example_input``.
+            default: that of ``example_input``. The result holds it
+            (:attr:`~snnquant.export.IntegerNetwork.input_shape`, ``None`` when neither is
+            given), and the shapes along every edge are checked with it.
         example_input: one input batch (``[T, N, ...]`` for a multi-step network): the graph is
             then captured from a run of the model on it (:func:`~snnquant.capture.capture`),
             which follows Python that depends only on shapes (``if x.ndim != 5: raise``) and
@@ -243,6 +245,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
         desc = _chip_network(model)
         if input_shape is not None:
             op_shapes(desc, check_input_shape(input_shape))
+            desc.input_shape = check_input_shape(input_shape)
         return desc
     if reference_dtype is None:
         fp = [t.dtype for t in list(model.parameters()) + list(model.buffers()) if t.is_floating_point()]
@@ -297,4 +300,5 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
     return IntegerNetwork(ops=ops, input_max=int(input_max), output_kind=output_kind,
                           output_frac_bits=int(output_frac),
                           reference_dtype=str(reference_dtype).replace("torch.", ""),
-                          mantissa_bits=p, notes=notes, output_time_mean=last.time_mean)
+                          mantissa_bits=p, notes=notes, output_time_mean=last.time_mean,
+                          input_shape=input_shape)

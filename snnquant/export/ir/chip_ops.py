@@ -375,6 +375,8 @@ class SpeckLayerOp:
         y = y.reshape((t, n) + tuple(y.shape[1:]))
         v, out = None, []
         for i in range(t):
+            if self.spike == "single":
+                _within_float32(self, i, y[i] if v is None else v + y[i])
             s, v = speck_iaf_step(v, y[i], threshold=self.threshold, spike=self.spike,
                                   v_min=self.v_min, pool=self.pool)
             out.append(s.flatten(1) if self.linear else s)
@@ -392,6 +394,16 @@ class SpeckLayerOp:
         return (f"Speck core {self.in_shape} -> {self.out_shape}, {kind}, threshold "
                 f"{self.threshold}, {self.spike}-spike, v_min {self.v_min}, "
                 f"{'bias' if self.bias is not None else 'no bias'}")
+
+
+def _within_float32(op: "SpeckLayerOp", step: int, v: torch.Tensor) -> None:
+    """A single-spike membrane keeps what is above the threshold and can grow over the steps:
+    past :math:`2^{24}` Sinabs (float32) rounds it, so the run stops there, naming the step."""
+    if v.numel() and float(v.abs().max()) > 1 << 24:
+        raise ValueError(f"at step {step} its membrane reaches {float(v.abs().max()):.0f}, beyond "
+                         f"2^24 where Sinabs' float32 no longer holds every integer (with "
+                         f"spike='single' it keeps what is above the threshold); "
+                         f"check_speck(model, steps=T) bounds the run")
 
 
 def _stack(out: list, x: torch.Tensor, shape) -> torch.Tensor:

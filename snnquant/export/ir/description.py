@@ -54,6 +54,9 @@ __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "Synap
 #: Version 5 adds the chip operations (:class:`~snnquant.export.ir.chip_ops.XyloLayerOp`,
 #: :class:`~snnquant.export.ir.chip_ops.LoihiLayerOp`,
 #: :class:`~snnquant.export.ir.chip_ops.SpeckLayerOp`); an earlier file has none.
+#: A version-5 description may also hold the network's ``input_shape``
+#: (:attr:`IntegerNetwork.input_shape`; an optional key, which a reader that does not know it
+#: skips, so the version stays 5).
 FORMAT_VERSION = 5
 
 #: Format versions that :func:`~snnquant.export.load_integer` reads.
@@ -453,6 +456,11 @@ class IntegerNetwork:
             The operations still run per step; :class:`~snnquant.export.IntegerSNN` returns
             the sum over the :math:`T` steps, and the model's output is that sum divided by
             :math:`T` and :attr:`output_divisor`.
+        input_shape: one sample's input shape (without time and batch) the network was
+            exported for, or ``None`` where it is not known (a network traced without an example
+            input, built by hand, or read from an older file). When it is known,
+            :func:`~snnquant.export.check_network` checks the shapes along every edge with it
+            (:func:`~snnquant.export.ir.shapes.infer_shapes`).
     """
 
     ops: List[Op]
@@ -464,6 +472,7 @@ class IntegerNetwork:
     format_version: int = FORMAT_VERSION
     notes: List[str] = field(default_factory=list)
     output_time_mean: bool = False
+    input_shape: Optional[Tuple[int, ...]] = None
 
     def __post_init__(self):
         check_inputs(self.ops)
@@ -657,6 +666,8 @@ class IntegerNetwork:
         meta = {k: getattr(self, k) for k in ("input_max", "output_kind", "output_frac_bits",
                                               "reference_dtype", "mantissa_bits",
                                               "format_version", "notes", "output_time_mean")}
+        if self.input_shape is not None:    # only then: files without it keep their bytes
+            meta["input_shape"] = list(self.input_shape)
         meta["ops"] = meta_ops
         meta["bits"] = self.bits()
         meta["exact"] = self.exact
@@ -698,8 +709,12 @@ class IntegerNetwork:
         if not isinstance(time_mean, bool):
             raise ValueError(f"output_time_mean must be a bool (true or false), got "
                              f"{time_mean!r}")
+        input_shape = meta.get("input_shape")
+        if input_shape is not None:
+            input_shape = check_input_shape(input_shape if isinstance(input_shape, list)
+                                            else str(input_shape))
         return cls(ops=ops, input_max=int(meta["input_max"]), output_kind=meta["output_kind"],
                    output_frac_bits=int(meta["output_frac_bits"]),
                    reference_dtype=meta["reference_dtype"], mantissa_bits=int(meta["mantissa_bits"]),
                    format_version=int(meta["format_version"]), notes=list(meta.get("notes", [])),
-                   output_time_mean=time_mean)
+                   output_time_mean=time_mean, input_shape=input_shape)

@@ -26,8 +26,10 @@ from the input to the output and checks, per operation:
   gather's input positions up to :data:`MAX_INDEX`;
 * the channels (features) along the edges where the description alone says them: a synapse
   reads what the synapse before it writes, the operands of a join have the same; the whole
-  shapes need one sample's input shape: :func:`~snnquant.export.backends.simulator.op_shapes` checks
-  them, in every entry that has it.
+  shapes need one sample's input shape: checked here when the network holds it
+  (:func:`~snnquant.export.ir.shapes.infer_shapes`, at most
+  :data:`~snnquant.export.ir.shapes.MAX_SAMPLE_ELEMENTS` values per sample), and by
+  :func:`~snnquant.export.backends.simulator.op_shapes` in every entry that has an input.
 
 Errors are :class:`DescriptionError` and name the operation's index and name, the field and the
 value: ``operation 3 ('sn1') has threshold=300: it must be in [v_min, v_max + 1] = [-128, 128]``.
@@ -45,6 +47,7 @@ from ...functional.int_limits import (FRAC_LIMIT, INT64_HEADROOM_BITS, as_int,
 from .chip_ops import CHIP_OP_TYPES, SpeckLayerOp
 from .description import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, DescriptionError, FlattenOp,
                           IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_inputs)
+from .shapes import infer_shapes
 from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from .program import (SynapseRescale, join_bound, join_range, matmul_range, neuron_program,
                       pool_range, reduce_range, scale_range, synapse_bounds)
@@ -326,8 +329,9 @@ def _check_chip_network(desc: IntegerNetwork) -> None:
 
 def check_network(desc: IntegerNetwork) -> None:
     """Check that ``desc`` agrees with itself (see the module documentation). The shapes along
-    the edges, which need one sample's input shape, are checked by
-    :func:`~snnquant.export.backends.simulator.op_shapes` (run by :class:`~snnquant.export.IntegerSNN`
+    the edges, which need one sample's input shape, are checked here when the network holds it
+    (``desc.input_shape``: :func:`~snnquant.export.ir.shapes.infer_shapes`, without allocating),
+    and for every input shape by :func:`~snnquant.export.backends.simulator.op_shapes` (run by :class:`~snnquant.export.IntegerSNN`
     once per input shape, :func:`~snnquant.export.to_c` and :func:`~snnquant.export.to_nir`).
 
     Raises:
@@ -353,6 +357,7 @@ def check_network(desc: IntegerNetwork) -> None:
     check_inputs(desc.ops)
     if desc.chip is not None:
         _check_chip_network(desc)
+        _check_shapes(desc)
         return
     for i, op in enumerate(desc.ops):
         src = desc.op_inputs(i)
@@ -422,3 +427,17 @@ def check_network(desc: IntegerNetwork) -> None:
         raise _fail(None, desc, "output_frac_bits", desc.output_frac_bits,
                     f"it must be {fracs[last]}, the fractional bits of the last operation's "
                     f"output")
+    _check_shapes(desc)
+
+
+def _check_shapes(desc: IntegerNetwork) -> None:
+    """The shapes along every edge, without allocating, where ``desc`` holds its input shape."""
+    shape = desc.input_shape
+    if shape is None:
+        return
+    if not isinstance(shape, (tuple, list)) or not shape or not all(
+            _is_int(v) and v >= 1 for v in shape):
+        raise _fail(None, desc, "input_shape", shape, "it must be None or a non-empty tuple of "
+                                                      "ints >= 1 (one sample's shape, without "
+                                                      "time and batch)")
+    infer_shapes(desc, shape)
