@@ -12,7 +12,7 @@ import torch
 
 from ...capture import connect_functions
 from ...functional.int_limits import INT64_HEADROOM_BITS
-from ..ir.integer_ops import pow2_exponent
+from ...functional.int_limits import pow2_exponent
 from ..ir.description import JoinOp, NETWORK_INPUT
 from ..ir.transformer_ops import MatMulOp, ReduceOp, ScaleOp
 from .values import (ADD_FUNCTIONS, CONNECT_KINDS, FLATTEN_FUNCTIONS, FlattenCall, LAYOUT_FUNCTIONS,

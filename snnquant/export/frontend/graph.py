@@ -13,7 +13,7 @@ import torch.nn as nn
 from ...nn import registry
 from ...utils import is_multi_step as _is_multi_step, model_walk as _model_walk
 from ...capture import CaptureError, is_sequence, node_origin
-from ..ir.integer_ops import pow2_exponent
+from ...functional.int_limits import pow2_exponent
 from ..ir.description import ExportError, NETWORK_INPUT
 from ..ir.transformer_ops import GatherOp
 from .common import fail_layer, sj_modules

@@ -20,7 +20,7 @@ from ...capture.plan import NEEDS_EXAMPLE_INPUT
 from ...utils import copy_model
 
 from ..ir.description import ExportError
-from ..ir.integer_ops import pow2_exponent
+from ...functional.int_limits import pow2_exponent
 
 __all__ = ["fold_batchnorm", "FoldWarning", "FoldReport", "FoldedLayer"]
 
