@@ -12,7 +12,7 @@ import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 
 from conftest import integer_layers
-from snnquant.export import (DescriptionError, ExportError, IntegerSNN, c_memory, check_network,
+from snnquant.export import (IntegerNetworkError, ExportError, IntegerSNN, c_memory, check_network,
                              compare_integer, load_integer, save_integer, to_c, to_integer,
                              to_nir)
 from snnquant.export.ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
@@ -122,7 +122,7 @@ def _xylo_desc():
 def test_validation_names_the_operation_field_and_value(edit, field, says):
     desc = _xylo_desc()
     edit(desc)
-    with pytest.raises(DescriptionError, match=field) as err:
+    with pytest.raises(IntegerNetworkError, match=field) as err:
         check_network(desc)
     assert says in str(err.value)
 
@@ -131,7 +131,7 @@ def test_one_chip_per_network():
     desc = _xylo_desc()
     loihi = to_integer(nn.Sequential(LoihiLIFLayer(6, 2, vth=10, step_mode="m")))
     desc.ops[1] = dataclasses.replace(loihi.ops[0], name="mixed")
-    with pytest.raises(DescriptionError, match="LoihiLayerOp in a network of xylo layers"):
+    with pytest.raises(IntegerNetworkError, match="LoihiLayerOp in a network of xylo layers"):
         check_network(desc)
     with pytest.raises(ExportError, match="one chip's layers"):
         to_integer(nn.Sequential(XyloLIFLayer(4, 6, threshold=50, step_mode="m"),
@@ -149,7 +149,7 @@ def test_input_counts_outside_the_chip_are_refused():
         sim(torch.full((2, 1, 4), -1))
     with pytest.raises(ValueError, match="above input_max=15"):
         sim(torch.full((2, 1, 4), 16))
-    with pytest.raises(DescriptionError, match=r"input_shape=\(5,\) does not fit operation 0"):
+    with pytest.raises(IntegerNetworkError, match=r"input_shape=\(5,\) does not fit operation 0"):
         sim(torch.zeros((2, 1, 5), dtype=torch.int64))
 
 
@@ -157,7 +157,7 @@ def test_to_integer_arguments_of_a_chip_network():
     net = nn.Sequential(XyloLIFLayer(4, 6, threshold=50, step_mode="m"))
     with pytest.raises(ValueError, match="input_max=3, leak_bits=8: a chip network's"):
         to_integer(net, input_max=3, leak_bits=8)
-    with pytest.raises(DescriptionError, match=r"input_shape=\(5,\)"):
+    with pytest.raises(IntegerNetworkError, match=r"input_shape=\(5,\)"):
         to_integer(net, input_shape=(5,))
     assert to_integer(net, input_shape=(4,)).chip == "xylo"
 

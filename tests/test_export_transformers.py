@@ -139,7 +139,7 @@ def test_the_deploy_guides_zoo_table_is_what_the_script_measures():
 
 def test_an_edited_description_of_the_new_operations_is_refused_by_name():
     import copy
-    from snnquant.export import DescriptionError, check_network
+    from snnquant.export import IntegerNetworkError, check_network
     _, x, desc = deployed("spikformer")
     kinds = {GatherOp: None, ReduceOp: None, MatMulOp: None, ScaleOp: None}
     for i, op in enumerate(desc.ops):
@@ -148,21 +148,22 @@ def test_an_edited_description_of_the_new_operations_is_refused_by_name():
             kinds[type(op)] = i
     bad = copy.deepcopy(desc)
     bad.ops[kinds[GatherOp]].index[0] = -1
-    with pytest.raises(DescriptionError, match=rf"operation {kinds[GatherOp]} .*has index=.*>= 0"):
+    with pytest.raises(IntegerNetworkError,
+                       match=rf"operation {kinds[GatherOp]} .*has index=.*>= 0"):
         check_network(bad)
     bad = copy.deepcopy(desc)
     bad.ops[kinds[MatMulOp]].out_frac_bits += 1
-    with pytest.raises(DescriptionError, match=rf"operation {kinds[MatMulOp]} .*out_frac_bits=.*"
+    with pytest.raises(IntegerNetworkError, match=rf"operation {kinds[MatMulOp]} .*out_frac_bits=.*"
                                                rf"it must be the operands'"):
         check_network(bad)
     bad = copy.deepcopy(desc)
     bad.ops[kinds[ReduceOp]].count += 1       # the shapes say otherwise
-    with pytest.raises(DescriptionError, match=rf"operation {kinds[ReduceOp]} .*not "
+    with pytest.raises(IntegerNetworkError, match=rf"operation {kinds[ReduceOp]} .*not "
                                                rf"{bad.ops[kinds[ReduceOp]].count} values"):
         IntegerSNN(bad)(x.long())
     bad = copy.deepcopy(desc)
     bad.ops[kinds[ScaleOp]].exponent = 99
-    with pytest.raises(DescriptionError, match=rf"operation {kinds[ScaleOp]} .*exponent=99"):
+    with pytest.raises(IntegerNetworkError, match=rf"operation {kinds[ScaleOp]} .*exponent=99"):
         check_network(bad)
 
 

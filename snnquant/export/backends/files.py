@@ -18,8 +18,8 @@ from typing import Union
 import torch
 
 from ..._io import atomic_write
-from ..ir.description import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, DescriptionError,
-                              IntegerNetwork)
+from ..ir.network import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, IntegerNetworkError,
+                          IntegerNetwork)
 from ..ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from ..ir.validation import check_network
 
@@ -194,7 +194,7 @@ def load_integer(path: PathLike) -> IntegerNetwork:
         ValueError: naming the file, when it is not such a file, is corrupt (any changed byte of
             the header or the tensors, a truncation, appended bytes), or has a ``format_version``
             this snnquant does not read
-            (:data:`~snnquant.export.ir.description.READABLE_FORMAT_VERSIONS`: 1 to 5; a
+            (:data:`~snnquant.export.ir.network.READABLE_FORMAT_VERSIONS`: 1 to 5; a
             version-1 file has no fixed-point leak and loads with every layer exact; a version-1
             or -2 file is a sequence; the operations of spiking transformers need version 4,
             a chip network version 5).
@@ -257,8 +257,8 @@ def _from_bytes(data: bytes, path_s: str) -> IntegerNetwork:
         record = json.loads(meta["description"])
         desc = IntegerNetwork.from_record(record, tensors)
         check_network(desc)
-    except DescriptionError as exc:
-        raise DescriptionError(f"{path_s!r}: {exc}") from None
+    except IntegerNetworkError as exc:
+        raise IntegerNetworkError(f"{path_s!r}: {exc}") from None
     except RecursionError:
         raise ValueError(f"{path_s!r} is corrupt: its description's JSON is nested too "
                          f"deeply") from None

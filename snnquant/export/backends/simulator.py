@@ -24,8 +24,8 @@ from typing import Dict, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from ..ir.description import (NETWORK_INPUT, DescriptionError, FlattenOp, IntegerNetwork, JoinOp,
-                              NeuronOp, PoolOp, SynapseOp)
+from ..ir.network import (NETWORK_INPUT, IntegerNetworkError, FlattenOp, IntegerNetwork, JoinOp,
+                          NeuronOp, PoolOp, SynapseOp)
 from ..ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from . import compiled_neuron
 from ..ir.chip_ops import CHIP_OP_TYPES
@@ -516,7 +516,7 @@ def op_shapes(desc: IntegerNetwork, input_shape) -> list:
     (:func:`~snnquant.export.check_network` checks the rest).
 
     Raises:
-        DescriptionError: naming ``input_shape``, the operation's index and name and the shape
+        IntegerNetworkError: naming ``input_shape``, the operation's index and name and the shape
             it does not take (a join's operands of different shapes included).
     """
     return _op_shapes(IntegerSNN(desc), input_shape)
@@ -545,8 +545,9 @@ def _op_shapes(sim: IntegerSNN, input_shape) -> list:
             else:
                 y = sim._stateless(op, prm, xs[0])
         except (RuntimeError, IndexError, ValueError) as err:
-            raise DescriptionError(f"input_shape={tuple(input_shape)} does not fit operation {i} "
-                                   f"({op.name!r}): its input would be {before}: {err}") from None
+            raise IntegerNetworkError(f"input_shape={tuple(input_shape)} does not fit operation "
+                                      f"{i} ({op.name!r}): its input would be {before}: "
+                                      f"{err}") from None
         values[i] = y
         out.append((before, tuple(y.shape[1:])))
     return out

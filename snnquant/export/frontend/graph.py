@@ -14,7 +14,7 @@ from ...nn import registry
 from ...utils import is_multi_step as _is_multi_step, model_walk as _model_walk
 from ...capture import CaptureError, is_sequence, node_origin
 from ...functional.int_limits import pow2_exponent
-from ..ir.description import ExportError, NETWORK_INPUT
+from ..ir.network import ExportError, NETWORK_INPUT
 from ..ir.transformer_ops import GatherOp
 from .common import fail_layer, sj_modules
 from .deploy_checks import tagged, time_mean_refusal

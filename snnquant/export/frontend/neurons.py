@@ -11,7 +11,7 @@ import torch
 from ...nn import registry
 from ...functional.int_limits import INT64_HEADROOM_BITS
 from ...functional.int_limits import pow2_exponent
-from ..ir.description import NeuronOp
+from ..ir.network import NeuronOp
 from .common import as_dtype_float, fail_layer
 from .deploy_checks import exact_leak_shift, tau_refusal
 

@@ -12,7 +12,7 @@ from ...nn import registry
 from ...utils import copy_model
 from ...functional.int_limits import pow2_exponent
 from ..ir.integer_ops import narrowest_int
-from ..ir.description import SynapseOp
+from ..ir.network import SynapseOp
 from .common import fail_layer, float_frac_bits, mantissa_exponent
 from .deploy_checks import accumulator_fix
 

@@ -48,8 +48,8 @@ from ...utils import copy_model, is_multi_step as _is_multi_step
 from ...capture import capture
 from ..ir.validation import check_network
 from ..backends.simulator import op_shapes
-from ..ir.description import (ExportError, FlattenOp, IntegerNetwork, JoinOp, PoolOp,
-                              check_input_shape)
+from ..ir.network import (ExportError, FlattenOp, IntegerNetwork, JoinOp, PoolOp,
+                          check_input_shape)
 from .common import MANTISSA_BITS
 from .deploy_checks import tagged
 from .graph import GraphBuilder

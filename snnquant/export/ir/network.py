@@ -40,7 +40,7 @@ from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 
 __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "SynapseOp", "NeuronOp",
            "PoolOp", "FlattenOp", "JoinOp", "OP_TYPES", "IntegerNetwork", "ExportError",
-           "DescriptionError", "check_inputs", "check_input_shape"]
+           "IntegerNetworkError", "check_inputs", "check_input_shape"]
 
 #: Version of the description and of the file format of :func:`~snnquant.export.save_integer`.
 #: Version 2 adds the neuron fields ``leak_multiplier``, ``leak_round_shift``, ``exact`` and
@@ -80,7 +80,7 @@ def check_input_shape(input_shape, name: str = "input_shape") -> Tuple[int, ...]
     return tuple(int(v) for v in items)
 
 
-class DescriptionError(ExportError):
+class IntegerNetworkError(ExportError):
     """An :class:`IntegerNetwork` disagrees with itself (see
     :func:`~snnquant.export.check_network`); the message names the operation's index and name,
     the field and the value."""
@@ -91,15 +91,15 @@ def check_inputs(ops) -> None:
     its ``inputs`` a tuple of indices in ``[NETWORK_INPUT, i)``.
 
     Raises:
-        DescriptionError: ``operation i ('name') has inputs=...``.
+        IntegerNetworkError: ``operation i ('name') has inputs=...``.
     """
     for i, op in enumerate(ops):
         if not isinstance(op.inputs, tuple) or any(
                 isinstance(j, bool) or not isinstance(j, int) or not NETWORK_INPUT <= j < i
                 for j in op.inputs):
-            raise DescriptionError(f"operation {i} ({op.name!r}) has inputs={op.inputs!r}: each "
-                                   f"must be an earlier operation's index or {NETWORK_INPUT} "
-                                   f"(the input)")
+            raise IntegerNetworkError(f"operation {i} ({op.name!r}) has inputs={op.inputs!r}: each "
+                                      f"must be an earlier operation's index or {NETWORK_INPUT} "
+                                      f"(the input)")
 
 
 @dataclass

@@ -29,7 +29,7 @@ from the input to the output and checks, per operation:
   shapes need one sample's input shape: :func:`~snnquant.export.backends.simulator.op_shapes` checks
   them, in every entry that has it.
 
-Errors are :class:`DescriptionError` and name the operation's index and name, the field and the
+Errors are :class:`IntegerNetworkError` and name the operation's index and name, the field and the
 value: ``operation 3 ('sn1') has threshold=300: it must be in [v_min, v_max + 1] = [-128, 128]``.
 """
 
@@ -43,13 +43,13 @@ import torch
 from ...functional.int_limits import (FRAC_LIMIT, INT64_HEADROOM_BITS, as_int,
                                      weight_range)
 from .chip_ops import CHIP_OP_TYPES, SpeckLayerOp
-from .description import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, DescriptionError, FlattenOp,
+from .network import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, IntegerNetworkError, FlattenOp,
                           IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_inputs)
 from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from .program import (SynapseRescale, join_bound, join_range, matmul_range, neuron_program,
                       pool_range, reduce_range, scale_range, synapse_bounds)
 
-__all__ = ["DescriptionError", "check_network", "VALUE_LIMIT_BITS", "MAX_EXTENT",
+__all__ = ["IntegerNetworkError", "check_network", "VALUE_LIMIT_BITS", "MAX_EXTENT",
            "MAX_INDEX"]
 
 #: Every value of a valid network, and every register of a neuron's step, is below
@@ -64,14 +64,14 @@ MAX_EXTENT = 1 << 10
 MAX_INDEX = (1 << 32) - 1
 
 
-def _fail(i: int, op, field: str, value, why: str) -> DescriptionError:
+def _fail(i: int, op, field: str, value, why: str) -> IntegerNetworkError:
     if isinstance(value, torch.Tensor):
         shown = repr(value.tolist()) if value.numel() <= 6 else \
             f"<tensor of shape {tuple(value.shape)}>"
     else:
         shown = repr(value)
     where = "the network" if i is None else f"operation {i} ({op.name!r})"
-    return DescriptionError(f"{where} has {field}={shown}: {why}")
+    return IntegerNetworkError(f"{where} has {field}={shown}: {why}")
 
 
 def _is_int(v) -> bool:
@@ -298,9 +298,9 @@ def _check_chip_network(desc: IntegerNetwork) -> None:
     chip = desc.chip
     for i, op in enumerate(desc.ops):
         if not isinstance(op, CHIP_OP_TYPES) or op.chip != chip:
-            raise DescriptionError(f"operation {i} ({op.name!r}) is a {type(op).__name__} in a "
-                                   f"network of {chip} layers: a chip network holds only its "
-                                   f"chip's layer operations")
+            raise IntegerNetworkError(f"operation {i} ({op.name!r}) is a {type(op).__name__} in a "
+                                      f"network of {chip} layers: a chip network holds only its "
+                                      f"chip's layer operations")
         if op.inputs not in ((), (i - 1,)):
             raise _fail(i, op, "inputs", op.inputs, "a chip network is a sequence: each layer "
                                                     "reads the one before")
@@ -331,7 +331,7 @@ def check_network(desc: IntegerNetwork) -> None:
     once per input shape, :func:`~snnquant.export.to_c` and :func:`~snnquant.export.to_nir`).
 
     Raises:
-        DescriptionError: naming the operation's index and name, the field and the value.
+        IntegerNetworkError: naming the operation's index and name, the field and the value.
     """
     if not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork, got {type(desc).__name__}")
@@ -348,8 +348,8 @@ def check_network(desc: IntegerNetwork) -> None:
     last = len(desc.ops) - 1
     for i, op in enumerate(desc.ops):
         if not isinstance(op, OP_TYPES):
-            raise DescriptionError(f"operation {i} is a {type(op).__name__}, not an operation of "
-                                   f"an IntegerNetwork")
+            raise IntegerNetworkError(f"operation {i} is a {type(op).__name__}, not an operation "
+                                      f"of an IntegerNetwork")
     check_inputs(desc.ops)
     if desc.chip is not None:
         _check_chip_network(desc)
