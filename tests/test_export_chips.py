@@ -11,16 +11,13 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 
+from _chip_nets import layer_outputs, loihi_network, speck_network, xylo_network
 from conftest import integer_layers
-from snnquant.export import (IntegerNetworkError, ExportError, IntegerSNN, c_memory, check_network,
-                             compare_integer, load_integer, save_integer, to_c, to_integer,
-                             to_nir)
+from snnquant.export import (ExportError, IntegerNetworkError, IntegerSNN, c_memory,
+                             check_network, compare_integer, load_integer, save_integer, to_c,
+                             to_integer, to_nir)
 from snnquant.export.ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from snnquant.targets import LoihiLIFLayer, SpeckIAFLayer, XyloLIFLayer
-from test_targets_loihi import _random_network as loihi_network
-from test_targets_speck import _random_network as speck_network
-from test_targets_speck import _run_ours as _layers
-from test_targets_xylo import _random_network as xylo_network
 
 
 def _xylo(rng):
@@ -56,7 +53,7 @@ def test_integer_snn_equals_the_chip_layers_on_random_networks(chip):
         desc = to_integer(net)
         assert desc.chip == chip and [type(op) for op in desc.ops] == [op_type] * len(net)
         check_network(desc)
-        for k, (a, b) in enumerate(zip(_layers(net, x), integer_layers(net, x))):
+        for k, (a, b) in enumerate(zip(layer_outputs(net, x), integer_layers(net, x))):
             np.testing.assert_array_equal(b, a, err_msg=f"trial {trial}, layer {k}")
             spikes += int(a.sum())
         out = IntegerSNN(desc)(x.to(torch.int64))
