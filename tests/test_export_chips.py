@@ -1,4 +1,4 @@
-"""Chip networks in the integer description (snnquant.export.ir.chip_ops): to_integer of a
+"""Chip networks in the integer description (snnquant.targets.<chip>.op): to_integer of a
 Xylo, Loihi or Speck network, IntegerSNN running it equal to the chip layers that trained, the
 file, the validation and the refusals. The vendor simulators' agreement with IntegerSNN is tested
 in tests/test_targets_{xylo,loihi,speck}.py."""
@@ -16,8 +16,8 @@ from conftest import integer_layers
 from snnquant.export import (ExportError, IntegerNetworkError, IntegerSNN, c_memory,
                              check_network, compare_integer, load_integer, save_integer, to_c,
                              to_integer, to_nir)
-from snnquant.export.ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
-from snnquant.targets import LoihiLIFLayer, SpeckIAFLayer, XyloLIFLayer
+from snnquant.targets import (LoihiLayerOp, LoihiLIFLayer, SpeckIAFLayer, SpeckLayerOp,
+                              XyloLayerOp, XyloLIFLayer)
 
 
 def _xylo(rng):

@@ -236,7 +236,7 @@ def test_network_trained_on_the_real_split_equals_sinabs(tmp_path, monkeypatch):
 
 @needs_sinabs
 def test_nir_route_is_wired_as_the_network():
-    """The NIR route of ``sinabs_runner.py`` (a float network written as a NIR graph file, read
+    """The NIR route of ``sinabs_script.py`` (a float network written as a NIR graph file, read
     back, imported by Sinabs' ``from_nir`` and discretised by ``DynapcnnNetwork``), on a network
     that this discretisation leaves exact (non-negative integer weights reaching 127, the average
     pooling's 1/4 landing on multiples of 4): the same output counts as the snnquant layers, so the

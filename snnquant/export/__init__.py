@@ -19,7 +19,7 @@ from .ir.network import (FORMAT_VERSION, NETWORK_INPUT, IntegerNetworkError, Exp
                          FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp,
                          check_input_shape)
 from .ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
-from .ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
+from ..targets import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from .ir.integer_ops import pack_int, round_half_even_shift, unpack_int
 from .frontend.torch_model import input_max_of, to_integer
 from .backends.simulator import IntegerSNN

@@ -28,7 +28,7 @@ from ..ir.network import (NETWORK_INPUT, IntegerNetworkError, FlattenOp, Integer
                           NeuronOp, PoolOp, SynapseOp)
 from ..ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from . import compiled_neuron
-from ..ir.chip_ops import CHIP_OP_TYPES
+from ...targets import CHIP_OP_TYPES
 from ..ir import integer_ops
 from ..ir.integer_ops import narrowest_int, round_half_even_shift
 from ..ir.program import (SynapseRescale, adaptive_windows, join_range, matmul_range,
@@ -153,7 +153,7 @@ class IntegerSNN:
 
     A chip network (:attr:`~snnquant.export.IntegerNetwork.chip`, exported from a network of
     :mod:`snnquant.targets`) runs each layer with its operation's ``run``
-    (:mod:`~snnquant.export.ir.chip_ops`): the chip's step of
+    (:mod:`~snnquant.targets`): the chip's step of
     :mod:`snnquant.functional.chip_neurons`, the one its layer trained with, on integers held in
     float64 (every value of the chips' 8-bit weights and 16- or 24-bit states is below
     :math:`2^{53}`: exact); its output and recorded layers are ``int64`` counts.

@@ -34,7 +34,7 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 
 from ...capture.graph import ExportError  # noqa: F401 (defined with the capture, which raises it)
-from .chip_ops import CHIP_OP_TYPES, LoihiLayerOp, SpeckLayerOp, XyloLayerOp
+from ...targets import CHIP_OP_TYPES, LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from .integer_ops import fits_packed, pack_int
 from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 
@@ -51,9 +51,9 @@ __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "Synap
 #: Version 4 adds the operations of spiking transformers (:class:`GatherOp`, :class:`ReduceOp`,
 #: :class:`MatMulOp`, :class:`ScaleOp`) and ``output_time_mean``; an earlier file is read with
 #: ``output_time_mean=False``.
-#: Version 5 adds the chip operations (:class:`~snnquant.export.ir.chip_ops.XyloLayerOp`,
-#: :class:`~snnquant.export.ir.chip_ops.LoihiLayerOp`,
-#: :class:`~snnquant.export.ir.chip_ops.SpeckLayerOp`); an earlier file has none.
+#: Version 5 adds the chip operations (:class:`~snnquant.targets.xylo.op.XyloLayerOp`,
+#: :class:`~snnquant.targets.loihi.op.LoihiLayerOp`,
+#: :class:`~snnquant.targets.speck.op.SpeckLayerOp`); an earlier file has none.
 FORMAT_VERSION = 5
 
 #: Format versions that :func:`~snnquant.export.load_integer` reads.
@@ -555,7 +555,7 @@ class IntegerNetwork:
     @property
     def chip(self) -> Optional[str]:
         """The chip whose operations the network holds (``'xylo'``, ``'loihi'``, ``'speck'``;
-        :mod:`~snnquant.export.ir.chip_ops`), or ``None`` for a network of snnquant's own
+        :mod:`~snnquant.targets`), or ``None`` for a network of snnquant's own
         operations. Only :class:`~snnquant.export.IntegerSNN`, :func:`~snnquant.export.save_integer`
         and :func:`~snnquant.export.load_integer` take a chip network."""
         return next((op.chip for op in self.ops if isinstance(op, CHIP_OP_TYPES)), None)

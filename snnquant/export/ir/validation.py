@@ -18,7 +18,7 @@ from the input to the output and checks, per operation:
 * what a join reads: ``'and'``/``'iand'`` join spikes (values in :math:`[0, 1]`);
 * the value bounds proven from the description (the same as the C runtime's): every value and
   every register of a neuron's step stays below :math:`2^{62}`, so int64 arithmetic is exact;
-* a chip network (:mod:`~snnquant.export.ir.chip_ops`): a sequence of one chip's layer
+* a chip network (:mod:`~snnquant.targets`): a sequence of one chip's layer
   operations, each field in its range, the weights' inputs those of the layer before;
 * the sizes that would allocate in proportion at the first run, against documented bounds:
   pooling kernels, strides, dilations and adaptive output sizes, and convolution strides and
@@ -42,7 +42,7 @@ import torch
 
 from ...functional.int_limits import (FRAC_LIMIT, INT64_HEADROOM_BITS, as_int,
                                      weight_range)
-from .chip_ops import CHIP_OP_TYPES, SpeckLayerOp
+from ...targets import CHIP_OP_TYPES, SpeckLayerOp
 from .network import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, IntegerNetworkError, FlattenOp,
                           IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_inputs)
 from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
