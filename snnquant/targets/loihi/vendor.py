@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
-import torch
 import torch.nn as nn
 
 from .._layer import FileFields, read_checked_json, refuse, write_checked_json
@@ -31,18 +30,21 @@ class LoihiSpec:
 
 
 def to_loihi(model: nn.Module, profile: Optional[LoihiProfile] = None) -> LoihiSpec:
-    """The :class:`LoihiSpec` of a stack of :class:`LoihiLIFLayer` (after :func:`check_loihi`)."""
+    """The :class:`LoihiSpec` of a stack of :class:`LoihiLIFLayer` (after :func:`check_loihi`),
+    built from the layers' operations (:meth:`LoihiLIFLayer.integer_op`): the integers
+    :class:`~snnquant.export.IntegerSNN` runs are the ones written for Lava."""
     refuse(check_loihi(model, profile), "to_loihi")
+    layers = loihi_layers(model)
     out = []
-    for _, m in loihi_layers(model):
-        with torch.no_grad():
-            w = (2 * m.integer_weight()).cpu().numpy().astype(np.int16)
-            b = (m.integer_bias().cpu().numpy().astype(np.int16) if m.bias is not None
-                 else np.zeros(m.out_features, np.int16))
-        out.append({"weights": w, "weight_exp": m.weight_exp, "du": m.du, "dv": m.dv,
-                    "vth": m.vth, "bias_mant": b,
-                    "bias_exp": np.full(m.out_features, m.bias_exp, np.int16)})
-    return LoihiSpec(out, profile=loihi_layers(model)[0][1].profile.name)
+    for name, m in layers:
+        op = m.integer_op(name)
+        w = 2 * op.weight.numpy().astype(np.int16)
+        b = (op.bias.numpy().astype(np.int16) if op.bias is not None
+             else np.zeros(op.out_shape[0], np.int16))
+        out.append({"weights": w, "weight_exp": op.weight_exp, "du": op.du, "dv": op.dv,
+                    "vth": op.vth, "bias_mant": b,
+                    "bias_exp": np.full(op.out_shape[0], op.bias_exp, np.int16)})
+    return LoihiSpec(out, profile=layers[0][1].profile.name)
 
 
 _ARRAYS = ("weights", "bias_mant", "bias_exp")

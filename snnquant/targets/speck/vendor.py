@@ -11,7 +11,6 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
-import torch
 import torch.nn as nn
 
 from .._layer import FileFields, read_checked_json, refuse, write_checked_json
@@ -38,17 +37,19 @@ class SpeckSpec:
 
 
 def to_speck(model: nn.Module, profile: Optional[SpeckProfile] = None) -> SpeckSpec:
-    """The :class:`SpeckSpec` of a stack of :class:`SpeckIAFLayer` (after :func:`check_speck`)."""
+    """The :class:`SpeckSpec` of a stack of :class:`SpeckIAFLayer` (after :func:`check_speck`),
+    built from the layers' operations (:meth:`SpeckIAFLayer.integer_op`): the integers
+    :class:`~snnquant.export.IntegerSNN` runs are the ones written for Sinabs."""
     refuse(check_speck(model, profile), "to_speck")
     layers = speck_layers(model)
     out = []
-    for _, m in layers:
-        with torch.no_grad():
-            w = m.integer_weight().cpu().numpy().astype(np.int8)
-            b = m.integer_bias().cpu().numpy().astype(np.int16) if m.bias is not None else None
-        out.append({"kind": "linear" if m.linear else "conv", "weight": w, "bias": b,
-                    "threshold": m.threshold, "min_v_mem": m.profile.v_min, "stride": m.stride,
-                    "padding": m.padding, "pool": m.pool, "spike": m.spike})
+    for name, m in layers:
+        op = m.integer_op(name)
+        b = op.bias.numpy().astype(np.int16) if op.bias is not None else None
+        out.append({"kind": "linear" if op.linear else "conv",
+                    "weight": op.weight.numpy().astype(np.int8), "bias": b,
+                    "threshold": op.threshold, "min_v_mem": op.v_min, "stride": op.stride,
+                    "padding": op.padding, "pool": op.pool, "spike": op.spike})
     p = layers[0][1].profile
     return SpeckSpec(out, tuple(layers[0][1].in_shape), p.name, p.device)
 

@@ -8,11 +8,11 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 import numpy as np
-import torch
 import torch.nn as nn
 
 from .._layer import FileFields, read_checked_json, refuse, write_checked_json
 from .layer import XYLO_AUDIO2, XyloProfile, check_xylo, field_rules, xylo_layers
+from .op import XyloLayerOp
 
 __all__ = ["XyloSpec", "to_xylo", "save_xylo", "load_xylo", "run_xylosim"]
 
@@ -67,30 +67,38 @@ class XyloSpec:
 
 
 def to_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> XyloSpec:
-    """The :class:`XyloSpec` of a stack of :class:`XyloLIFLayer` (after :func:`check_xylo`).
+    """The :class:`XyloSpec` of a stack of :class:`XyloLIFLayer` (after :func:`check_xylo`), built
+    from the layers' operations (:meth:`XyloLIFLayer.integer_op`): the integers
+    :class:`~snnquant.export.IntegerSNN` runs are the ones written for the chip.
 
     Raises:
         ValueError: listing every limit the network exceeds.
     """
     refuse(check_xylo(model, profile), "to_xylo")
-    layers = [m for _, m in xylo_layers(model)]
-    hidden, readout = layers[:-1], layers[-1]
-    sizes = [m.out_features for m in hidden]
+    layers = xylo_layers(model)
+    ops = [m.integer_op(name) for name, m in layers]
+    return _spec_of_ops(ops, layers[-1][1].profile.name)
+
+
+def _spec_of_ops(ops: List[XyloLayerOp], profile: str) -> XyloSpec:
+    """The :class:`XyloSpec` of a Xylo network's operations: hidden layers first, the readout
+    last."""
+    hidden, readout = ops[:-1], ops[-1]
+    sizes = [op.out_shape[0] for op in hidden]
     n_h = sum(sizes)
     starts = np.cumsum([0] + sizes)
 
-    def ints(m):
-        with torch.no_grad():
-            w = m.integer_weight().cpu().numpy().astype(np.int8)
-            b = (m.integer_bias().cpu().numpy().astype(np.int64) if m.bias is not None
-                 else np.zeros(m.out_features, np.int64))
+    def ints(op):
+        w = op.weight.numpy().astype(np.int8)
+        b = (op.bias.numpy().astype(np.int64) if op.bias is not None
+             else np.zeros(op.out_shape[0], np.int64))
         return w, b
 
-    w_in = np.zeros((hidden[0].in_features, n_h), np.int8)
+    w_in = np.zeros((hidden[0].in_shape[0], n_h), np.int8)
     w_rec = np.zeros((n_h, n_h), np.int8)
     bias = np.zeros(n_h, np.int64)
-    for k, m in enumerate(hidden):
-        w, b = ints(m)
+    for k, op in enumerate(hidden):
+        w, b = ints(op)
         cols = slice(starts[k], starts[k + 1])
         if k == 0:
             w_in[:, cols] = w.T
@@ -98,11 +106,12 @@ def to_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> XyloSpec
             w_rec[starts[k - 1]:starts[k], cols] = w.T
         bias[cols] = b
     w_o, b_o = ints(readout)
-    w_out = np.zeros((n_h, readout.out_features), np.int8)
+    w_out = np.zeros((n_h, readout.out_shape[0]), np.int8)
     w_out[starts[-2]:, :] = w_o.T
 
-    def per_neuron(attr, ms):
-        return np.concatenate([np.full(m.out_features, getattr(m, attr), np.int64) for m in ms])
+    def per_neuron(attr, group):
+        return np.concatenate([np.full(op.out_shape[0], getattr(op, attr), np.int64)
+                               for op in group])
 
     return XyloSpec(
         weights_in=w_in, weights_rec=w_rec, weights_out=w_out,
@@ -113,8 +122,7 @@ def to_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> XyloSpec
         bias=bias, bias_out=b_o,
         weight_shift_in=hidden[0].weight_shift,
         weight_shift_rec=hidden[1].weight_shift if len(hidden) > 1 else 0,
-        weight_shift_out=readout.weight_shift, hidden_sizes=sizes,
-        profile=readout.profile.name)
+        weight_shift_out=readout.weight_shift, hidden_sizes=sizes, profile=profile)
 
 
 def _checked_spec(payload: dict, where: str) -> XyloSpec:
