@@ -13,7 +13,7 @@ linear 1296->10 + IF; SpikingJelly ``IFNode`` with soft reset) is
    weights, as Sinabs' importer takes no ``AvgPool2d``), read back and imported by Sinabs'
    ``from_nir`` (``IAFSqueeze`` with ``min_v_mem = -threshold``), discretised by
    ``DynapcnnNetwork(discretize=True)`` (one scale factor per layer, rounding) and run in its
-   simulation (``sinabs_runner.py`` with ``exact`` = 0);
+   simulation (``sinabs_script.py`` with ``exact`` = 0);
 3. converted with :func:`snnquant.targets.quantize_for_speck` and trained from there in the
    chip's arithmetic for the same number of epochs, then exported and run on Sinabs' simulation.
 

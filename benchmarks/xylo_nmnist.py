@@ -52,7 +52,7 @@ import torch.nn as nn  # noqa: E402
 
 from snnquant.targets import (XYLO_AUDIO2, check_xylo, quantize_for_xylo,  # noqa: E402
                               run_xylosim, to_xylo)
-from snnquant.targets.xylo import _rockpool_xylosim  # noqa: E402
+from snnquant.targets.xylo.vendor import _rockpool_xylosim  # noqa: E402
 
 CLASSES = 8
 SIZES = (16, 256, 128, CLASSES)

@@ -22,3 +22,11 @@ def vgg11_bn():
 
 def nmnist_net():
     return parametric_lif_net.NMNISTNet(channels=8, spiking_neuron=neuron.IFNode)
+
+
+#: The spiking transformers and ResNets of SpikingJelly 2.0's model zoo that the export tests
+#: deploy, by their short name: their key in ``benchmarks/zoo_deploy.py``'s ``networks()``.
+TRANSFORMERS = {"ms_resnet": "ms_resnet.MSResNet", "max_resnet": "ms_resnet.MaxResNet",
+                "spikformer": "spikformer.Spikformer",
+                "spike_driven_transformer": "spike_driven_transformer.SpikeDrivenTransformer",
+                "qkformer": "qkformer.QKFormer"}

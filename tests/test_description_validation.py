@@ -9,7 +9,7 @@ import torch
 import torch.nn as nn
 
 import snnquant.nn as qnn
-from snnquant.export import (DescriptionError, IntegerNetwork, IntegerSNN, check_network,
+from snnquant.export import (IntegerNetworkError, IntegerNetwork, IntegerSNN, check_network,
                              load_integer, save_integer, to_c, to_integer)
 from snnquant.export.backends import files as export_files
 from snnquant.export.backends.simulator import op_shapes
@@ -64,33 +64,33 @@ def _refused_everywhere(desc, match, tmp_path, monkeypatch, input_shape, shapes_
     with an input shape, so save_integer and load_integer, which have none, let it pass and the
     loaded network is refused at its first call)."""
     x = torch.zeros((2, 1) + tuple(input_shape), dtype=torch.int64)
-    with pytest.raises(DescriptionError, match=match):
+    with pytest.raises(IntegerNetworkError, match=match):
         check_network(desc)
         op_shapes(desc, input_shape)
-    with pytest.raises(DescriptionError, match=match):
+    with pytest.raises(IntegerNetworkError, match=match):
         IntegerSNN(desc)(x)
-    with pytest.raises(DescriptionError, match=match):
+    with pytest.raises(IntegerNetworkError, match=match):
         IntegerSNN(desc, synapse_arithmetic="auto")(x)
-    with pytest.raises(DescriptionError, match=match):
+    with pytest.raises(IntegerNetworkError, match=match):
         to_c(desc, tmp_path / "c", input_shape=input_shape)
     assert not (tmp_path / "c").exists() or not list((tmp_path / "c").iterdir())
     if not shapes_only:
-        with pytest.raises(DescriptionError, match=match):
+        with pytest.raises(IntegerNetworkError, match=match):
             save_integer(desc, tmp_path / "refused.safetensors")
         assert not (tmp_path / "refused.safetensors").exists()
     path = _saved_unchecked(desc, tmp_path / "edited.safetensors", monkeypatch)
     try:
         loaded = load_integer(path)
-    except DescriptionError as exc:
+    except IntegerNetworkError as exc:
         assert not shapes_only and "edited.safetensors" in str(exc)
         assert re.search(match, str(exc)), str(exc)
     else:
         assert shapes_only
-        with pytest.raises(DescriptionError, match=match):
+        with pytest.raises(IntegerNetworkError, match=match):
             IntegerSNN(loaded)(x)
     pytest.importorskip("nir")
     from snnquant.export import to_nir
-    with pytest.raises(DescriptionError, match=match):
+    with pytest.raises(IntegerNetworkError, match=match):
         to_nir(desc, input_shape)
 
 
@@ -191,10 +191,10 @@ def test_malformed_descriptions_give_named_errors_not_raw_ones(tmp_path, monkeyp
 
 def test_construction_checks_the_inputs_and_the_exported_network_passes():
     desc = to_integer(_InputSkip().eval(), input_max=3)
-    with pytest.raises(DescriptionError, match=r"operation 0 \('fc'\) has inputs=\(1,\)"):
+    with pytest.raises(IntegerNetworkError, match=r"operation 0 \('fc'\) has inputs=\(1,\)"):
         IntegerNetwork(ops=[dataclasses.replace(desc.ops[0], inputs=(1,))] + desc.ops[1:],
                        input_max=3, output_kind="spikes")
-    assert isinstance(DescriptionError("x"), ValueError)
+    assert isinstance(IntegerNetworkError("x"), ValueError)
     check_network(desc)   # the exported network itself passes
     assert op_shapes(desc, (8,))[-1][1] == (8,)
 
@@ -208,7 +208,7 @@ def test_from_nir_refuses_what_the_description_check_refuses(tmp_path):
     unit = float(node.metadata["membrane_unit"])
     node.metadata["threshold_int"] = 300            # above v_max, the NIR threshold to match
     node.v_threshold = node.v_threshold * 0 + (300 - 0.5) * unit
-    with pytest.raises((NIRImportError, DescriptionError), match=r"'sn'.*threshold.*300"):
+    with pytest.raises((NIRImportError, IntegerNetworkError), match=r"'sn'.*threshold.*300"):
         from_nir(graph)
 
 
@@ -228,7 +228,7 @@ def test_sizes_that_would_allocate_are_refused_at_load(tmp_path, monkeypatch):
     """A PoolOp output_size of 2^24, a sum-pool kernel of 2^14 and a conv padding of 2048 load
     today and allocate gigabytes at the first run: refused by check_network (and so by
     load_integer), naming the field, against the documented bound."""
-    from snnquant.export.ir.description import PoolOp, SynapseOp
+    from snnquant.export.ir.network import PoolOp, SynapseOp
     from snnquant.export.ir.validation import MAX_EXTENT
 
     desc = _conv_pool_desc()
@@ -241,19 +241,19 @@ def test_sizes_that_would_allocate_are_refused_at_load(tmp_path, monkeypatch):
              (conv, dict(padding=(2048, 2048)), "padding")]
     for index, changes, field in cases:
         bad = _edited(desc, index, **changes)
-        with pytest.raises(DescriptionError, match=rf"operation {index} .* has {field}="):
+        with pytest.raises(IntegerNetworkError, match=rf"operation {index} .* has {field}="):
             check_network(bad)
         path = _saved_unchecked(bad, tmp_path / f"{field}.safetensors", monkeypatch)
-        with pytest.raises(DescriptionError, match=field):
+        with pytest.raises(IntegerNetworkError, match=field):
             load_integer(path)
     assert MAX_EXTENT >= 64
 
 
 def test_a_gather_index_beyond_the_bound_is_refused():
-    from snnquant.export.ir.description import GatherOp
+    from snnquant.export.ir.network import GatherOp
 
     op = GatherOp(name="g", shape=(2,), index=torch.tensor([0, 2 ** 62]))
     desc = _edited(_conv_pool_desc(), 0)
     desc.ops = list(desc.ops) + [dataclasses.replace(op, inputs=())]
-    with pytest.raises(DescriptionError, match="index"):
+    with pytest.raises(IntegerNetworkError, match="index"):
         check_network(desc)

@@ -11,6 +11,7 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 
+from _zoo import TRANSFORMERS
 from conftest import csnn, load_script
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import (IntegerSNN, SynapseOp, c_memory, fold_batchnorm, pack_int, to_c,
@@ -145,12 +146,8 @@ def _graph_desc(name, bits):
 
 def _transformer_desc(name, bits):
     zoo = load_script("benchmarks/zoo_deploy.py")
-    names = {"ms_resnet": "ms_resnet.MSResNet", "max_resnet": "ms_resnet.MaxResNet",
-             "spikformer": "spikformer.Spikformer",
-             "spike_driven_transformer": "spike_driven_transformer.SpikeDrivenTransformer",
-             "qkformer": "qkformer.QKFormer"}
     torch.manual_seed(0)
-    build_, shape, _ = zoo.networks()[names[name]]
+    build_, shape, _ = zoo.networks()[TRANSFORMERS[name]]
     x = (torch.rand((zoo.T, N) + shape, generator=torch.Generator().manual_seed(1)) > 0.5).float()
     q, _ = quantize_model(zoo.keep_spiking(build_()), _config(bits), example_input=x)
     sjf.reset_net(q)
@@ -160,8 +157,7 @@ def _transformer_desc(name, bits):
 
 
 ZOO_CASES = ([("graph", n) for n in sorted(GRAPH_ZOO)]
-             + [("transformer", n) for n in ("ms_resnet", "max_resnet", "spikformer",
-                                             "spike_driven_transformer", "qkformer")])
+             + [("transformer", n) for n in TRANSFORMERS])
 
 
 # MS-ResNet and MaxResNet at 8 bits: to_integer refuses them (the float32 sum of the downsample's

@@ -1,4 +1,4 @@
-"""Chip networks in the integer description (snnquant.export.ir.chip_ops): to_integer of a
+"""Chip networks in the integer description (snnquant.targets.<chip>.op): to_integer of a
 Xylo, Loihi or Speck network, IntegerSNN running it equal to the chip layers that trained, the
 file, the validation and the refusals. The vendor simulators' agreement with IntegerSNN is tested
 in tests/test_targets_{xylo,loihi,speck}.py."""
@@ -11,16 +11,13 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 
+from _chip_nets import layer_outputs, loihi_network, speck_network, xylo_network
 from conftest import integer_layers
-from snnquant.export import (DescriptionError, ExportError, IntegerSNN, c_memory, check_network,
-                             compare_integer, load_integer, save_integer, to_c, to_integer,
-                             to_nir)
-from snnquant.export.ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
-from snnquant.targets import LoihiLIFLayer, SpeckIAFLayer, XyloLIFLayer
-from test_targets_loihi import _random_network as loihi_network
-from test_targets_speck import _random_network as speck_network
-from test_targets_speck import _run_ours as _layers
-from test_targets_xylo import _random_network as xylo_network
+from snnquant.export import (ExportError, IntegerNetworkError, IntegerSNN, c_memory,
+                             check_network, compare_integer, load_integer, save_integer, to_c,
+                             to_integer, to_nir)
+from snnquant.targets import (LoihiLayerOp, LoihiLIFLayer, SpeckIAFLayer, SpeckLayerOp,
+                              XyloLayerOp, XyloLIFLayer)
 
 
 def _xylo(rng):
@@ -56,7 +53,7 @@ def test_integer_snn_equals_the_chip_layers_on_random_networks(chip):
         desc = to_integer(net)
         assert desc.chip == chip and [type(op) for op in desc.ops] == [op_type] * len(net)
         check_network(desc)
-        for k, (a, b) in enumerate(zip(_layers(net, x), integer_layers(net, x))):
+        for k, (a, b) in enumerate(zip(layer_outputs(net, x), integer_layers(net, x))):
             np.testing.assert_array_equal(b, a, err_msg=f"trial {trial}, layer {k}")
             spikes += int(a.sum())
         out = IntegerSNN(desc)(x.to(torch.int64))
@@ -122,7 +119,7 @@ def _xylo_desc():
 def test_validation_names_the_operation_field_and_value(edit, field, says):
     desc = _xylo_desc()
     edit(desc)
-    with pytest.raises(DescriptionError, match=field) as err:
+    with pytest.raises(IntegerNetworkError, match=field) as err:
         check_network(desc)
     assert says in str(err.value)
 
@@ -131,7 +128,7 @@ def test_one_chip_per_network():
     desc = _xylo_desc()
     loihi = to_integer(nn.Sequential(LoihiLIFLayer(6, 2, vth=10, step_mode="m")))
     desc.ops[1] = dataclasses.replace(loihi.ops[0], name="mixed")
-    with pytest.raises(DescriptionError, match="LoihiLayerOp in a network of xylo layers"):
+    with pytest.raises(IntegerNetworkError, match="LoihiLayerOp in a network of xylo layers"):
         check_network(desc)
     with pytest.raises(ExportError, match="one chip's layers"):
         to_integer(nn.Sequential(XyloLIFLayer(4, 6, threshold=50, step_mode="m"),
@@ -149,7 +146,7 @@ def test_input_counts_outside_the_chip_are_refused():
         sim(torch.full((2, 1, 4), -1))
     with pytest.raises(ValueError, match="above input_max=15"):
         sim(torch.full((2, 1, 4), 16))
-    with pytest.raises(DescriptionError, match=r"input_shape=\(5,\) does not fit operation 0"):
+    with pytest.raises(IntegerNetworkError, match=r"input_shape=\(5,\) does not fit operation 0"):
         sim(torch.zeros((2, 1, 5), dtype=torch.int64))
 
 
@@ -157,7 +154,7 @@ def test_to_integer_arguments_of_a_chip_network():
     net = nn.Sequential(XyloLIFLayer(4, 6, threshold=50, step_mode="m"))
     with pytest.raises(ValueError, match="input_max=3, leak_bits=8: a chip network's"):
         to_integer(net, input_max=3, leak_bits=8)
-    with pytest.raises(DescriptionError, match=r"input_shape=\(5,\)"):
+    with pytest.raises(IntegerNetworkError, match=r"input_shape=\(5,\)"):
         to_integer(net, input_shape=(5,))
     assert to_integer(net, input_shape=(4,)).chip == "xylo"
 

@@ -18,6 +18,7 @@ import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
+from _zoo import TRANSFORMERS
 from conftest import assert_spikes_equal, load_script
 from snnquant import QuantConfig, quantize_model
 from snnquant.export import (ExportError, FoldWarning, GatherOp, IntegerSNN,
@@ -27,10 +28,6 @@ from test_export_c import build, run_c
 
 ZOO = load_script("benchmarks/zoo_deploy.py")
 T, N = ZOO.T, 3
-NAMES = {"ms_resnet": "ms_resnet.MSResNet", "max_resnet": "ms_resnet.MaxResNet",
-         "spikformer": "spikformer.Spikformer",
-         "spike_driven_transformer": "spike_driven_transformer.SpikeDrivenTransformer",
-         "qkformer": "qkformer.QKFormer"}
 
 
 _CACHE = {}
@@ -40,7 +37,7 @@ def deployed(name):
     """``(folded model, spike input, description)``, built once per network."""
     if name not in _CACHE:
         torch.manual_seed(0)
-        build, shape, _ = ZOO.networks()[NAMES[name]]
+        build, shape, _ = ZOO.networks()[TRANSFORMERS[name]]
         g = torch.Generator().manual_seed(1)
         x = (torch.rand((T, N) + shape, generator=g) > 0.5).float()
         # with the example input every BatchNorm trains folded (torch.fx stops at the shape
@@ -58,7 +55,7 @@ def deployed(name):
     return _CACHE[name]
 
 
-@pytest.mark.parametrize("name", sorted(NAMES))
+@pytest.mark.parametrize("name", sorted(TRANSFORMERS))
 def test_zoo_network_runs_exactly_in_integers(name):
     model, x, desc = deployed(name)
     out, y = assert_spikes_equal(desc, model, x)
@@ -81,7 +78,7 @@ def test_zoo_network_runs_exactly_in_integers(name):
         assert {"ReduceOp", "MatMulOp"} <= kinds and desc.output_time_mean
 
 
-@pytest.mark.parametrize("name", sorted(NAMES))
+@pytest.mark.parametrize("name", sorted(TRANSFORMERS))
 def test_zoo_network_file_round_trip(name, tmp_path):
     _, x, desc = deployed(name)
     path = tmp_path / f"{name}.safetensors"
@@ -93,7 +90,7 @@ def test_zoo_network_file_round_trip(name, tmp_path):
     assert torch.equal(a, b) and all(torch.equal(la[k], lb[k]) for k in la)
 
 
-@pytest.mark.parametrize("name", sorted(NAMES))
+@pytest.mark.parametrize("name", sorted(TRANSFORMERS))
 def test_zoo_network_in_c_equals_integer_snn(name, tmp_path):
     """The C model's per-step output equals IntegerSNN's last layer at every step and sample
     (a network averaged over time: its steps, which the caller sums)."""
@@ -139,7 +136,7 @@ def test_the_deploy_guides_zoo_table_is_what_the_script_measures():
 
 def test_an_edited_description_of_the_new_operations_is_refused_by_name():
     import copy
-    from snnquant.export import DescriptionError, check_network
+    from snnquant.export import IntegerNetworkError, check_network
     _, x, desc = deployed("spikformer")
     kinds = {GatherOp: None, ReduceOp: None, MatMulOp: None, ScaleOp: None}
     for i, op in enumerate(desc.ops):
@@ -148,21 +145,22 @@ def test_an_edited_description_of_the_new_operations_is_refused_by_name():
             kinds[type(op)] = i
     bad = copy.deepcopy(desc)
     bad.ops[kinds[GatherOp]].index[0] = -1
-    with pytest.raises(DescriptionError, match=rf"operation {kinds[GatherOp]} .*has index=.*>= 0"):
+    with pytest.raises(IntegerNetworkError,
+                       match=rf"operation {kinds[GatherOp]} .*has index=.*>= 0"):
         check_network(bad)
     bad = copy.deepcopy(desc)
     bad.ops[kinds[MatMulOp]].out_frac_bits += 1
-    with pytest.raises(DescriptionError, match=rf"operation {kinds[MatMulOp]} .*out_frac_bits=.*"
+    with pytest.raises(IntegerNetworkError, match=rf"operation {kinds[MatMulOp]} .*out_frac_bits=.*"
                                                rf"it must be the operands'"):
         check_network(bad)
     bad = copy.deepcopy(desc)
     bad.ops[kinds[ReduceOp]].count += 1       # the shapes say otherwise
-    with pytest.raises(DescriptionError, match=rf"operation {kinds[ReduceOp]} .*not "
+    with pytest.raises(IntegerNetworkError, match=rf"operation {kinds[ReduceOp]} .*not "
                                                rf"{bad.ops[kinds[ReduceOp]].count} values"):
         IntegerSNN(bad)(x.long())
     bad = copy.deepcopy(desc)
     bad.ops[kinds[ScaleOp]].exponent = 99
-    with pytest.raises(DescriptionError, match=rf"operation {kinds[ScaleOp]} .*exponent=99"):
+    with pytest.raises(IntegerNetworkError, match=rf"operation {kinds[ScaleOp]} .*exponent=99"):
         check_network(bad)
 
 

@@ -14,7 +14,7 @@ from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
 from snnquant import QuantConfig, quantize_model
-from snnquant.export import (DescriptionError, GatherOp, IntegerSNN, MatMulOp, ReduceOp,
+from snnquant.export import (IntegerNetworkError, GatherOp, IntegerSNN, MatMulOp, ReduceOp,
                              load_integer, save_integer, to_integer)
 from snnquant.export.backends.simulator import op_shapes
 from snnquant.export.ir.shapes import MAX_SAMPLE_ELEMENTS, infer_shapes
@@ -197,13 +197,13 @@ def test_a_file_without_its_input_shape_needs_one_for_these_operations(saved, ex
     back = load_integer(path, input_shape=(16,))
     assert back.input_shape == (16,)
     assert torch.equal(IntegerSNN(back)(x.long()), IntegerSNN(desc)(x.long()))
-    with pytest.raises(DescriptionError, match="operation 0 \\('fc'\\) has weight="):
+    with pytest.raises(IntegerNetworkError, match="operation 0 \\('fc'\\) has weight="):
         load_integer(path, input_shape=(15,))
     with pytest.raises(ValueError, match="input_shape must be"):
         load_integer(path, input_shape=(0,))
     good = path.with_name("good.safetensors")
     save_integer(desc, good)
-    with pytest.raises(DescriptionError, match="holds input_shape=\\(16,\\), not the given"):
+    with pytest.raises(IntegerNetworkError, match="holds input_shape=\\(16,\\), not the given"):
         load_integer(good, input_shape=(4, 4))
 
 
@@ -211,7 +211,7 @@ def test_save_refuses_such_a_network_without_its_input_shape(exported, tmp_path)
     import dataclasses
     _, desc = exported
     bare = dataclasses.replace(desc, input_shape=None)
-    with pytest.raises(DescriptionError, match="cannot be written.*no input_shape"):
+    with pytest.raises(IntegerNetworkError, match="cannot be written.*no input_shape"):
         save_integer(bare, tmp_path / "bare.safetensors")
     assert not (tmp_path / "bare.safetensors").exists()
 
@@ -236,7 +236,7 @@ def test_an_oversized_value_inside_the_network_is_refused_in_integers(exported):
     big = (1 << 15, 1 << 14)
     assert math.prod(big) > MAX_SAMPLE_ELEMENTS
     bad.input_shape = big
-    with pytest.raises(DescriptionError, match="MAX_SAMPLE_ELEMENTS"):
+    with pytest.raises(IntegerNetworkError, match="MAX_SAMPLE_ELEMENTS"):
         infer_shapes(bad, big)
 
 

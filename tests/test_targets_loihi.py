@@ -12,9 +12,10 @@ import pytest
 import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
-from spikingjelly.activation_based import layer, neuron
+from spikingjelly.activation_based import neuron
 
 import snnquant.functional.chip_neurons as chip_neurons
+from _chip_nets import dense_float_net, loihi_network
 from _repo import ROOT, shared_recordings
 from conftest import integer_layers, real_split_bench
 from snnquant.functional.bitshift import truncated_decay, wrap_signed
@@ -41,25 +42,6 @@ def test_wrap_signed_is_lavas_single_wrap():
     assert wrap_signed(x, 24).tolist() == [half, -half + 1, half, -half + 1, half, -half - 5]
 
 
-def _random_network(rng, saturate: bool, bias: bool):
-    dims = [int(rng.integers(1, 30))] + [int(rng.integers(1, 30))
-                                         for _ in range(int(rng.integers(1, 4)))]
-    layers = []
-    for i in range(len(dims) - 1):
-        m = LoihiLIFLayer(dims[i], dims[i + 1],
-                          vth=int(rng.integers(0, 20000 if saturate else 300)),
-                          du=int(rng.integers(0, 4096)), dv=int(rng.integers(0, 4096)),
-                          weight_step=1.0,
-                          weight_exp=int(rng.integers(3, 8) if saturate else rng.integers(-3, 3)),
-                          bias=bias, step_mode="m")
-        with torch.no_grad():
-            m.weight.copy_(torch.from_numpy(rng.integers(-128, 128, m.weight.shape)).float())
-            if bias:
-                m.bias.copy_(torch.from_numpy(rng.integers(-4096, 4096, m.out_features)).float())
-        layers.append(m)
-    return nn.Sequential(*layers)
-
-
 @needs_lava
 @pytest.mark.parametrize("saturate", [False, True], ids=["in-range", "wrapping"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
@@ -78,7 +60,7 @@ def test_spikes_equal_lava_on_random_networks(saturate, bias, monkeypatch):
     rng = np.random.default_rng(20 + 2 * saturate + bias)
     spikes = 0
     for trial in range(5):
-        net = _random_network(rng, saturate, bias)
+        net = loihi_network(rng, saturate, bias)
         x = torch.from_numpy((rng.random((16, 2, net[0].in_features)) < 0.5).astype(np.float32))
         sjf.reset_net(net)
         ours, h = [], x
@@ -96,31 +78,20 @@ def test_spikes_equal_lava_on_random_networks(saturate, bias, monkeypatch):
         assert sum(wraps) > 0, "no current wrapped"
 
 
-def _float_net():
-    torch.manual_seed(0)
-    return nn.Sequential(layer.Flatten(step_mode="m"),
-                         layer.Linear(20, 24, step_mode="m"),
-                         neuron.LIFNode(tau=2.0, step_mode="m"),
-                         layer.Linear(24, 12, step_mode="m"),
-                         neuron.IFNode(step_mode="m"),
-                         layer.Linear(12, 4, step_mode="m"),
-                         neuron.LIFNode(tau=4.0, step_mode="m"))
-
-
 def test_quantize_for_loihi_maps_the_pairs():
-    net = quantize_for_loihi(_float_net())
+    net = quantize_for_loihi(dense_float_net(20, 0.0))
     assert [type(m) for m in net] == [LoihiLIFLayer] * 3
     assert [m.du for m in net] == [4095] * 3
     assert [m.dv for m in net] == [2048, 0, 1024]
     step = net[0].weight_step
-    assert 127 * step >= _float_net()[1].weight.abs().max() > 63 * step
+    assert 127 * step >= dense_float_net(20, 0.0)[1].weight.abs().max() > 63 * step
     assert net[0].vth == round(2 * 2.0 / step) and net[1].vth == round(2 / net[1].weight_step)
     assert check_loihi(net) == []
 
 
 @needs_lava
 def test_training_in_lavas_arithmetic_then_lava_equals_the_trained_network():
-    net = quantize_for_loihi(_float_net())
+    net = quantize_for_loihi(dense_float_net(20, 0.0))
     g = torch.Generator().manual_seed(1)
     x = (torch.rand(12, 16, 20, generator=g) < 0.6).float()
     y = torch.randint(0, 4, (16,), generator=g)
@@ -165,11 +136,12 @@ def test_refusals_name_the_argument_and_value():
     with pytest.raises(ValueError, match="in_features == 3"):
         to_loihi(net)
     with pytest.raises(RuntimeError, match="SNNQUANT_LAVA_PYTHON"):
-        run_lava(to_loihi(quantize_for_loihi(_float_net())), np.zeros((4, 20)), python="")
+        run_lava(to_loihi(quantize_for_loihi(dense_float_net(20, 0.0))), np.zeros((4, 20)),
+                 python="")
 
 
 def test_file_round_trip_and_corruption(tmp_path):
-    spec = to_loihi(quantize_for_loihi(_float_net()))
+    spec = to_loihi(quantize_for_loihi(dense_float_net(20, 0.0)))
     path = tmp_path / "net.loihi.json"
     save_loihi(spec, path)
     back = load_loihi(path)

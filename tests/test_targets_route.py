@@ -6,6 +6,7 @@ import torch
 import torch.nn as nn
 from spikingjelly.activation_based import layer, neuron
 
+from _chip_nets import dense_float_net
 from snnquant import quantize_model
 from snnquant.targets import (LOIHI2, SPECK2F, XYLO_AUDIO2, LoihiLIFLayer, SpeckIAFLayer,
                               XyloLIFLayer, quantize_for_loihi, quantize_for_speck,
@@ -13,12 +14,7 @@ from snnquant.targets import (LOIHI2, SPECK2F, XYLO_AUDIO2, LoihiLIFLayer, Speck
 
 
 def _dense(v_reset):
-    torch.manual_seed(0)
-    return nn.Sequential(layer.Flatten(step_mode="m"),
-                         layer.Linear(16, 24, step_mode="m"),
-                         neuron.LIFNode(tau=2.0, v_reset=v_reset, step_mode="m"),
-                         layer.Linear(24, 4, step_mode="m"),
-                         neuron.IFNode(v_reset=v_reset, step_mode="m"))
+    return dense_float_net(16, v_reset, widths=(24, 4))
 
 
 def _conv():

@@ -11,8 +11,9 @@ import pytest
 import torch
 import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
-from spikingjelly.activation_based import layer, neuron
+from spikingjelly.activation_based import neuron
 
+from _chip_nets import layer_outputs, speck_float_net, speck_network
 from _repo import ROOT, shared_recordings
 from conftest import integer_layers, real_split_bench
 from snnquant.targets.speck import (SPECK2F, SpeckIAFLayer, check_speck, load_speck,
@@ -57,44 +58,6 @@ def test_memory_is_sinabs_rule():
     assert lin.memory() == {"kernel": 16 * 2 ** (7 + 4), "neuron": 10, "bias": 10}
 
 
-def _random_network(rng, bias: bool, spike: str):
-    c, h = int(rng.integers(1, 4)), int(rng.choice([8, 12]))
-    shape, layers = (c, h, h), []
-    for i in range(int(rng.integers(1, 3))):  # convolutions
-        k = int(rng.choice([1, 3]))
-        stride = int(rng.choice([1, 2])) if shape[1] % 2 == 0 else 1
-        pad = k // 2
-        out_h = (shape[1] + 2 * pad - k) // stride + 1
-        pool = 2 if out_h % 2 == 0 and out_h > 2 else 1
-        layers.append(SpeckIAFLayer(shape, int(rng.integers(2, 7)), k,
-                                    threshold=int(rng.integers(20, 400)), stride=stride,
-                                    padding=pad, pool=pool, bias=bias, weight_step=1.0,
-                                    spike=spike, input_max=2 ** 15 if i else 6, step_mode="m"))
-        shape = layers[-1].out_shape
-    for _ in range(int(rng.integers(1, 3))):  # linear layers
-        layers.append(SpeckIAFLayer(shape, int(rng.integers(2, 9)), None,
-                                    threshold=int(rng.integers(20, 400)), bias=bias,
-                                    weight_step=1.0, spike=spike, input_max=2 ** 15,
-                                    step_mode="m"))
-        shape = layers[-1].out_shape
-    for m in layers:
-        with torch.no_grad():
-            m.weight.copy_(torch.from_numpy(rng.integers(-128, 128, m.weight.shape)).float())
-            if bias:
-                m.bias.copy_(torch.from_numpy(rng.integers(-128, 128, m.out_features)).float())
-    return nn.Sequential(*layers)
-
-
-def _run_ours(net, x):
-    sjf.reset_net(net)
-    outs, h = [], x
-    with torch.no_grad():
-        for m in net:
-            h = m(h)
-            outs.append(h.transpose(0, 1).numpy().astype(np.int64))
-    return outs
-
-
 @needs_sinabs
 @pytest.mark.parametrize("spike", ["multi", "single"])
 @pytest.mark.parametrize("bias", [False, True], ids=["no-bias", "bias"])
@@ -106,10 +69,10 @@ def test_every_layer_equals_sinabs_on_random_networks(bias, spike):
     rng = np.random.default_rng(40 + 2 * bias + (spike == "single"))
     spikes = multi = 0
     for trial in range(4):
-        net = _random_network(rng, bias, spike)
+        net = speck_network(rng, bias, spike)
         assert check_speck(net) == []
         x = torch.from_numpy(rng.integers(0, 7, (9, 3) + net[0].in_shape)).float()
-        ours = _run_ours(net, x)
+        ours = layer_outputs(net, x)
         got = run_sinabs(to_speck(net), x.transpose(0, 1).numpy())
         for k, (a, b, c) in enumerate(zip(ours, got["layers"], integer_layers(net, x))):
             np.testing.assert_array_equal(a, b, err_msg=f"trial {trial}, layer {k}")
@@ -123,20 +86,8 @@ def test_every_layer_equals_sinabs_on_random_networks(bias, spike):
         assert multi > 0, "no layer sent more than one spike per step"
 
 
-def _float_net():
-    torch.manual_seed(0)
-    return nn.Sequential(layer.Conv2d(2, 4, 3, padding=1, step_mode="m"),
-                         neuron.IFNode(v_reset=None, step_mode="m"),
-                         layer.AvgPool2d(2, step_mode="m"),
-                         layer.Conv2d(4, 6, 3, stride=2, padding=1, bias=False, step_mode="m"),
-                         neuron.IFNode(v_reset=None, step_mode="m"),
-                         layer.Flatten(step_mode="m"),
-                         layer.Linear(6 * 2 * 2, 4, step_mode="m"),
-                         neuron.IFNode(v_reset=None, step_mode="m"))
-
-
 def test_quantize_for_speck_maps_the_units():
-    fnet = _float_net()
+    fnet = speck_float_net()
     net = quantize_for_speck(fnet, (2, 8, 8), input_max=3)
     assert [type(m) for m in net] == [SpeckIAFLayer] * 3
     assert [m.pool for m in net] == [2, 1, 1] and [m.linear for m in net] == [False, False, True]
@@ -153,7 +104,7 @@ def test_quantize_for_speck_maps_the_units():
 
 @needs_sinabs
 def test_training_in_speck_arithmetic_then_sinabs_equals_the_trained_network():
-    net = quantize_for_speck(_float_net(), (2, 8, 8), input_max=3)
+    net = quantize_for_speck(speck_float_net(), (2, 8, 8), input_max=3)
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, 4, (6, 16, 2, 8, 8), generator=g).float()
     y = torch.randint(0, 4, (16,), generator=g)
@@ -169,7 +120,7 @@ def test_training_in_speck_arithmetic_then_sinabs_equals_the_trained_network():
         losses.append(loss.item())
     assert all(got_grad), got_grad
     assert min(losses[-5:]) < losses[0]
-    ours = _run_ours(net, x)
+    ours = layer_outputs(net, x)
     assert ours[-1].sum() > 0
     got = run_sinabs(to_speck(net), x.transpose(0, 1).numpy())["layers"]
     for a, b, c in zip(ours, got, integer_layers(net, x)):
@@ -182,7 +133,7 @@ def test_sinabs_rescaling_is_refused():
     """The exported integers are what the chip gets only when Sinabs' common scale factor is 1;
     a spec edited so that Sinabs would rescale (a lower bound of -100 scales the thresholds
     tensor, and so every parameter, up) is refused, not run."""
-    spec = to_speck(quantize_for_speck(_float_net(), (2, 8, 8), input_max=3))
+    spec = to_speck(quantize_for_speck(speck_float_net(), (2, 8, 8), input_max=3))
     spec.layers[0]["min_v_mem"] = -100
     with pytest.raises(RuntimeError, match="discretisation changed the weights"):
         run_sinabs(spec, np.zeros((2, 2, 8, 8)))
@@ -215,7 +166,7 @@ def test_refusals_name_the_argument_and_value():
     with pytest.raises(ValueError, match=r"model.0: bias 100 is .* beyond the chip's"):
         quantize_for_speck(nn.Sequential(big, neuron.IFNode(v_reset=None)), (1, 5, 5))
     with pytest.raises(RuntimeError, match="SNNQUANT_SINABS_PYTHON"):
-        run_sinabs(to_speck(quantize_for_speck(_float_net(), (2, 8, 8))),
+        run_sinabs(to_speck(quantize_for_speck(speck_float_net(), (2, 8, 8))),
                    np.zeros((2, 2, 8, 8)), python="")
 
 
@@ -243,7 +194,7 @@ def test_check_speck_lists_every_violation():
 
 
 def test_file_round_trip_and_corruption(tmp_path):
-    spec = to_speck(quantize_for_speck(_float_net(), (2, 8, 8), input_max=3))
+    spec = to_speck(quantize_for_speck(speck_float_net(), (2, 8, 8), input_max=3))
     path = tmp_path / "net.speck.json"
     save_speck(spec, path)
     back = load_speck(path)
@@ -285,7 +236,7 @@ def test_network_trained_on_the_real_split_equals_sinabs(tmp_path, monkeypatch):
 
 @needs_sinabs
 def test_nir_route_is_wired_as_the_network():
-    """The NIR route of ``sinabs_runner.py`` (a float network written as a NIR graph file, read
+    """The NIR route of ``sinabs_script.py`` (a float network written as a NIR graph file, read
     back, imported by Sinabs' ``from_nir`` and discretised by ``DynapcnnNetwork``), on a network
     that this discretisation leaves exact (non-negative integer weights reaching 127, the average
     pooling's 1/4 landing on multiples of 4): the same output counts as the snnquant layers, so the
@@ -302,7 +253,7 @@ def test_nir_route_is_wired_as_the_network():
             w.flat[0] = 127
             m.weight.copy_(torch.from_numpy(w).float())
     x = torch.from_numpy(rng.integers(0, 6, (7, 3, 2, 8, 8))).float()
-    ours = _run_ours(net, x)
+    ours = layer_outputs(net, x)
     arrays = {"x": x.transpose(0, 1).numpy().astype(np.float32), "input_shape": np.array([2, 8, 8]),
               "n_layers": 2, "device": SPECK2F.device, "exact": 0}
     for k, m in enumerate(net):
@@ -318,8 +269,8 @@ def test_nir_route_is_wired_as_the_network():
 
 def test_single_step_mode_equals_multi_step():
     rng = np.random.default_rng(3)
-    net_m = _random_network(rng, True, "multi")
-    net_s = _random_network(np.random.default_rng(3), True, "multi")
+    net_m = speck_network(rng, True, "multi")
+    net_s = speck_network(np.random.default_rng(3), True, "multi")
     for m in net_s:
         m.step_mode = "s"
     x = torch.from_numpy(rng.integers(0, 7, (6, 2) + net_m[0].in_shape)).float()

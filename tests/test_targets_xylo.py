@@ -11,6 +11,7 @@ import torch.nn as nn
 from spikingjelly.activation_based import functional as sjf
 from spikingjelly.activation_based import layer, neuron
 
+from _chip_nets import dense_float_net, xylo_network
 from _repo import ROOT, shared_recordings
 from conftest import integer_layers, load_script, real_split_bench
 from snnquant.functional.bitshift import (bitshift_decay, multi_spike_count,
@@ -71,32 +72,6 @@ def test_multi_spike_count():
 
 
 # ---- against SynSense's simulator ---------------------------------------------------------------
-def _random_network(rng, saturate: bool, bias: bool):
-    n_in = int(rng.integers(1, 17))
-    dims = [n_in] + [int(rng.integers(1, 40)) for _ in range(int(rng.integers(1, 4)))] \
-        + [int(rng.integers(1, 9))]
-    shift_rec = int(rng.integers(0, 8)) if saturate else 0
-    layers, previous = [], None
-    for i in range(len(dims) - 1):
-        last = i == len(dims) - 2
-        shift = (int(rng.integers(0, 8)) if saturate else 0) if i in (0, len(dims) - 2) \
-            else shift_rec
-        m = XyloLIFLayer(dims[i], dims[i + 1],
-                         threshold=int(rng.integers(1, 30000 if saturate else 3000)),
-                         dash_syn=int(rng.integers(0, 16)), dash_mem=int(rng.integers(0, 16)),
-                         weight_step=1.0, weight_shift=shift, max_spikes=1 if last else 31,
-                         delay=0 if i == 0 else 1, bias=bias,
-                         input_max=15 if previous is None else previous.max_spikes,
-                         step_mode="m")
-        with torch.no_grad():
-            m.weight.copy_(torch.from_numpy(rng.integers(-128, 128, m.weight.shape)).float())
-            if bias:
-                m.bias.copy_(torch.from_numpy(rng.integers(-20000, 20000, m.out_features)).float())
-        layers.append(m)
-        previous = m
-    return nn.Sequential(*layers)
-
-
 def _ours(net, x):
     """Every layer's spikes [N, T, n] for input counts x [T, N, in], and whether any synaptic
     current or membrane reached a bound."""
@@ -129,7 +104,7 @@ def test_spikes_equal_xylosim_on_random_networks(saturate, bias):
     rng = np.random.default_rng(10 * saturate + bias)
     hits, most = 0, 0
     for trial in range(8):
-        net = _random_network(rng, saturate, bias)
+        net = xylo_network(rng, saturate, bias)
         x = torch.from_numpy(rng.integers(0, 16, (24, 3, net[0].in_features))
                              * (rng.random((24, 3, net[0].in_features)) < 0.5)).float()
         layers, hit = _ours(net, x)
@@ -155,26 +130,15 @@ def test_spikes_equal_xylosim_on_random_networks(saturate, bias):
 
 
 # ---- from a SpikingJelly network, trained in the chip's arithmetic ------------------------------
-def _float_net():
-    torch.manual_seed(0)
-    return nn.Sequential(layer.Flatten(step_mode="m"),
-                         layer.Linear(16, 24, step_mode="m"),
-                         neuron.LIFNode(tau=2.0, v_reset=None, step_mode="m"),
-                         layer.Linear(24, 12, step_mode="m"),
-                         neuron.IFNode(v_reset=None, step_mode="m"),
-                         layer.Linear(12, 4, step_mode="m"),
-                         neuron.LIFNode(tau=4.0, v_reset=None, step_mode="m"))
-
-
 def test_quantize_for_xylo_maps_the_pairs():
-    net = quantize_for_xylo(_float_net())
+    net = quantize_for_xylo(dense_float_net(16, None))
     assert [type(m) for m in net] == [XyloLIFLayer] * 3
     assert [m.delay for m in net] == [0, 1, 1]
     assert [m.max_spikes for m in net] == [31, 31, 1]
     assert [m.input_max for m in net] == [15, 31, 31]
     assert [m.dash_mem for m in net] == [1, 15, 2]
     assert check_xylo(net) == []
-    first = _float_net()[1]
+    first = dense_float_net(16, None)[1]
     step = net[0].weight_step
     assert 127 * step >= first.weight.abs().max() > 63 * step
     assert net[0].threshold == round(1.0 / step)
@@ -182,7 +146,7 @@ def test_quantize_for_xylo_maps_the_pairs():
 
 def test_training_in_the_chip_arithmetic_then_xylosim_equals_the_trained_network():
     _vendor()
-    net = quantize_for_xylo(_float_net())
+    net = quantize_for_xylo(dense_float_net(16, None))
     g = torch.Generator().manual_seed(1)
     x = torch.randint(0, 4, (12, 16, 16), generator=g).float()
     y = torch.randint(0, 4, (16,), generator=g)
@@ -256,7 +220,7 @@ def test_refusals_name_the_argument_and_value():
 
 
 def test_file_round_trip_and_corruption(tmp_path):
-    net = quantize_for_xylo(_float_net())
+    net = quantize_for_xylo(dense_float_net(16, None))
     spec = to_xylo(net)
     path = tmp_path / "net.xylo.json"
     save_xylo(spec, path)

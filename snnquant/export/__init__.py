@@ -2,7 +2,7 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 
 * :func:`fold_batchnorm`: fold BatchNorm into the preceding quantized layer;
 * :func:`to_integer`: the integer network description (:class:`IntegerNetwork`), checked by
-  :func:`check_network` in every consumer (:class:`DescriptionError`);
+  :func:`check_network` in every consumer (:class:`IntegerNetworkError`);
 * :class:`IntegerSNN`: exact integer simulator of a description;
 * :func:`compare_integer` / :func:`integer_agreement`: spike-by-spike comparison with the float model;
 * :func:`save_integer` / :func:`load_integer`: one safetensors file, no pickle;
@@ -15,11 +15,11 @@ r"""Integer export: run a quantization-aware-trained spiking network in integers
 * :func:`to_c`: a bit-exact, portable C99 model of the integer network (``<name>.h``/``.c``).
 """
 
-from .ir.description import (FORMAT_VERSION, NETWORK_INPUT, DescriptionError, ExportError,
-                             FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp,
-                             check_input_shape)
+from .ir.network import (FORMAT_VERSION, NETWORK_INPUT, IntegerNetworkError, ExportError,
+                         FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp,
+                         check_input_shape)
 from .ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
-from .ir.chip_ops import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
+from ..targets import LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from .ir.integer_ops import pack_int, round_half_even_shift, unpack_int
 from .frontend.torch_model import input_max_of, to_integer
 from .backends.simulator import IntegerSNN
@@ -45,7 +45,7 @@ __all__ = [
     "load_integer", "to_nir", "from_nir", "simulate_nir", "NIRImportError", "to_c",
     "c_memory", "CMemory", "saturation_report", "SaturationReport", "LayerSaturation",
     "SaturationWarning", "widen_membrane_range", "FoldWarning", "FoldReport", "FoldedLayer",
-    "check_input_shape", "nir_out_of_bounds", "DescriptionError", "check_network",
+    "check_input_shape", "nir_out_of_bounds", "IntegerNetworkError", "check_network",
     "shift_flatten_dims", "narrow_registers", "ConsumerRegisterWarning",
     "XyloLayerOp", "LoihiLayerOp", "SpeckLayerOp",
 ]

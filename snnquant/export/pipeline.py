@@ -14,7 +14,7 @@ from .._io import atomic_write
 from .backends.nir_graph import MAX_POOL_FORMS, UNITS, nir_graph
 from .backends.nir_schema import import_nir
 from .frontend.torch_model import to_integer
-from .ir.description import IntegerNetwork, check_input_shape
+from .ir.network import IntegerNetwork, check_input_shape
 from .verification.saturation import nir_saturation_warning
 
 __all__ = ["to_nir"]

@@ -13,7 +13,8 @@ import numbers
 
 import torch
 
-from .int_limits import as_int
+from . import int_limits
+
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _FLOAT_DTYPE_NAMES = "float16, bfloat16, float32 or float64"
@@ -39,15 +40,9 @@ def is_real_number(value) -> bool:
 
 
 def check_int(fn: str, name: str, value, low=None, high=None) -> int:
-    """Return ``value`` as an ``int`` if it is integral (an int or an integral float) and in range."""
-    result = as_int(value, integral_float=True)
-    if result is None:
-        raise ValueError(f"{fn}: {name} must be an integer, got {value!r}")
-    if (low is not None and result < low) or (high is not None and result > high):
-        lo = "-inf" if low is None else low
-        hi = "inf" if high is None else high
-        raise ValueError(f"{fn}: {name} must be an integer in [{lo}, {hi}], got {value!r}")
-    return result
+    """Return ``value`` as an ``int`` if it is integral (an int or an integral float) and in range:
+    :func:`~snnquant.functional.int_limits.check_int` naming ``fn`` and ``name``."""
+    return int_limits.check_int(value, low, high, f"{fn}: {name}", integral_float=True)
 
 
 def check_flag(fn: str, name: str, value) -> bool:

@@ -1,7 +1,7 @@
 r"""The integer limits of snnquant, written once: a bit width's range, the int64 head room, the
 fraction limit and the one "an int in [lo, hi]" rule.
 
-Quantizers, the integer description's validation, the chip operations and profiles, the NIR
+Quantizers, the integer network's validation, the chip operations and profiles, the NIR
 importer and the argument checks read these instead of restating them.
 """
 
@@ -12,7 +12,7 @@ import numbers
 from typing import Optional, Tuple
 
 __all__ = ["INT64_HEADROOM_BITS", "FRAC_LIMIT", "MAX_BITS", "int_range", "weight_range", "as_int",
-           "check_int", "check_bit_width", "BitWidthTypeError", "pow2_exponent"]
+           "check_int", "IntTypeError", "check_bit_width", "BitWidthTypeError", "pow2_exponent"]
 
 #: Every value of an integer network, and every register of a neuron's step, stays below
 #: :math:`2^{62}` in magnitude: two bits of head room below ``int64`` (the simulator's and the C
@@ -66,20 +66,27 @@ def as_int(value, *, numpy: bool = True, integral_float: bool = False) -> Option
     return None
 
 
-def check_int(value, lo: Optional[int], hi: Optional[int], what: str) -> int:
+class IntTypeError(TypeError, ValueError):
+    """A value that must be an integer and is not (a float, a bool, a string): both a
+    ``TypeError`` and a ``ValueError``, so code that catches either sees it."""
+
+
+def check_int(value, lo: Optional[int], hi: Optional[int], what: str, *,
+              integral_float: bool = False) -> int:
     """``value`` as an ``int`` if it is an integer (a Python or NumPy one, not a ``bool``) in
-    ``[lo, hi]``; else a ``TypeError`` (not an integer) or ``ValueError`` (out of range) that
-    names ``what`` and the value.
+    ``[lo, hi]``; else an :class:`IntTypeError` (not an integer) or ``ValueError`` (out of range)
+    that names ``what`` and the value.
 
     Args:
         value: the value to check.
         lo: the smallest value allowed, or ``None`` for no lower bound.
         hi: the largest value allowed, or ``None`` for no upper bound.
         what: the name the error gives the value (an argument's or a field's).
+        integral_float: also take a finite real number with no fractional part (``3.0``).
     """
-    v = as_int(value)
+    v = as_int(value, integral_float=integral_float)
     if v is None:
-        raise TypeError(f"{what} must be an int, got {value!r}")
+        raise IntTypeError(f"{what} must be an int, got {value!r}")
     if (lo is not None and v < lo) or (hi is not None and v > hi):
         if hi is None:
             raise ValueError(f"{what} must be >= {lo}, got {value!r}")
@@ -105,9 +112,9 @@ def weight_range(bits: int, has_negative: bool) -> Tuple[int, int]:
     return int_range(bits, has_negative)
 
 
-class BitWidthTypeError(TypeError, ValueError):
-    """A bit width of the wrong type (a float, a bool, a string): both a ``TypeError`` and a
-    ``ValueError``, so code that catches either sees it."""
+class BitWidthTypeError(IntTypeError):
+    """A bit width of the wrong type (a float, a bool, a string): an :class:`IntTypeError`, both a
+    ``TypeError`` and a ``ValueError``, so code that catches either sees it."""
 
 
 def check_bit_width(value, name: str = "bits", low: int = 1, high: int = MAX_BITS,

@@ -2,7 +2,7 @@ r"""The one list of layer and neuron kinds that :func:`~snnquant.quantize_model`
 :func:`~snnquant.export.to_integer` exports.
 
 Each entry ties a float module class (PyTorch's or SpikingJelly's) to its quantized replacement
-and to the name the integer description uses for it (``SynapseOp.kind``, ``NeuronOp.kind``).
+and to the name the integer network uses for it (``SynapseOp.kind``, ``NeuronOp.kind``).
 Both :mod:`snnquant.convert` and :mod:`snnquant.export` read these tables and nothing else, so a
 new layer kind is one :class:`LayerKind` entry here (plus, for the integer export, what its
 ``kind`` means to the simulator and the C runtime).

@@ -224,7 +224,7 @@ class ChipLayer(base.MemoryModule):
 
     def integer_op(self, name: str):
         """The layer as an operation of an :class:`~snnquant.export.IntegerNetwork`
-        (:mod:`snnquant.export.ir.chip_ops`), named ``name``: what
+        (:mod:`snnquant.targets`), named ``name``: what
         :func:`~snnquant.export.to_integer` exports a chip network to."""
         raise NotImplementedError
 

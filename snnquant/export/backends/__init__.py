@@ -1,4 +1,4 @@
-"""What reads the integer description: one module per target.
+"""What reads the integer network: one module per target.
 
 :mod:`~snnquant.export.backends.simulator` (:class:`IntegerSNN`, with
 :mod:`~snnquant.export.backends.compiled_neuron`), :mod:`~snnquant.export.backends.c_runtime`

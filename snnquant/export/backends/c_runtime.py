@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Optional, Sequence, Tuple, Union
 
 from ..._io import atomic_write_files
-from ..ir.description import ExportError, FlattenOp, IntegerNetwork, SynapseOp, check_input_shape
+from ..ir.network import ExportError, FlattenOp, IntegerNetwork, SynapseOp, check_input_shape
 from .c.common import numel
 from .c.generator import CGenerator
 

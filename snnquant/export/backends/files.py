@@ -18,8 +18,8 @@ from typing import Union
 import torch
 
 from ..._io import atomic_write
-from ..ir.description import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, DescriptionError,
-                              IntegerNetwork)
+from ..ir.network import (FORMAT_VERSION, READABLE_FORMAT_VERSIONS, IntegerNetworkError,
+                          IntegerNetwork)
 from ..ir.shapes import SHAPE_DEPENDENT_OPS
 from ..ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from ..ir.validation import check_network
@@ -139,7 +139,7 @@ def _needs_input_shape(desc: IntegerNetwork, path, what: str) -> None:
     dependent = [op.name for op in desc.ops if isinstance(op, SHAPE_DEPENDENT_OPS)]
     if dependent:
         where = f"{path!r} {what}" if path is not None else f"it {what}"
-        raise DescriptionError(
+        raise IntegerNetworkError(
             f"{where}: the network has no input_shape, and its operations "
             f"{dependent[:3]} (gathers, sums over dimensions, matrix products) can be checked "
             f"only against one sample's input shape. Re-export it with "
@@ -224,7 +224,7 @@ def load_integer(path: PathLike, *, input_shape=None) -> IntegerNetwork:
         ValueError: naming the file, when it is not such a file, is corrupt (any changed byte of
             the header or the tensors, a truncation, appended bytes), or has a ``format_version``
             this snnquant does not read
-            (:data:`~snnquant.export.ir.description.READABLE_FORMAT_VERSIONS`: 1 to 5; a
+            (:data:`~snnquant.export.ir.network.READABLE_FORMAT_VERSIONS`: 1 to 5; a
             version-1 file has no fixed-point leak and loads with every layer exact; a version-1
             or -2 file is a sequence; the operations of spiking transformers need version 4,
             a chip network version 5).
@@ -234,7 +234,7 @@ def load_integer(path: PathLike, *, input_shape=None) -> IntegerNetwork:
     """
     path_s = os.fspath(path)
     if input_shape is not None:
-        from ..ir.description import check_input_shape
+        from ..ir.network import check_input_shape
         input_shape = check_input_shape(input_shape)
     return _from_bytes(_read_bounded_file(path_s), path_s, input_shape)
 
@@ -291,13 +291,13 @@ def _from_bytes(data: bytes, path_s: str, input_shape=None) -> IntegerNetwork:
         desc = IntegerNetwork.from_record(record, tensors)
         if input_shape is not None:
             if desc.input_shape not in (None, input_shape):
-                raise DescriptionError(f"it holds input_shape={desc.input_shape}, not the "
+                raise IntegerNetworkError(f"it holds input_shape={desc.input_shape}, not the "
                                        f"given input_shape={input_shape}")
             desc.input_shape = input_shape
         check_network(desc)
         _needs_input_shape(desc, None, "cannot be checked")
-    except DescriptionError as exc:
-        raise DescriptionError(f"{path_s!r}: {exc}") from None
+    except IntegerNetworkError as exc:
+        raise IntegerNetworkError(f"{path_s!r}: {exc}") from None
     except RecursionError:
         raise ValueError(f"{path_s!r} is corrupt: its description's JSON is nested too "
                          f"deeply") from None

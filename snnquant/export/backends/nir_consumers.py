@@ -18,7 +18,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch.nn as nn
 
-from ..ir.description import IntegerNetwork, NeuronOp
+from ..ir.network import IntegerNetwork, NeuronOp
 
 __all__ = ["shift_flatten_dims", "ConsumerRegister", "CONSUMER_REGISTERS", "narrow_registers",
            "ConsumerRegisterWarning", "warn_narrow_registers"]

@@ -51,8 +51,8 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 
-from ..ir.description import (NETWORK_INPUT, ExportError, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
-                              SynapseOp)
+from ..ir.network import (NETWORK_INPUT, ExportError, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
+                          SynapseOp)
 from ..ir.transformer_ops import ScaleOp
 from .nir_schema import (NIR_MIN_VERSION, SCHEMA_VERSION, import_nir, is_add_join, nir_factors,
                          nir_wiring, voting_weight)

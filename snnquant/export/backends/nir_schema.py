@@ -8,7 +8,7 @@ import re
 
 import numpy as np
 
-from ..ir.description import NETWORK_INPUT, IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp
+from ..ir.network import NETWORK_INPUT, IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp
 
 __all__ = ["SCHEMA_VERSION", "NIR_MIN_VERSION", "import_nir", "nir_factors", "nir_wiring",
            "voting_weight", "is_add_join"]

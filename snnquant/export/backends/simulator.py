@@ -24,11 +24,11 @@ from typing import Dict, Tuple, Union
 import torch
 import torch.nn.functional as F
 
-from ..ir.description import (NETWORK_INPUT, DescriptionError, FlattenOp, IntegerNetwork, JoinOp,
-                              NeuronOp, PoolOp, SynapseOp)
+from ..ir.network import (NETWORK_INPUT, IntegerNetworkError, FlattenOp, IntegerNetwork, JoinOp,
+                          NeuronOp, PoolOp, SynapseOp)
 from ..ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from . import compiled_neuron
-from ..ir.chip_ops import CHIP_OP_TYPES
+from ...targets import CHIP_OP_TYPES
 from ..ir import integer_ops
 from ..ir.integer_ops import narrowest_int, round_half_even_shift
 from ..ir.program import (SynapseRescale, adaptive_windows, join_range, matmul_range,
@@ -154,7 +154,7 @@ class IntegerSNN:
 
     A chip network (:attr:`~snnquant.export.IntegerNetwork.chip`, exported from a network of
     :mod:`snnquant.targets`) runs each layer with its operation's ``run``
-    (:mod:`~snnquant.export.ir.chip_ops`): the chip's step of
+    (:mod:`~snnquant.targets`): the chip's step of
     :mod:`snnquant.functional.chip_neurons`, the one its layer trained with, on integers held in
     float64 (every value of the chips' 8-bit weights and 16- or 24-bit states is below
     :math:`2^{53}`: exact); its output and recorded layers are ``int64`` counts.
@@ -519,7 +519,7 @@ def op_shapes(desc: IntegerNetwork, input_shape) -> list:
     (:func:`~snnquant.export.check_network` checks the rest).
 
     Raises:
-        DescriptionError: naming ``input_shape``, the operation's index and name and the shape
+        IntegerNetworkError: naming ``input_shape``, the operation's index and name and the shape
             it does not take (a join's operands of different shapes included).
     """
     return _op_shapes(IntegerSNN(desc), input_shape)
@@ -532,12 +532,12 @@ def _op_shapes(sim: IntegerSNN, input_shape) -> list:
         # the shapes first, in integers: nothing allocated before every size is checked
         try:
             infer_shapes(desc, input_shape)
-        except DescriptionError as err:
+        except IntegerNetworkError as err:
             detail = getattr(err, "shape_detail", None)
             if detail is None:
-                raise DescriptionError(f"input_shape={tuple(input_shape)}: {err}") from None
+                raise IntegerNetworkError(f"input_shape={tuple(input_shape)}: {err}") from None
             i, name, before, why = detail
-            raise DescriptionError(f"input_shape={tuple(input_shape)} does not fit operation {i} "
+            raise IntegerNetworkError(f"input_shape={tuple(input_shape)} does not fit operation {i} "
                                    f"({name!r}): its input would be {before}: {why}") from None
     values = {NETWORK_INPUT: torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)}
     out = []
@@ -559,8 +559,9 @@ def _op_shapes(sim: IntegerSNN, input_shape) -> list:
             else:
                 y = sim._stateless(op, prm, xs[0])
         except (RuntimeError, IndexError, ValueError) as err:
-            raise DescriptionError(f"input_shape={tuple(input_shape)} does not fit operation {i} "
-                                   f"({op.name!r}): its input would be {before}: {err}") from None
+            raise IntegerNetworkError(f"input_shape={tuple(input_shape)} does not fit operation "
+                                      f"{i} ({op.name!r}): its input would be {before}: "
+                                      f"{err}") from None
         values[i] = y
         out.append((before, tuple(y.shape[1:])))
     return out

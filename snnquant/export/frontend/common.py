@@ -8,7 +8,7 @@ from typing import Tuple
 
 import torch
 
-from ..ir.description import ExportError
+from ..ir.network import ExportError
 from .deploy_checks import tagged
 
 __all__ = ["fail_layer", "sj_modules", "mantissa_exponent", "float_frac_bits", "as_dtype_float",

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from ..ir.integer_ops import pow2_exponent
+from ...functional.int_limits import pow2_exponent
 
 __all__ = ["CHECKS", "nearest_exact_tau", "exact_leak_shift", "tau_refusal",
            "time_mean_refusal", "mean_refusal", "accumulator_fix", "tagged"]

@@ -12,8 +12,8 @@ import torch
 
 from ...capture import connect_functions
 from ...functional.int_limits import INT64_HEADROOM_BITS
-from ..ir.integer_ops import pow2_exponent
-from ..ir.description import JoinOp, NETWORK_INPUT
+from ...functional.int_limits import pow2_exponent
+from ..ir.network import JoinOp, NETWORK_INPUT
 from ..ir.transformer_ops import MatMulOp, ReduceOp, ScaleOp
 from .values import (ADD_FUNCTIONS, CONNECT_KINDS, FLATTEN_FUNCTIONS, FlattenCall, LAYOUT_FUNCTIONS,
                      MATMUL_FUNCTIONS, MUL_FUNCTIONS, SPIKES, TRUEDIV_FUNCTIONS, Value, View,

@@ -13,8 +13,8 @@ import torch.nn as nn
 from ...nn import registry
 from ...utils import is_multi_step as _is_multi_step, model_walk as _model_walk
 from ...capture import CaptureError, is_sequence, node_origin
-from ..ir.integer_ops import pow2_exponent
-from ..ir.description import ExportError, NETWORK_INPUT
+from ...functional.int_limits import pow2_exponent
+from ..ir.network import ExportError, NETWORK_INPUT
 from ..ir.transformer_ops import GatherOp
 from .common import fail_layer, sj_modules
 from .deploy_checks import tagged, time_mean_refusal

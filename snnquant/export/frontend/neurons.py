@@ -10,8 +10,8 @@ import torch
 
 from ...nn import registry
 from ...functional.int_limits import INT64_HEADROOM_BITS
-from ..ir.integer_ops import pow2_exponent
-from ..ir.description import NeuronOp
+from ...functional.int_limits import pow2_exponent
+from ..ir.network import NeuronOp
 from .common import as_dtype_float, fail_layer
 from .deploy_checks import exact_leak_shift, tau_refusal
 

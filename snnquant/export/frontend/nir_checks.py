@@ -11,7 +11,7 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ...functional.int_limits import FRAC_LIMIT, INT64_HEADROOM_BITS, as_int, weight_range
-from ..ir.description import NETWORK_INPUT
+from ..ir.network import NETWORK_INPUT
 
 __all__ = ["NIRImportError", "MAX_ELEMENTS", "MAX_BYTES", "validate_graph", "prescan_file"]
 
@@ -220,7 +220,7 @@ def _window(name, shape, kernel, stride, padding, dilation, what: str) -> Tuple[
 
 
 def _check_graph_metadata(gmeta) -> None:
-    from ..ir.description import READABLE_FORMAT_VERSIONS
+    from ..ir.network import READABLE_FORMAT_VERSIONS
 
     check_real(None, "dt", gmeta["dt"], positive=True)
     check_int_field(None, "input_max", gmeta["input_max"], 0, 1 << INT64_HEADROOM_BITS)

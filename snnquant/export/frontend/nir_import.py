@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ...functional.int_limits import FRAC_LIMIT, INT64_HEADROOM_BITS
-from ..ir.description import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
-                               SynapseOp)
+from ..ir.network import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
+                          SynapseOp)
 from ..ir.integer_ops import narrowest_int
 from ..backends.nir_schema import SCHEMA_VERSION, import_nir, voting_weight
 from ..ir.validation import check_network

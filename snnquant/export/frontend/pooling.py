@@ -7,9 +7,9 @@ import math
 
 import torch.nn as nn
 
-from ..ir.integer_ops import pow2_exponent
+from ...functional.int_limits import pow2_exponent
 from ..ir.program import adaptive_windows
-from ..ir.description import FlattenOp, PoolOp
+from ..ir.network import FlattenOp, PoolOp
 from .common import fail_layer
 
 __all__ = ["export_pool", "export_voting", "export_adaptive_pool", "export_flatten"]

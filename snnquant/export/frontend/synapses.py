@@ -10,8 +10,9 @@ import torch
 
 from ...nn import registry
 from ...utils import copy_model
-from ..ir.integer_ops import narrowest_int, pow2_exponent
-from ..ir.description import SynapseOp
+from ...functional.int_limits import pow2_exponent
+from ..ir.integer_ops import narrowest_int
+from ..ir.network import SynapseOp
 from .common import fail_layer, float_frac_bits, mantissa_exponent
 from .deploy_checks import accumulator_fix
 

@@ -48,8 +48,8 @@ from ...utils import copy_model, is_multi_step as _is_multi_step
 from ...capture import capture
 from ..ir.validation import check_network
 from ..backends.simulator import op_shapes
-from ..ir.description import (ExportError, FlattenOp, IntegerNetwork, JoinOp, PoolOp,
-                              check_input_shape)
+from ..ir.network import (ExportError, FlattenOp, IntegerNetwork, JoinOp, PoolOp,
+                          check_input_shape)
 from .common import MANTISSA_BITS
 from .deploy_checks import tagged
 from .graph import GraphBuilder
@@ -101,7 +101,7 @@ def check_input_max_and_leak_bits(input_max, leak_bits) -> None:
 
 def _chip_network(model: nn.Module) -> IntegerNetwork:
     """The :class:`IntegerNetwork` of a chip network: an ``nn.Sequential`` of chip layers (each
-    with an ``integer_op``), one operation per layer (:mod:`~snnquant.export.ir.chip_ops`)."""
+    with an ``integer_op``), one operation per layer (:mod:`~snnquant.targets`)."""
     layers = [(n, m) for n, m in model.named_modules() if callable(getattr(m, "integer_op", None))]
     others = [n for n, m in model.named_modules()
               if n and not callable(getattr(m, "integer_op", None))
@@ -156,7 +156,7 @@ def to_integer(model: nn.Module, *, reference_dtype: Optional[torch.dtype] = Non
 
     A chip network (an ``nn.Sequential`` of :mod:`snnquant.targets` layers: Xylo, Loihi 2 or
     Speck) is exported layer by layer to the chip's operations
-    (:mod:`~snnquant.export.ir.chip_ops`), which compute in the chip's integers with the step
+    (:mod:`~snnquant.targets`), which compute in the chip's integers with the step
     the layers trained with; ``input_max`` and ``leak_bits`` are the chip's and must not be
     given, ``input_shape`` (if given) must fit the first layer, ``reference_dtype`` and
     ``example_input`` are not used.

@@ -1,7 +1,7 @@
-"""The integer description of a network (the IR the export's backends read).
+"""The integer network of a network (the IR the export's backends read).
 
-:mod:`~snnquant.export.ir.description` (the operations and :class:`IntegerNetwork`),
-:mod:`~snnquant.export.ir.chip_ops` (the operations of chip networks),
+:mod:`~snnquant.export.ir.network` (the operations and :class:`IntegerNetwork`),
+:mod:`~snnquant.targets` (the operations of chip networks),
 :mod:`~snnquant.export.ir.program` (each operation's torch form, C text and value interval),
 :mod:`~snnquant.export.ir.validation` (:func:`check_network`) and
 :mod:`~snnquant.export.ir.integer_ops` (rounding, integer widths, bit packing).

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import torch
 
-from ...functional import pow2_exponent  # noqa: F401  (the one power-of-two test)
 from ...functional.int_limits import weight_range
 
-__all__ = ["round_half_even_shift", "pack_int", "unpack_int", "fits_packed", "pow2_exponent",
-           "PACKABLE_BITS"]
+__all__ = ["round_half_even_shift", "pack_int", "unpack_int", "fits_packed", "PACKABLE_BITS"]
 
 #: Bit widths whose weights are also stored packed, several values to a byte (1 bit: the signs
 #: of binary weights, -1 or +1).

@@ -26,7 +26,7 @@ import torch
 
 from ...functional.int_limits import INT64_HEADROOM_BITS
 from . import integer_ops
-from .description import JoinOp, NeuronOp, PoolOp, SynapseOp
+from .network import JoinOp, NeuronOp, PoolOp, SynapseOp
 from .transformer_ops import MatMulOp, ReduceOp, ScaleOp
 
 __all__ = ["Instr", "NeuronProgram", "neuron_program", "SynapseRescale", "OPCODES",

@@ -18,9 +18,9 @@ from __future__ import annotations
 import math
 from typing import List, Tuple
 
-from .chip_ops import CHIP_OP_TYPES
-from .description import (NETWORK_INPUT, DescriptionError, FlattenOp, JoinOp, NeuronOp, PoolOp,
-                          SynapseOp, check_input_shape)
+from ...targets import CHIP_OP_TYPES
+from .network import (NETWORK_INPUT, FlattenOp, IntegerNetworkError, JoinOp, NeuronOp, PoolOp,
+                      SynapseOp, check_input_shape)
 from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 
 __all__ = ["infer_shapes", "MAX_SAMPLE_ELEMENTS", "SHAPE_DEPENDENT_OPS"]
@@ -37,11 +37,11 @@ SHAPE_DEPENDENT_OPS = (GatherOp, ReduceOp, MatMulOp)
 Shape = Tuple[int, ...]
 
 
-def _refuse(i: int, op, field: str, before, why: str) -> DescriptionError:
+def _refuse(i: int, op, field: str, before, why: str) -> IntegerNetworkError:
     value = getattr(op, field, None)
     shown = f"<tensor of shape {tuple(value.shape)}>" if hasattr(value, "shape") else repr(value)
     inputs = " and ".join(str(tuple(s)) for s in before)
-    err = DescriptionError(f"operation {i} ({op.name!r}) has {field}={shown}: it does not fit "
+    err = IntegerNetworkError(f"operation {i} ({op.name!r}) has {field}={shown}: it does not fit "
                            f"its input of shape {inputs} (per sample): {why}")
     # what op_shapes words its own way: (index, name, its input, field=value: why)
     err.shape_detail = (i, op.name, tuple(before[0]), f"{field}={shown}: {why}")
@@ -189,13 +189,13 @@ def infer_shapes(desc, input_shape) -> List[Tuple[Shape, Shape]]:
 
     Raises:
         ValueError: ``input_shape`` is not a tuple of ints >= 1.
-        DescriptionError: a shape holds more than :data:`MAX_SAMPLE_ELEMENTS` values, or an
+        IntegerNetworkError: a shape holds more than :data:`MAX_SAMPLE_ELEMENTS` values, or an
             operation does not fit its input, naming the operation's index and name, the field
             and its value.
     """
     shape = check_input_shape(input_shape)
     if math.prod(shape) > MAX_SAMPLE_ELEMENTS:
-        raise DescriptionError(f"the network has input_shape={shape}: {math.prod(shape)} values "
+        raise IntegerNetworkError(f"the network has input_shape={shape}: {math.prod(shape)} values "
                                f"per sample, more than MAX_SAMPLE_ELEMENTS = "
                                f"{MAX_SAMPLE_ELEMENTS}")
     shapes = {NETWORK_INPUT: shape}
@@ -225,7 +225,7 @@ def infer_shapes(desc, input_shape) -> List[Tuple[Shape, Shape]]:
         elif isinstance(op, (NeuronOp, ScaleOp)):
             y = x
         else:
-            raise DescriptionError(f"operation {i} is a {type(op).__name__}, not an operation "
+            raise IntegerNetworkError(f"operation {i} is a {type(op).__name__}, not an operation "
                                    f"of an IntegerNetwork")
         if math.prod(y) > MAX_SAMPLE_ELEMENTS:
             raise _refuse(i, op, _size_field(op), xs,

@@ -1,9 +1,9 @@
-r"""The operations of spiking transformers in the integer description: layout maps
+r"""The operations of spiking transformers in the integer network: layout maps
 (:class:`GatherOp`), sums over dimensions (:class:`ReduceOp`), matrix products of two computed
 tensors (:class:`MatMulOp`) and multiplications by a power of two (:class:`ScaleOp`). Each is a
 value-to-value map with no state; :class:`~snnquant.export.IntegerNetwork` holds them beside
 the synapse, neuron, pool, flatten and join operations of
-:mod:`snnquant.export.ir.description`.
+:mod:`snnquant.export.ir.network`.
 """
 
 from __future__ import annotations

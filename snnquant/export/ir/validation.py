@@ -18,7 +18,7 @@ from the input to the output and checks, per operation:
 * what a join reads: ``'and'``/``'iand'`` join spikes (values in :math:`[0, 1]`);
 * the value bounds proven from the description (the same as the C runtime's): every value and
   every register of a neuron's step stays below :math:`2^{62}`, so int64 arithmetic is exact;
-* a chip network (:mod:`~snnquant.export.ir.chip_ops`): a sequence of one chip's layer
+* a chip network (:mod:`~snnquant.targets`): a sequence of one chip's layer
   operations, each field in its range, the weights' inputs those of the layer before;
 * the sizes that would allocate in proportion at the first run, against documented bounds:
   pooling kernels, strides, dilations and adaptive output sizes, and convolution strides and
@@ -31,7 +31,7 @@ from the input to the output and checks, per operation:
   :data:`~snnquant.export.ir.shapes.MAX_SAMPLE_ELEMENTS` values per sample), and by
   :func:`~snnquant.export.backends.simulator.op_shapes` in every entry that has an input.
 
-Errors are :class:`DescriptionError` and name the operation's index and name, the field and the
+Errors are :class:`IntegerNetworkError` and name the operation's index and name, the field and the
 value: ``operation 3 ('sn1') has threshold=300: it must be in [v_min, v_max + 1] = [-128, 128]``.
 """
 
@@ -44,15 +44,15 @@ import torch
 
 from ...functional.int_limits import (FRAC_LIMIT, INT64_HEADROOM_BITS, as_int,
                                      weight_range)
-from .chip_ops import CHIP_OP_TYPES, SpeckLayerOp
-from .description import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, DescriptionError, FlattenOp,
+from ...targets import CHIP_OP_TYPES, SpeckLayerOp
+from .network import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, IntegerNetworkError, FlattenOp,
                           IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_inputs)
 from .shapes import infer_shapes
 from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from .program import (SynapseRescale, join_bound, join_range, matmul_range, neuron_program,
                       pool_range, reduce_range, scale_range, synapse_bounds)
 
-__all__ = ["DescriptionError", "check_network", "VALUE_LIMIT_BITS", "MAX_EXTENT",
+__all__ = ["IntegerNetworkError", "check_network", "VALUE_LIMIT_BITS", "MAX_EXTENT",
            "MAX_INDEX"]
 
 #: Every value of a valid network, and every register of a neuron's step, is below
@@ -67,14 +67,14 @@ MAX_EXTENT = 1 << 10
 MAX_INDEX = (1 << 32) - 1
 
 
-def _fail(i: int, op, field: str, value, why: str) -> DescriptionError:
+def _fail(i: int, op, field: str, value, why: str) -> IntegerNetworkError:
     if isinstance(value, torch.Tensor):
         shown = repr(value.tolist()) if value.numel() <= 6 else \
             f"<tensor of shape {tuple(value.shape)}>"
     else:
         shown = repr(value)
     where = "the network" if i is None else f"operation {i} ({op.name!r})"
-    return DescriptionError(f"{where} has {field}={shown}: {why}")
+    return IntegerNetworkError(f"{where} has {field}={shown}: {why}")
 
 
 def _is_int(v) -> bool:
@@ -301,9 +301,9 @@ def _check_chip_network(desc: IntegerNetwork) -> None:
     chip = desc.chip
     for i, op in enumerate(desc.ops):
         if not isinstance(op, CHIP_OP_TYPES) or op.chip != chip:
-            raise DescriptionError(f"operation {i} ({op.name!r}) is a {type(op).__name__} in a "
-                                   f"network of {chip} layers: a chip network holds only its "
-                                   f"chip's layer operations")
+            raise IntegerNetworkError(f"operation {i} ({op.name!r}) is a {type(op).__name__} in a "
+                                      f"network of {chip} layers: a chip network holds only its "
+                                      f"chip's layer operations")
         if op.inputs not in ((), (i - 1,)):
             raise _fail(i, op, "inputs", op.inputs, "a chip network is a sequence: each layer "
                                                     "reads the one before")
@@ -335,7 +335,7 @@ def check_network(desc: IntegerNetwork) -> None:
     once per input shape, :func:`~snnquant.export.to_c` and :func:`~snnquant.export.to_nir`).
 
     Raises:
-        DescriptionError: naming the operation's index and name, the field and the value.
+        IntegerNetworkError: naming the operation's index and name, the field and the value.
     """
     if not isinstance(desc, IntegerNetwork):
         raise TypeError(f"desc must be an IntegerNetwork, got {type(desc).__name__}")
@@ -352,8 +352,8 @@ def check_network(desc: IntegerNetwork) -> None:
     last = len(desc.ops) - 1
     for i, op in enumerate(desc.ops):
         if not isinstance(op, OP_TYPES):
-            raise DescriptionError(f"operation {i} is a {type(op).__name__}, not an operation of "
-                                   f"an IntegerNetwork")
+            raise IntegerNetworkError(f"operation {i} is a {type(op).__name__}, not an operation "
+                                      f"of an IntegerNetwork")
     check_inputs(desc.ops)
     if desc.chip is not None:
         _check_chip_network(desc)

@@ -19,8 +19,8 @@ from ...capture import FoldPlan, charged_neuron, is_synapse, plan_folding
 from ...capture.plan import NEEDS_EXAMPLE_INPUT
 from ...utils import copy_model
 
-from ..ir.description import ExportError
-from ..ir.integer_ops import pow2_exponent
+from ..ir.network import ExportError
+from ...functional.int_limits import pow2_exponent
 
 __all__ = ["fold_batchnorm", "FoldWarning", "FoldReport", "FoldedLayer"]
 

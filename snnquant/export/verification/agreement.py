@@ -15,7 +15,7 @@ import torch.nn as nn
 
 from ...utils import copy_model, is_multi_step
 
-from ..ir.description import IntegerNetwork
+from ..ir.network import IntegerNetwork
 from ..frontend.torch_model import to_integer
 from ..backends.simulator import IntegerSNN
 

@@ -6,7 +6,7 @@ from typing import Tuple
 
 import torch
 
-from ...ir.description import ExportError, FlattenOp
+from ...ir.network import ExportError, FlattenOp
 from ...ir.transformer_ops import GatherOp, ScaleOp
 from ...ir.integer_ops import narrowest_int
 from ...ir.program import c_literal

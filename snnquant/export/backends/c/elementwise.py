@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List, Sequence
 
 from ....functional.int_limits import INT64_HEADROOM_BITS
-from ...ir.description import ExportError, JoinOp
+from ...ir.network import ExportError, JoinOp
 from ...ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from ...ir.program import join_bound, join_range, matmul_range, reduce_range, scale_range
 from .common import c_int_type, lit, numel, quote

@@ -8,8 +8,8 @@ from typing import List, Sequence, Tuple, Union
 
 import torch
 
-from ...ir.description import (ExportError, IntegerNetwork, JoinOp, NETWORK_INPUT, NeuronOp, PoolOp,
-                               SynapseOp)
+from ...ir.network import (ExportError, IntegerNetwork, JoinOp, NETWORK_INPUT, NeuronOp, PoolOp,
+                           SynapseOp)
 from ...ir.transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from ...ir.integer_ops import pack_int
 from ...ir.program import c_rhe_helper

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import List, Sequence, Tuple
 
 from ....functional.int_limits import INT64_HEADROOM_BITS
-from ...ir.description import ExportError, NeuronOp
+from ...ir.network import ExportError, NeuronOp
 from ...ir.program import neuron_program
 from .common import c_int_type, lit, numel, quote
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ...ir.description import PoolOp
+from ...ir.network import PoolOp
 from ...ir.program import adaptive_windows, pool_range
 from .common import c_int_type, quote
 

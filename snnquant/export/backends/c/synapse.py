@@ -7,7 +7,7 @@ from typing import List, Sequence, Tuple
 import torch
 
 from ....functional.int_limits import INT64_HEADROOM_BITS
-from ...ir.description import ExportError, SynapseOp
+from ...ir.network import ExportError, SynapseOp
 from ...ir.program import SynapseRescale, synapse_bounds
 from .common import TYPES_BYTES, c_int_type, quote
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import List, Optional
 
-from ...ir.description import SynapseOp
+from ...ir.network import SynapseOp
 from ...ir.integer_ops import PACKABLE_BITS, fits_packed
 
 __all__ = ["packed_weight_bits", "c_unpack_helper", "Weights"]

@@ -1,63 +1,26 @@
-r"""SynSense Xylo Audio 2 (SYNS61201): its neuron arithmetic, its limits, training in that
-arithmetic, and export to the specification that Rockpool's ``XyloSim`` (SynSense's ``xylosim``
-simulator) and Rockpool's ``config_from_specification`` take.
-
-**The arithmetic** (read from ``xylosim`` 0.1.3, SynSense's C++ simulator, and tested against it
-in ``tests/test_targets_xylo.py``; the shapes and limits from Rockpool 3.1's
-``devices/xylo/syns61201``). A Xylo network is a layer of up to 16 input channels, a population
-of up to 1000 hidden neurons and up to 8 readout neurons. Each neuron has a synaptic current
-:math:`I` and a membrane :math:`V`, 16-bit signed integers. Per time step :math:`t`, for each
-neuron, with its weights :math:`w` (8-bit signed) shifted left by the layer's ``weight_shift``
-:math:`s`, its bit-shift decays :math:`d_I`, :math:`d_V` (:func:`~snnquant.functional.bitshift.
-bitshift_decay`), threshold :math:`\theta` and bias :math:`b`:
-
-* :math:`I \leftarrow d_I(A)`, where :math:`A` adds the step's input events to :math:`I` one event
-  at a time, in the order of the sources, saturating to :math:`[-2^{15}, 2^{15}-1]` after each
-  (:func:`~snnquant.functional.bitshift.saturating_accumulate`);
-* :math:`V \leftarrow \mathrm{sat}(V + \mathrm{sat}(\mathrm{sat}(I - \ell_V) + b))`, where
-  :math:`\ell_V = V - d_V(V)` is the membrane's leak and :math:`\mathrm{sat}` saturates to
-  :math:`[-2^{15}, 2^{15}-1]`: the change of the membrane saturates before it is added (a
-  membrane of :math:`-2^{15}` that receives :math:`I = 31744` goes to :math:`-1`, not to
-  :math:`d_V(-2^{15}) + I`);
-* :math:`n = \min(\lfloor V/\theta \rfloor, 31)` spikes if :math:`V \ge \theta` (hidden neurons;
-  a readout neuron fires at most 1), and :math:`V \leftarrow V - n\theta`.
-
-An input channel sends up to 15 events per step (Rockpool's ``XyloSamna.evolve``: "Up to 15 input
-events can be sent per bin"). Hidden-to-hidden (``weights_rec``) and hidden-to-readout events
-arrive one step after the spikes that send them. A hidden neuron's ``n`` spikes are ``n``
-events.
-
-**The network snnquant maps onto it**: a stack of :class:`XyloLIFLayer`: the first reads the input
-channels (``weights_in``), each next hidden layer reads the previous one through
-``weights_rec`` (one step later: ``delay=1``), and the last layer is the readout
-(``weights_out``, one step later, at most one spike per step). Every layer computes in Xylo's
-integers in training too (float tensors holding integers; straight-through gradients for the
-roundings and the surrogate gradient for the spikes), so the exported network computes what was
-trained.
-"""
+r"""Xylo Audio 2's profile, its layer of neurons (training in the chip's integers), the check of
+a network against the chip's limits and the conversion of a float network (the arithmetic:
+:mod:`snnquant.targets.xylo`)."""
 
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional
 
-import numpy as np
 import torch
 import torch.nn as nn
 from spikingjelly.activation_based import neuron
 
-from ..export.ir.chip_ops import XyloLayerOp
-from ..functional.chip_neurons import xylo_lif_step
-from ..kernels.chip import xylo_lif_multi_step
-from ..functional.int_limits import int_range
-from ._layer import (ChipLayer, FileFields, Violation, check_int, chip_layers,
-                     field_violations, linear_neuron_pairs, pow2_step, read_checked_json, refuse,
-                     sources, write_checked_json)
+from ...functional.chip_neurons import xylo_lif_step
+from ...functional.int_limits import int_range
+from ...kernels.chip import xylo_lif_multi_step
+from .._layer import (ChipLayer, Violation, check_int, chip_layers, field_violations,
+                      linear_neuron_pairs, pow2_step, refuse, sources)
+from .op import DASH_RANGE, STATE_BITS, WEIGHT_BITS, WEIGHT_SHIFT_RANGE, XyloLayerOp
 
 __all__ = ["XyloProfile", "XYLO_AUDIO2", "XyloLIFLayer", "Violation", "check_xylo",
-           "quantize_for_xylo", "XyloSpec", "to_xylo", "save_xylo", "load_xylo", "run_xylosim"]
+           "quantize_for_xylo", "field_rules", "xylo_layers"]
 
 
 @dataclass(frozen=True)
@@ -84,11 +47,11 @@ class XyloProfile:
     max_inputs: int = 16
     max_hidden: int = 1000
     max_outputs: int = 8
-    weight_bits: int = 8
-    state_bits: int = 16
-    threshold_range: tuple = (1, 2 ** 15 - 1)
-    dash_range: tuple = (0, 15)
-    weight_shift_range: tuple = (0, 7)
+    weight_bits: int = WEIGHT_BITS
+    state_bits: int = STATE_BITS
+    threshold_range: tuple = (1, int_range(STATE_BITS, True)[1])
+    dash_range: tuple = DASH_RANGE
+    weight_shift_range: tuple = WEIGHT_SHIFT_RANGE
     max_input_events: int = 15
     max_hidden_spikes: int = 31
     max_output_spikes: int = 1
@@ -109,7 +72,7 @@ class XyloProfile:
         return int_range(self.weight_bits, True)
 
 
-def _field_rules(profile: XyloProfile) -> tuple:
+def field_rules(profile: XyloProfile) -> tuple:
     """``(field, lo, hi)`` of a layer's integers: the one rule the layer's constructor,
     :func:`check_xylo` and the file checks apply."""
     return (("threshold", *profile.threshold_range), ("dash_syn", *profile.dash_range),
@@ -179,7 +142,7 @@ class XyloLIFLayer(ChipLayer):
         self.profile = profile
         given = dict(threshold=threshold, dash_syn=dash_syn, dash_mem=dash_mem,
                      weight_shift=weight_shift, max_spikes=max_spikes)
-        for name, lo, hi in _field_rules(profile):
+        for name, lo, hi in field_rules(profile):
             setattr(self, name, check_int(given[name], lo, hi, name))
         self.register_memory("isyn", 0.0)
         self.register_memory("vmem", 0.0)
@@ -193,7 +156,7 @@ class XyloLIFLayer(ChipLayer):
                 f"backend={self.backend}")
 
     def integer_op(self, name: str) -> XyloLayerOp:
-        """The layer as a :class:`~snnquant.export.ir.chip_ops.XyloLayerOp` named ``name``."""
+        """The layer as a :class:`~snnquant.targets.xylo.op.XyloLayerOp` named ``name``."""
         w, b = self._integers()
         return XyloLayerOp(name=name, weight=w, weight_shift=self.weight_shift, bias=b,
                            threshold=self.threshold, dash_syn=self.dash_syn,
@@ -224,7 +187,8 @@ class XyloLIFLayer(ChipLayer):
 
 
 # ---- limits -------------------------------------------------------------------------------------
-def _xylo_layers(model: nn.Module) -> List[tuple]:
+def xylo_layers(model: nn.Module) -> List[tuple]:
+    """``(name, layer)`` of every :class:`XyloLIFLayer` of ``model``, in order."""
     return chip_layers(model, XyloLIFLayer, "Xylo")
 
 
@@ -247,7 +211,7 @@ def check_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> List[
         The list of :class:`Violation` (empty when the network fits), each naming the layer, the
         limit and the value.
     """
-    layers = _xylo_layers(model)
+    layers = xylo_layers(model)
     if not layers:
         return [Violation("", "at least one hidden XyloLIFLayer and a readout", "no XyloLIFLayer")]
     profile = profile or layers[0][1].profile
@@ -269,7 +233,7 @@ def check_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> List[
     for i, (name, m) in enumerate(layers):
         if m.profile != profile:
             found.append(Violation(name, f"profile {profile.name}", m.profile.name))
-        bad = field_violations(name, m, _field_rules(profile))
+        bad = field_violations(name, m, field_rules(profile))
         if bad:
             found += bad
             previous = m
@@ -368,236 +332,3 @@ def quantize_for_xylo(model: nn.Module, profile: XyloProfile = XYLO_AUDIO2, dash
     out = nn.Sequential(*layers)
     refuse(check_xylo(out, profile), "quantize_for_xylo")
     return out
-
-
-# ---- the specification --------------------------------------------------------------------------
-_SPEC_ARRAYS = ("weights_in", "weights_rec", "weights_out", "dash_mem", "dash_mem_out",
-                "dash_syn", "dash_syn_out", "threshold", "threshold_out", "bias", "bias_out")
-_SPEC_INTS = ("weight_shift_in", "weight_shift_rec", "weight_shift_out")
-
-
-@dataclass
-class XyloSpec:
-    """A Xylo network as the keyword arguments of Rockpool's
-    ``devices.xylo.syns61201.XyloSim.from_specification`` (and, with ``bias`` renamed
-    ``bias_hidden``, of ``config_from_specification``): integer arrays, hidden neurons first
-    layer first.
-
-    Attributes:
-        weights_in: ``[Nin, Nhidden]`` int8.
-        weights_rec: ``[Nhidden, Nhidden]`` int8 (the hidden layers after the first).
-        weights_out: ``[Nhidden, Nout]`` int8.
-        dash_mem, dash_syn, threshold, bias: per hidden neuron.
-        dash_mem_out, dash_syn_out, threshold_out, bias_out: per readout neuron.
-        weight_shift_in, weight_shift_rec, weight_shift_out: the three weight shifts.
-        hidden_sizes: the hidden layers' sizes (how the hidden population is split).
-        profile: the chip's name.
-    """
-
-    weights_in: np.ndarray
-    weights_rec: np.ndarray
-    weights_out: np.ndarray
-    dash_mem: np.ndarray
-    dash_mem_out: np.ndarray
-    dash_syn: np.ndarray
-    dash_syn_out: np.ndarray
-    threshold: np.ndarray
-    threshold_out: np.ndarray
-    bias: np.ndarray
-    bias_out: np.ndarray
-    weight_shift_in: int
-    weight_shift_rec: int
-    weight_shift_out: int
-    hidden_sizes: List[int] = field(default_factory=list)
-    profile: str = XYLO_AUDIO2.name
-
-    def as_kwargs(self) -> dict:
-        """The keyword arguments of Rockpool's ``XyloSim.from_specification``."""
-        kw = {k: getattr(self, k) for k in _SPEC_ARRAYS + _SPEC_INTS}
-        if not (self.bias.any() or self.bias_out.any()):
-            kw["bias"] = kw["bias_out"] = None
-        return kw
-
-
-def to_xylo(model: nn.Module, profile: Optional[XyloProfile] = None) -> XyloSpec:
-    """The :class:`XyloSpec` of a stack of :class:`XyloLIFLayer` (after :func:`check_xylo`).
-
-    Raises:
-        ValueError: listing every limit the network exceeds.
-    """
-    refuse(check_xylo(model, profile), "to_xylo")
-    layers = [m for _, m in _xylo_layers(model)]
-    hidden, readout = layers[:-1], layers[-1]
-    sizes = [m.out_features for m in hidden]
-    n_h = sum(sizes)
-    starts = np.cumsum([0] + sizes)
-
-    def ints(m):
-        with torch.no_grad():
-            w = m.integer_weight().cpu().numpy().astype(np.int8)
-            b = (m.integer_bias().cpu().numpy().astype(np.int64) if m.bias is not None
-                 else np.zeros(m.out_features, np.int64))
-        return w, b
-
-    w_in = np.zeros((hidden[0].in_features, n_h), np.int8)
-    w_rec = np.zeros((n_h, n_h), np.int8)
-    bias = np.zeros(n_h, np.int64)
-    for k, m in enumerate(hidden):
-        w, b = ints(m)
-        cols = slice(starts[k], starts[k + 1])
-        if k == 0:
-            w_in[:, cols] = w.T
-        else:
-            w_rec[starts[k - 1]:starts[k], cols] = w.T
-        bias[cols] = b
-    w_o, b_o = ints(readout)
-    w_out = np.zeros((n_h, readout.out_features), np.int8)
-    w_out[starts[-2]:, :] = w_o.T
-
-    def per_neuron(attr, ms):
-        return np.concatenate([np.full(m.out_features, getattr(m, attr), np.int64) for m in ms])
-
-    return XyloSpec(
-        weights_in=w_in, weights_rec=w_rec, weights_out=w_out,
-        dash_mem=per_neuron("dash_mem", hidden), dash_mem_out=per_neuron("dash_mem", [readout]),
-        dash_syn=per_neuron("dash_syn", hidden), dash_syn_out=per_neuron("dash_syn", [readout]),
-        threshold=per_neuron("threshold", hidden),
-        threshold_out=per_neuron("threshold", [readout]),
-        bias=bias, bias_out=b_o,
-        weight_shift_in=hidden[0].weight_shift,
-        weight_shift_rec=hidden[1].weight_shift if len(hidden) > 1 else 0,
-        weight_shift_out=readout.weight_shift, hidden_sizes=sizes,
-        profile=readout.profile.name)
-
-
-def _checked_spec(payload: dict, where: str) -> XyloSpec:
-    """The :class:`XyloSpec` of a file's ``payload`` (or of a spec's fields), every field checked
-    by the rules the layers apply (:func:`_field_rules`, the profile's ranges) and every shape
-    against the others; a ``ValueError`` naming ``where`` and the first bad field."""
-    f = FileFields(where)
-    f.keys(payload, _SPEC_ARRAYS + _SPEC_INTS + ("hidden_sizes", "profile"))
-    if payload["profile"] != XYLO_AUDIO2.name:
-        f.fail("profile", f"must be {XYLO_AUDIO2.name!r}", payload["profile"])
-    p = XYLO_AUDIO2
-    sizes = payload["hidden_sizes"]
-    if not isinstance(sizes, list) or not sizes:
-        f.fail("hidden_sizes", "must be a non-empty list of ints", sizes)
-    sizes = [f.int(f"hidden_sizes[{i}]", s, 1, p.max_hidden) for i, s in enumerate(sizes)]
-    n_h = f.int("hidden_sizes (their sum)", sum(sizes), 1, p.max_hidden)
-    rules = {name: (lo, hi) for name, lo, hi in _field_rules(p)}
-    w_lo, w_hi = p.weight_range
-    w_in = f.array("weights_in", payload["weights_in"], w_lo, w_hi, (None, n_h), np.int8)
-    f.int("weights_in (its rows: input channels)", w_in.shape[0], 1, p.max_inputs)
-    w_out = f.array("weights_out", payload["weights_out"], w_lo, w_hi, (n_h, None), np.int8)
-    n_out = f.int("weights_out (its columns: readout neurons)", w_out.shape[1], 1,
-                  p.max_outputs)
-    arrays = {"weights_in": w_in, "weights_out": w_out,
-              "weights_rec": f.array("weights_rec", payload["weights_rec"], w_lo, w_hi,
-                                     (n_h, n_h), np.int8)}
-    for name, key, lo_hi in (("dash_mem", "dash_mem", rules["dash_mem"]),
-                             ("dash_syn", "dash_syn", rules["dash_syn"]),
-                             ("threshold", "threshold", rules["threshold"]),
-                             ("bias", "bias", p.state_range)):
-        arrays[key] = f.array(key, payload[key], *lo_hi, (n_h,))
-        arrays[key + "_out"] = f.array(key + "_out", payload[key + "_out"], *lo_hi, (n_out,))
-    shifts = {k: f.int(k, payload[k], *rules["weight_shift"]) for k in _SPEC_INTS}
-    return XyloSpec(**arrays, **shifts, hidden_sizes=sizes, profile=payload["profile"])
-
-
-def save_xylo(spec: XyloSpec, path) -> None:
-    """Write ``spec`` to ``path`` as JSON (integers only), atomically, with the SHA-256 of its
-    content under ``"sha256"``.
-
-    Raises:
-        TypeError: ``spec`` is not a :class:`XyloSpec`.
-        ValueError: naming the file and the field, for a field the chip cannot take (the rules
-            of :func:`load_xylo`); nothing is written then.
-    """
-    if not isinstance(spec, XyloSpec):
-        raise TypeError(f"spec must be a XyloSpec, got {type(spec).__name__}")
-    where = f"save_xylo({os.fspath(path)})"
-    fields = {k: getattr(spec, k) for k in _SPEC_ARRAYS + _SPEC_INTS}
-    fields.update(hidden_sizes=list(spec.hidden_sizes), profile=spec.profile)
-    checked = _checked_spec(fields, where)
-    payload = {k: np.asarray(getattr(checked, k)).tolist() for k in _SPEC_ARRAYS}
-    payload.update({k: int(getattr(checked, k)) for k in _SPEC_INTS})
-    payload.update(hidden_sizes=[int(s) for s in checked.hidden_sizes], profile=checked.profile)
-    write_checked_json(path, payload, "snnquant-xylo")
-
-
-def load_xylo(path) -> XyloSpec:
-    """Read a file written by :func:`save_xylo`, after verifying its checksum, then every field
-    by the rules the layers apply (a checksum anyone can recompute proves no more than that the
-    file is whole).
-
-    Raises:
-        ValueError: naming the file, when it is not such a file (strict JSON: no ``NaN``, no
-            duplicate keys; a regular file of at most
-            :data:`~snnquant._io.MAX_JSON_BYTES` bytes, 64 MiB) or its content changed, and
-            naming the field, for a value out of its range, of the wrong type or of the wrong
-            shape.
-    """
-    return _checked_spec(read_checked_json(path, "snnquant-xylo"), os.fspath(path))
-
-
-# ---- the vendor's simulator ---------------------------------------------------------------------
-def _rockpool_xylosim():
-    """Rockpool's ``XyloSim`` class for Xylo Audio 2.
-
-    Rockpool 3.1's ``rockpool.devices.xylo`` package imports ``samna`` (SynSense's device
-    driver, not on the package index) at import time, for hardware modules that have nothing to
-    do with the simulator. The modules the simulator needs (``syns61201.xylo_sim`` and the
-    ``syns61300.xylo_sim`` it extends) import only Rockpool, numpy and ``xylosim``, so they are
-    imported here with their packages' ``__init__`` files skipped.
-    """
-    import importlib
-    import sys
-    import types
-
-    try:
-        import rockpool.devices as devices
-    except ImportError as exc:
-        raise ImportError("run_xylosim needs Rockpool and xylosim: pip install "
-                          "'snnquant[xylo]'") from exc
-    root = os.path.join(os.path.dirname(devices.__file__), "xylo")
-    for name, folder in (("rockpool.devices.xylo", root),
-                         ("rockpool.devices.xylo.syns61300", os.path.join(root, "syns61300")),
-                         ("rockpool.devices.xylo.syns61201", os.path.join(root, "syns61201"))):
-        if name not in sys.modules:
-            shell = types.ModuleType(name)
-            shell.__path__ = [folder]
-            sys.modules[name] = shell
-    return importlib.import_module("rockpool.devices.xylo.syns61201.xylo_sim").XyloSim
-
-
-def run_xylosim(spec: XyloSpec, raster) -> dict:
-    """Run ``spec`` on SynSense's simulator through Rockpool's ``XyloSim.from_specification``.
-
-    Args:
-        spec: the network.
-        raster: input event counts ``[T, Nin]`` or ``[N, T, Nin]`` (integers, 0 to 15); each
-            sample starts from a reset state.
-
-    Returns:
-        ``{"output": [N, T, Nout] readout spikes, "hidden": [N, T, Nhidden] hidden spike counts}``
-        (int64 arrays; ``N`` absent when ``raster`` was 2-D).
-    """
-    sim_cls = _rockpool_xylosim()
-    x = np.asarray(raster)
-    single = x.ndim == 2
-    if single:
-        x = x[None]
-    if x.ndim != 3 or x.shape[2] != spec.weights_in.shape[0]:
-        raise ValueError(f"raster must be [T, {spec.weights_in.shape[0]}] or "
-                         f"[N, T, {spec.weights_in.shape[0]}], got shape {np.shape(raster)}")
-    if (x < 0).any() or (x > XYLO_AUDIO2.max_input_events).any() or (x != np.round(x)).any():
-        raise ValueError("raster: event counts must be integers in [0, 15]")
-    sim = sim_cls.from_specification(**spec.as_kwargs())
-    outs, hids = [], []
-    for sample in x.astype(np.int64):
-        sim.reset_state()
-        out, _, rec = sim(sample, record=True)
-        outs.append(np.asarray(out, np.int64))
-        hids.append(np.asarray(rec["Spikes"], np.int64))
-    out, hid = np.stack(outs), np.stack(hids)
-    return {"output": out[0], "hidden": hid[0]} if single else {"output": out, "hidden": hid}

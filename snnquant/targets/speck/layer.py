@@ -1,61 +1,28 @@
-r"""SynSense Speck (DYNAP-CNN cores) through Sinabs: the integrate-and-fire arithmetic of Sinabs'
-``DynapcnnNetwork`` simulation, training in it, the chip's core memory checks, and export to
-the layers Sinabs maps onto the chip, checked on Sinabs' discretised simulation.
-
-**The arithmetic** (Sinabs 3.1.3, read from ``sinabs/layers/functional/lif.py``
-``lif_forward_single``, ``sinabs/activation/spike_generation.py`` ``MultiSpike`` and
-``SingleSpike``, ``sinabs/activation/reset_mechanism.py`` ``MembraneSubtract``,
-``sinabs/backend/dynapcnn/discretize.py`` and ``dynapcnn_layer.py``; tested against Sinabs' own
-run in ``tests/test_targets_speck.py``). A Speck layer is a convolution (a ``Linear`` layer is a
-convolution whose kernel covers its whole input), integrate-and-fire neurons without leak and an
-optional sum pooling. Per time step, with the input event counts :math:`x`, the 8-bit weights
-:math:`W`, the bias :math:`b`, the threshold :math:`\theta` (16-bit) and the lower bound
-:math:`v_{min}`:
-
-* :math:`v \leftarrow v + W * x + b`;
-* :math:`n = \lfloor v / \theta \rfloor` where :math:`v > 0`, else 0 (Sinabs' ``MultiSpike``,
-  the default of its ``IAFSqueeze``; with ``SingleSpike``, :math:`n = [v \ge \theta]`);
-* :math:`v \leftarrow \max(v - n\theta,\ v_{min})`;
-* the layer sends :math:`n` summed over each :math:`k \times k` pooling window (``SumPool2d``).
-
-Every layer of one step runs in that step: no delay between layers. ``DynapcnnNetwork`` with
-``discretize=True`` rescales each layer's weights, bias and thresholds by one common factor to fit
-8-bit weights and biases and 16-bit thresholds; snnquant exports integers for which that factor is
-exactly 1 (:math:`v_{min} = -2^{15}`, weights and biases in :math:`[-128, 127]`), and
-:func:`run_sinabs` fails if Sinabs changed any of them. The chip's memory rule is Sinabs'
-``DynapcnnLayer.memory_summary`` and its core table ``chips/dynapcnn.py`` ``get_constraints``.
-
-**The network snnquant maps onto it**: a stack of :class:`SpeckIAFLayer`. Sinabs needs the
-``dynapcnn`` backend's imports (including SynSense's ``samna`` driver for devices) and pins nir
-<= 1.0.4: :func:`run_sinabs` runs the exported network in a Python with Sinabs
-(``SNNQUANT_SINABS_PYTHON`` or its ``python`` argument) through
-``snnquant/targets/sinabs_runner.py``.
-"""
+r"""Speck's profile, its core (a convolution or Linear, integrate-and-fire neurons and a sum
+pooling, training in Sinabs' integers), the core mapping, the check of a network against the
+chip's limits and the conversion of a float network (the arithmetic:
+:mod:`snnquant.targets.speck`)."""
 
 from __future__ import annotations
 
 import math
-import os
-import subprocess
-import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-import numpy as np
 import torch
 import torch.nn as nn
 from spikingjelly.activation_based import layer as sj_layer, neuron
 
-from ..export.ir.chip_ops import SpeckLayerOp
-from ..functional.chip_neurons import speck_iaf_step, speck_synapse
-from ..kernels.chip import speck_iaf_multi_step
-from ..functional.int_limits import int_range
-from ._layer import (ChipLayer, FileFields, Violation, check_int, chip_layers,
-                     field_violations, pow2_step, read_checked_json, refuse, sources,
-                     write_checked_json)
+from ...functional.chip_neurons import speck_iaf_step, speck_synapse
+from ...functional.int_limits import int_range
+from ...kernels.chip import speck_iaf_multi_step
+from .._layer import (ChipLayer, Violation, check_int, chip_layers, field_violations, pow2_step,
+                      refuse, sources)
+from .op import (BIAS_RANGE, KERNEL_RANGE, PADDING_RANGE, POOL_RANGE, SPIKES, STATE_BITS,
+                 STRIDE_RANGE, WEIGHT_BITS, SpeckLayerOp)
 
 __all__ = ["SpeckProfile", "SPECK2F", "SpeckIAFLayer", "check_speck", "quantize_for_speck",
-           "SpeckSpec", "to_speck", "save_speck", "load_speck", "run_sinabs", "speck_cores"]
+           "speck_cores", "field_rules", "speck_layers", "conv_out"]
 
 
 @dataclass(frozen=True)
@@ -75,10 +42,10 @@ class SpeckProfile:
 
     name: str = "speck2f"
     device: str = "speck2fmodule"
-    weight_bits: int = 8
-    bias_range: tuple = (-128, 127)
-    threshold_range: tuple = (1, 2 ** 15 - 1)
-    state_bits: int = 16
+    weight_bits: int = WEIGHT_BITS
+    bias_range: tuple = BIAS_RANGE
+    threshold_range: tuple = (1, int_range(STATE_BITS, True)[1])
+    state_bits: int = STATE_BITS
     kernel_memory: tuple = (16384, 16384, 16384, 32768, 32768, 65536, 65536, 16384, 16384)
     neuron_memory: tuple = (65536, 65536, 65536, 32768, 32768, 16384, 16384, 16384, 16384)
     bias_memory: tuple = (1024,) * 9
@@ -109,23 +76,19 @@ class SpeckProfile:
         return int_range(self.state_bits, True)[0]
 
 
-def _field_rules(profile: SpeckProfile) -> tuple:
+def field_rules(profile: SpeckProfile) -> tuple:
     """``(field, lo, hi)`` of a layer's integers: the one rule the layer's constructor,
     :func:`check_speck` and the file checks apply (``kernel_size`` of a convolution only)."""
-    return (("threshold", *profile.threshold_range), ("stride", 1, 64), ("padding", 0, 64),
-            ("pool", 1, 64))
+    return (("threshold", *profile.threshold_range), ("stride", *STRIDE_RANGE),
+            ("padding", *PADDING_RANGE), ("pool", *POOL_RANGE))
 
-
-#: the kernel sizes a Speck convolution may have
-_KERNEL_RANGE = (1, 64)
-#: what a layer's ``spike`` may be
-_SPIKES = ("multi", "single")
 
 #: Speck 2f through Sinabs 3.1's ``DynapcnnNetwork``.
 SPECK2F = SpeckProfile()
 
 
-def _conv_out(size: int, k: int, stride: int, padding: int) -> int:
+def conv_out(size: int, k: int, stride: int, padding: int) -> int:
+    """The output size of a convolution over ``size`` values."""
     return (size + 2 * padding - k) // stride + 1
 
 
@@ -183,22 +146,22 @@ class SpeckIAFLayer(ChipLayer):
         for i, v in enumerate(in_shape):
             check_int(v, 1, 2 ** 16, f"in_shape[{i}]")
         self.linear = kernel_size is None
-        k = None if self.linear else check_int(kernel_size, *_KERNEL_RANGE, "kernel_size")
+        k = None if self.linear else check_int(kernel_size, *KERNEL_RANGE, "kernel_size")
         fan_in = in_shape[0] * (in_shape[1] * in_shape[2] if self.linear else k * k)
         super().__init__(fan_in, out_channels, weight_step, profile.weight_range,
                          profile.bias_range if bias else None, 0, input_max, surrogate_function,
                          step_mode, backend)
-        if spike not in _SPIKES:
+        if spike not in SPIKES:
             raise ValueError(f"spike must be 'multi' or 'single', got {spike!r}")
         self.in_shape, self.kernel_size, self.spike, self.profile = in_shape, k, spike, profile
         given = dict(threshold=threshold, stride=stride, padding=padding, pool=pool)
-        for name, lo, hi in _field_rules(profile):
+        for name, lo, hi in field_rules(profile):
             setattr(self, name, check_int(given[name], lo, hi, name))
         if self.linear and (stride != 1 or padding != 0 or pool != 1):
             raise ValueError("stride, padding and pool: a Linear layer (kernel_size=None) has "
                              f"none, got stride={stride}, padding={padding}, pool={pool}")
         if not self.linear:
-            h, w = (_conv_out(s, k, self.stride, self.padding) for s in in_shape[1:])
+            h, w = (conv_out(s, k, self.stride, self.padding) for s in in_shape[1:])
             if h < 1 or w < 1:
                 raise ValueError(f"kernel_size {k} with padding {padding} does not fit the input "
                                  f"{in_shape[1:]}")
@@ -215,7 +178,7 @@ class SpeckIAFLayer(ChipLayer):
         if self.linear:
             return (self.out_features, 1, 1)
         return (self.out_features,) + tuple(
-            _conv_out(s, self.kernel_size, self.stride, self.padding) for s in self.in_shape[1:])
+            conv_out(s, self.kernel_size, self.stride, self.padding) for s in self.in_shape[1:])
 
     @property
     def out_shape(self) -> tuple:
@@ -260,7 +223,7 @@ class SpeckIAFLayer(ChipLayer):
         return n.flatten(1) if self.linear else n
 
     def integer_op(self, name: str) -> SpeckLayerOp:
-        """The layer as a :class:`~snnquant.export.ir.chip_ops.SpeckLayerOp` named ``name``."""
+        """The layer as a :class:`~snnquant.targets.speck.op.SpeckLayerOp` named ``name``."""
         w, b = self._integers()
         return SpeckLayerOp(name=name, weight=w, bias=b, in_shape=tuple(self.in_shape),
                             linear=self.linear, stride=self.stride, padding=self.padding,
@@ -287,7 +250,8 @@ class SpeckIAFLayer(ChipLayer):
         return (out.flatten(2) if self.linear else out).to(torch.float32)
 
 
-def _speck_layers(model: nn.Module) -> List[tuple]:
+def speck_layers(model: nn.Module) -> List[tuple]:
+    """``(name, layer)`` of every :class:`SpeckIAFLayer` of ``model``, in order."""
     return chip_layers(model, SpeckIAFLayer, "Speck")
 
 
@@ -316,7 +280,7 @@ def _match(fits: List[List[int]]) -> Optional[List[int]]:
 def speck_cores(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Optional[List[int]]:
     """A core for each layer of ``model`` under ``profile``'s memory per core (Sinabs' rule), or
     ``None`` when there is none."""
-    layers = _speck_layers(model)
+    layers = speck_layers(model)
     profile = profile or (layers[0][1].profile if layers else SPECK2F)
     fits = []
     for _, m in layers:
@@ -330,15 +294,15 @@ def speck_cores(model: nn.Module, profile: Optional[SpeckProfile] = None) -> Opt
 
 def _layer_field_violations(name: str, m: "SpeckIAFLayer", profile: SpeckProfile) -> list:
     """The layer's integers and choices as they are now, by its constructor's rules."""
-    found = field_violations(name, m, _field_rules(profile))
-    if m.spike not in _SPIKES:
-        found.append(Violation(name, f"spike one of {list(_SPIKES)}", m.spike))
+    found = field_violations(name, m, field_rules(profile))
+    if m.spike not in SPIKES:
+        found.append(Violation(name, f"spike one of {list(SPIKES)}", m.spike))
     if found or m.linear:
         if not found and (m.stride, m.padding, m.pool) != (1, 0, 1):
             found.append(Violation(name, "stride 1, padding 0, pool 1 (a Linear layer)",
                                    (m.stride, m.padding, m.pool)))
         return found
-    found += field_violations(name, m, (("kernel_size", *_KERNEL_RANGE),))
+    found += field_violations(name, m, (("kernel_size", *KERNEL_RANGE),))
     if not found:
         _, h, w = m.neuron_shape
         if h < 1 or w < 1 or h % m.pool or w % m.pool:
@@ -420,7 +384,7 @@ def check_speck(model: nn.Module, profile: Optional[SpeckProfile] = None, *,
                               or steps < 1):
         raise ValueError(f"steps must be None or the number of time steps (an int >= 1), got "
                          f"{steps!r}")
-    layers = _speck_layers(model)
+    layers = speck_layers(model)
     if not layers:
         return [Violation("", "at least one SpeckIAFLayer", "none")]
     profile = profile or layers[0][1].profile
@@ -588,213 +552,3 @@ def quantize_for_speck(model: nn.Module, input_shape: Sequence[int],
     out = nn.Sequential(*layers)
     refuse(check_speck(out, profile), "quantize_for_speck")
     return out
-
-
-@dataclass
-class SpeckSpec:
-    """A Speck network as the layers Sinabs' ``DynapcnnNetwork`` takes, one entry per layer:
-    ``kind`` (``'conv'`` or ``'linear'``), ``weight`` (int8: ``[out, c, k, k]`` or
-    ``[out, in]``), ``bias`` (``[out]`` int16, or ``None``), ``threshold``, ``min_v_mem``,
-    ``stride``, ``padding``, ``pool`` and ``spike``; ``input_shape`` (``(c, h, w)``) and the
-    ``device`` Sinabs maps onto.
-    """
-
-    layers: List[dict] = field(default_factory=list)
-    input_shape: tuple = ()
-    profile: str = SPECK2F.name
-    device: str = SPECK2F.device
-
-
-def to_speck(model: nn.Module, profile: Optional[SpeckProfile] = None, *,
-             steps: Optional[int] = None) -> SpeckSpec:
-    """The :class:`SpeckSpec` of a stack of :class:`SpeckIAFLayer` (after :func:`check_speck`,
-    with ``steps``, the run's number of time steps, when given)."""
-    refuse(check_speck(model, profile, steps=steps), "to_speck")
-    layers = _speck_layers(model)
-    out = []
-    for _, m in layers:
-        with torch.no_grad():
-            w = m.integer_weight().cpu().numpy().astype(np.int8)
-            b = m.integer_bias().cpu().numpy().astype(np.int16) if m.bias is not None else None
-        out.append({"kind": "linear" if m.linear else "conv", "weight": w, "bias": b,
-                    "threshold": m.threshold, "min_v_mem": m.profile.v_min, "stride": m.stride,
-                    "padding": m.padding, "pool": m.pool, "spike": m.spike})
-    p = layers[0][1].profile
-    return SpeckSpec(out, tuple(layers[0][1].in_shape), p.name, p.device)
-
-
-_SCALARS = ("threshold", "min_v_mem", "stride", "padding", "pool")
-
-
-_LAYER_KEYS = ("kind", "spike", "weight", "bias") + _SCALARS
-
-
-def _checked_spec(payload: dict, where: str) -> SpeckSpec:
-    """The :class:`SpeckSpec` of a file's ``payload`` (or of a spec's fields), every field checked
-    by the rules the layers apply (:func:`_field_rules`, the profile's ranges) and each layer's
-    shape against what the one before sends; a ``ValueError`` naming ``where`` and the first bad
-    field."""
-    f = FileFields(where)
-    f.keys(payload, ("layers", "input_shape", "profile", "device"))
-    p = SPECK2F
-    if payload["profile"] != p.name:
-        f.fail("profile", f"must be {p.name!r}", payload["profile"])
-    if payload["device"] != p.device:
-        f.fail("device", f"must be {p.device!r}", payload["device"])
-    shape = f.array("input_shape", payload["input_shape"], 1, 2 ** 16, (3,))
-    shape = tuple(int(v) for v in shape)
-    if not isinstance(payload["layers"], list) or not payload["layers"]:
-        f.fail("layers", "must be a non-empty list of layers", payload["layers"])
-    rules = {name: (lo, hi) for name, lo, hi in _field_rules(p)}
-    lo, hi = p.weight_range
-    layers = []
-    for k, layer in enumerate(payload["layers"]):
-        name = f"layers[{k}]."
-        f.keys(layer, _LAYER_KEYS, f"layers[{k}]")
-        kind = f.choice(name + "kind", layer["kind"], ("conv", "linear"))
-        entry = {"kind": kind, "spike": f.choice(name + "spike", layer["spike"], _SPIKES)}
-        entry.update({key: f.int(name + key, layer[key], *rules[key]) for key in rules})
-        entry["min_v_mem"] = f.int(name + "min_v_mem", layer["min_v_mem"], p.v_min, p.v_min)
-        if kind == "linear":
-            for key, want in (("stride", 1), ("padding", 0), ("pool", 1)):
-                f.int(name + key, entry[key], want, want)
-            w = f.array(name + "weight", layer["weight"], lo, hi, (None, math.prod(shape)),
-                        np.int8)
-            out_shape = (w.shape[0], 1, 1)
-        else:
-            w = f.array(name + "weight", layer["weight"], lo, hi, (None, shape[0], None, None),
-                        np.int8)
-            ks = f.int(name + "weight (its kernel size)", w.shape[2], *_KERNEL_RANGE)
-            f.int(name + "weight (a square kernel)", w.shape[3], ks, ks)
-            h, wd = (_conv_out(v, ks, entry["stride"], entry["padding"]) for v in shape[1:])
-            if h < 1 or wd < 1 or h % entry["pool"] or wd % entry["pool"]:
-                f.fail(name + "pool", f"must divide the convolution's output {h}x{wd} (at "
-                                      f"least 1x1)", entry["pool"])
-            out_shape = (w.shape[0], h // entry["pool"], wd // entry["pool"])
-        if w.shape[0] < 1:
-            f.fail(name + "weight", "must have at least one output", tuple(w.shape))
-        entry["weight"] = w
-        entry["bias"] = None if layer["bias"] is None else f.array(
-            name + "bias", layer["bias"], *p.bias_range, (w.shape[0],), np.int16)
-        layers.append(entry)
-        shape = out_shape
-    return SpeckSpec(layers, tuple(int(v) for v in payload["input_shape"]), payload["profile"],
-                     payload["device"])
-
-
-def save_speck(spec: SpeckSpec, path) -> None:
-    """Write ``spec`` to ``path`` as JSON (integers only), atomically, with its SHA-256.
-
-    Raises:
-        TypeError: ``spec`` is not a :class:`SpeckSpec`.
-        ValueError: naming the file and the field, for a field the chip cannot take (the rules
-            of :func:`load_speck`); nothing is written then.
-    """
-    if not isinstance(spec, SpeckSpec):
-        raise TypeError(f"spec must be a SpeckSpec, got {type(spec).__name__}")
-    spec = _checked_spec({"layers": list(spec.layers), "input_shape": list(spec.input_shape),
-                          "profile": spec.profile, "device": spec.device},
-                         f"save_speck({os.fspath(path)})")
-    layers = [{"kind": l["kind"], "spike": l["spike"],
-               "weight": np.asarray(l["weight"]).tolist(),
-               "bias": None if l["bias"] is None else np.asarray(l["bias"]).tolist(),
-               **{k: int(l[k]) for k in _SCALARS}} for l in spec.layers]
-    write_checked_json(path, {"layers": layers, "input_shape": list(spec.input_shape),
-                              "profile": spec.profile, "device": spec.device}, "snnquant-speck")
-
-
-def load_speck(path) -> SpeckSpec:
-    """Read a file written by :func:`save_speck`, after verifying its checksum, then every field
-    by the rules the layers apply.
-
-    Raises:
-        ValueError: naming the file, when it is not such a file (strict JSON, a regular file
-            under the size bound) or its content changed, and naming the field, for a value out
-            of its range, of the wrong type or of the wrong shape.
-    """
-    return _checked_spec(read_checked_json(path, "snnquant-speck"), os.fspath(path))
-
-
-def sinabs_python(python: Optional[str] = None) -> Optional[str]:
-    """The Python that runs Sinabs: ``python`` when given (``''`` for none), else
-    ``$SNNQUANT_SINABS_PYTHON``; ``None`` when neither names one."""
-    exe = python if python is not None else os.environ.get("SNNQUANT_SINABS_PYTHON")
-    return exe or None
-
-
-def run_sinabs(spec: SpeckSpec, events, python: Optional[str] = None,
-               timeout: float = 3600) -> dict:
-    """Run ``spec`` through Sinabs' ``DynapcnnNetwork`` (``discretize=True``): its mapping of the
-    layers onto the chip's cores and its simulation.
-
-    Args:
-        spec: the network.
-        events: input event counts ``[T, c, h, w]`` or ``[N, T, c, h, w]`` (non-negative
-            integers); each sample starts from a reset state.
-        python: a Python with ``sinabs`` 3.1 installed; default ``$SNNQUANT_SINABS_PYTHON``.
-        timeout: seconds.
-
-    Returns:
-        A dict: ``"layers"``, what each layer sends (``[N, T, ...]`` spike counts after its
-        pooling; ``[N, T, features]`` for a linear layer; ``N`` absent for a 4-D input);
-        ``"cores"``, the core Sinabs assigned to each layer; ``"memory"``, each layer's
-        ``kernel``, ``neuron`` and ``bias`` memory as Sinabs counts it.
-
-    Raises:
-        RuntimeError: without a Sinabs Python, or when Sinabs fails (its output in the message),
-            including when its discretisation would change the exported integers or it finds no
-            mapping onto the cores.
-    """
-    exe = sinabs_python(python)
-    if exe is None:
-        raise RuntimeError("run_sinabs needs a Python with Sinabs (sinabs 3.1 pins nir <= 1.0.4: "
-                           "keep it apart): pass python= or set SNNQUANT_SINABS_PYTHON; see the "
-                           "Speck guide")
-    x = np.asarray(events)
-    single = x.ndim == 4
-    if single:
-        x = x[None]
-    if x.ndim != 5 or tuple(x.shape[2:]) != tuple(spec.input_shape):
-        raise ValueError(f"events must be [T, {', '.join(map(str, spec.input_shape))}] or "
-                         f"[N, T, ...], got shape {np.shape(events)}")
-    if (x < 0).any() or (x != np.round(x)).any():
-        raise ValueError("events: event counts must be non-negative integers")
-    arrays = {"x": x.astype(np.float32), "input_shape": np.asarray(spec.input_shape),
-              "n_layers": len(spec.layers), "device": spec.device, "exact": 1}
-    for k, l in enumerate(spec.layers):
-        arrays.update({f"kind{k}": int(l["kind"] == "linear"),
-                       f"w{k}": np.asarray(l["weight"], np.int32),
-                       f"multi{k}": int(l["spike"] == "multi"),
-                       **{f"{s}{k}": int(l[s]) for s in _SCALARS}})
-        if l["bias"] is not None:
-            arrays[f"b{k}"] = np.asarray(l["bias"], np.int32)
-    out = sinabs_runner(arrays, exe, timeout)
-    layers = []
-    for k, l in enumerate(spec.layers):
-        s = out[f"s{k}"].astype(np.int64)
-        layers.append(s.reshape(s.shape[:2] + (-1,)) if l["kind"] == "linear" else s)
-    cores = [int(out[f"core{k}"]) for k in range(len(spec.layers))]
-    memory = [{key: int(out[f"{key}{k}"]) for key in ("kernel", "neuron", "bias")}
-              for k in range(len(spec.layers))]
-    return {"layers": [l[0] for l in layers] if single else layers, "cores": cores,
-            "memory": memory}
-
-
-def sinabs_runner(arrays: dict, python: str, timeout: float = 3600) -> dict:
-    """Run ``snnquant/targets/sinabs_runner.py`` in ``python`` on ``arrays`` (the input file's
-    content, see that script) and return its output arrays.
-
-    Raises:
-        RuntimeError: when the script fails (its output in the message).
-    """
-    runner = os.path.join(os.path.dirname(os.path.abspath(__file__)), "sinabs_runner.py")
-    with tempfile.TemporaryDirectory() as tmp:
-        src, dst = os.path.join(tmp, "in.npz"), os.path.join(tmp, "out.npz")
-        np.savez(src, **arrays)
-        done = subprocess.run([python, runner, src, dst], capture_output=True, text=True,
-                              timeout=timeout)
-        if done.returncode != 0:
-            raise RuntimeError(f"Sinabs ({python}) failed:\n{done.stdout[-2000:]}"
-                               f"{done.stderr[-4000:]}")
-        with np.load(dst) as out:
-            return {k: out[k] for k in out.files}

@@ -34,13 +34,13 @@ from typing import Dict, List, Optional, Tuple, Union
 import torch
 
 from ...capture.graph import ExportError  # noqa: F401 (defined with the capture, which raises it)
-from .chip_ops import CHIP_OP_TYPES, LoihiLayerOp, SpeckLayerOp, XyloLayerOp
+from ...targets import CHIP_OP_TYPES, LoihiLayerOp, SpeckLayerOp, XyloLayerOp
 from .integer_ops import fits_packed, pack_int
 from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 
 __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "SynapseOp", "NeuronOp",
            "PoolOp", "FlattenOp", "JoinOp", "OP_TYPES", "IntegerNetwork", "ExportError",
-           "DescriptionError", "check_inputs", "check_input_shape"]
+           "IntegerNetworkError", "check_inputs", "check_input_shape"]
 
 #: Version of the description and of the file format of :func:`~snnquant.export.save_integer`.
 #: Version 2 adds the neuron fields ``leak_multiplier``, ``leak_round_shift``, ``exact`` and
@@ -51,9 +51,9 @@ __all__ = ["FORMAT_VERSION", "READABLE_FORMAT_VERSIONS", "NETWORK_INPUT", "Synap
 #: Version 4 adds the operations of spiking transformers (:class:`GatherOp`, :class:`ReduceOp`,
 #: :class:`MatMulOp`, :class:`ScaleOp`) and ``output_time_mean``; an earlier file is read with
 #: ``output_time_mean=False``.
-#: Version 5 adds the chip operations (:class:`~snnquant.export.ir.chip_ops.XyloLayerOp`,
-#: :class:`~snnquant.export.ir.chip_ops.LoihiLayerOp`,
-#: :class:`~snnquant.export.ir.chip_ops.SpeckLayerOp`); an earlier file has none.
+#: Version 5 adds the chip operations (:class:`~snnquant.targets.xylo.op.XyloLayerOp`,
+#: :class:`~snnquant.targets.loihi.op.LoihiLayerOp`,
+#: :class:`~snnquant.targets.speck.op.SpeckLayerOp`); an earlier file has none.
 #: A version-5 description may also hold the network's ``input_shape``
 #: (:attr:`IntegerNetwork.input_shape`; an optional key, which a reader that does not know it
 #: skips, so the version stays 5).
@@ -83,7 +83,7 @@ def check_input_shape(input_shape, name: str = "input_shape") -> Tuple[int, ...]
     return tuple(int(v) for v in items)
 
 
-class DescriptionError(ExportError):
+class IntegerNetworkError(ExportError):
     """An :class:`IntegerNetwork` disagrees with itself (see
     :func:`~snnquant.export.check_network`); the message names the operation's index and name,
     the field and the value."""
@@ -94,15 +94,15 @@ def check_inputs(ops) -> None:
     its ``inputs`` a tuple of indices in ``[NETWORK_INPUT, i)``.
 
     Raises:
-        DescriptionError: ``operation i ('name') has inputs=...``.
+        IntegerNetworkError: ``operation i ('name') has inputs=...``.
     """
     for i, op in enumerate(ops):
         if not isinstance(op.inputs, tuple) or any(
                 isinstance(j, bool) or not isinstance(j, int) or not NETWORK_INPUT <= j < i
                 for j in op.inputs):
-            raise DescriptionError(f"operation {i} ({op.name!r}) has inputs={op.inputs!r}: each "
-                                   f"must be an earlier operation's index or {NETWORK_INPUT} "
-                                   f"(the input)")
+            raise IntegerNetworkError(f"operation {i} ({op.name!r}) has inputs={op.inputs!r}: each "
+                                      f"must be an earlier operation's index or {NETWORK_INPUT} "
+                                      f"(the input)")
 
 
 @dataclass
@@ -564,7 +564,7 @@ class IntegerNetwork:
     @property
     def chip(self) -> Optional[str]:
         """The chip whose operations the network holds (``'xylo'``, ``'loihi'``, ``'speck'``;
-        :mod:`~snnquant.export.ir.chip_ops`), or ``None`` for a network of snnquant's own
+        :mod:`~snnquant.targets`), or ``None`` for a network of snnquant's own
         operations. Only :class:`~snnquant.export.IntegerSNN`, :func:`~snnquant.export.save_integer`
         and :func:`~snnquant.export.load_integer` take a chip network."""
         return next((op.chip for op in self.ops if isinstance(op, CHIP_OP_TYPES)), None)

@@ -4,7 +4,7 @@ discretised simulation, in the Python that has Sinabs installed (sinabs 3.1 pins
 older than snnquant's: keep it in its own environment).
 
 This file imports only numpy, torch and Sinabs, never snnquant: it is run as a script,
-``python sinabs_runner.py IN.npz OUT.npz``. ``IN.npz`` holds ``x`` (``[N, T, C, H, W]`` input
+``python sinabs_script.py IN.npz OUT.npz``. ``IN.npz`` holds ``x`` (``[N, T, C, H, W]`` input
 event counts), ``input_shape``, ``n_layers``, ``device`` and, per layer ``k``, ``kind{k}``
 (0 conv, 1 linear), ``w{k}``, ``b{k}`` (absent without a bias), ``threshold{k}``,
 ``min_v_mem{k}``, ``stride{k}``, ``padding{k}``, ``pool{k}`` and ``multi{k}`` (1 for Sinabs'
