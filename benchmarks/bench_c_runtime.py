@@ -260,6 +260,167 @@ def synaptic_ops(desc, x) -> float:
     return total / (T * N)
 
 
+def compile_c(cc, desc, folder: Path, form: str, shape=(2, 34, 34)):
+    """Write the C model of ``desc`` (synapse form ``form``) and the timing driver into
+    ``folder``, compile them as the benchmark does (``-std=c99 -O2``, strict warnings); return
+    the program's path and the compile command (file names only)."""
+    _, source = to_c(desc, folder, "snn", input_shape=shape, synapses=form)
+    (folder / "driver.c").write_text(DRIVER)
+    cmd = [cc, "-std=c99", "-O2", "-Wall", "-Wextra", "-pedantic", str(source),
+           str(folder / "driver.c"), "-o", str(folder / "driver")]
+    subprocess.run(cmd, check=True)
+    return folder / "driver", " ".join(Path(c).name if i > 0 and "/" in c else c
+                                       for i, c in enumerate(cmd))
+
+
+def _input_file(path: Path, x) -> None:
+    """The driver's input file of ``x`` ``[T, N, ...]``: T, N, then the samples."""
+    T, N = x.shape[:2]
+    data = x.to(torch.int32).transpose(0, 1).contiguous().numpy()
+    path.write_bytes(np.array([T, N], np.int32).tobytes() + data.tobytes())
+
+
+#: the target of issue 46: the C model at most this fraction of the float model's time
+TARGET_VS_FLOAT = 0.3
+FORMS = {"events": "C model, event-driven", "dense": "C model, dense",
+         "idle": "C model, event-driven, no input event"}
+
+
+def compare_widths(args):
+    """The C models (event-driven and dense) of the example's CSNN at each of
+    ``args.weight_bits`` against its fake-quantized float model (batch of N, one thread), all
+    cases of all widths alternated in every repeat; each ratio is taken within a repeat (the C
+    model's time over the float model's of the same width and repeat), then its median and
+    range over the repeats. Also per width: the event-driven model on an input without any
+    event ("no input event": every neuron's step, the pooling and the scans of the spike
+    buffers, which do not depend on the activity; its biases still make the later layers
+    spike), the synaptic operations per sample and the time per synaptic operation above the
+    no-input run. Writes ``bench_c_runtime_bits.json`` and ``.md``."""
+    from spikingjelly.activation_based import functional
+
+    nets, runs, cmd = {}, {}, None
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        for bits in args.weight_bits:
+            desc, folded, x = example_network(args.channels, args.epochs, args.T, args.N,
+                                              args.density, bits)
+            n = x.shape[1]
+            folder = tmp / f"w{bits}"
+            folder.mkdir()
+            _input_file(folder / "in.bin", x)
+            _input_file(folder / "zero.bin", torch.zeros_like(x))
+            exes = {}
+            for form in ("events", "dense"):
+                exes[form], cmd = compile_c(args.cc, desc, folder / form, form)
+            nets[bits] = dict(desc=desc, x=x, n=n, folder=folder, exes=exes,
+                              synops=synaptic_ops(desc, x) * args.T,
+                              mem=c_memory(desc, (2, 34, 34), synapses="events"))
+
+            def run_c(exe, inp, out, n=n):
+                def run():
+                    res = subprocess.run([str(exe), str(inp), str(out)], capture_output=True,
+                                         text=True, check=True)
+                    return float(res.stdout.strip()) * 1e-9 / n
+                return run
+
+            def run_float(folded=folded, xf=x.float(), n=n):
+                t0 = time.perf_counter()
+                with torch.no_grad():
+                    functional.reset_net(folded)
+                    folded(xf)
+                return (time.perf_counter() - t0) / n
+            runs[(bits, "float")] = run_float
+            runs[(bits, "events")] = run_c(exes["events"], folder / "in.bin", folder / "events.bin")
+            runs[(bits, "dense")] = run_c(exes["dense"], folder / "in.bin", folder / "dense.bin")
+            runs[(bits, "idle")] = run_c(exes["events"], folder / "zero.bin", folder / "idle.bin")
+        for fn in runs.values():      # warm-up
+            fn()
+        times = {k: [] for k in runs}
+        keys = list(runs)
+        for r in range(args.repeats):
+            for k in keys[r % len(keys):] + keys[:r % len(keys)]:   # a different first case
+                times[k].append(runs[k]())
+        agreement = {}
+        for bits, net in nets.items():
+            ref = IntegerSNN(net["desc"])(net["x"]).to(torch.int64).reshape(
+                args.T, net["n"], -1).transpose(0, 1).numpy()
+            for form in ("events", "dense"):
+                got = np.frombuffer((net["folder"] / f"{form}.bin").read_bytes(),
+                                    np.int64).reshape(net["n"], args.T, -1)
+                agreement[f"W{bits} {form}"] = float((got == ref).all(axis=(1, 2)).mean())
+    rows, targets = [], {}
+    for bits, net in nets.items():
+        fl = times[(bits, "float")]
+        for form in ("float", "events", "dense", "idle"):
+            t = times[(bits, form)]
+            ratio = [a / b for a, b in zip(t, fl)]
+            rows.append(dict(weight_bits=bits, case=form, ms_per_sample=spread([v * 1e3 for v in t]),
+                             relative_to_float=spread(ratio)))
+            if form in ("events", "dense"):
+                med = spread(ratio)[0]
+                targets[f"W{bits} {FORMS[form]} / float"] = dict(
+                    value=med, target=TARGET_VS_FLOAT, pass_=med <= TARGET_VS_FLOAT)
+        ev, idle = (spread(times[(bits, f)])[0] for f in ("events", "idle"))
+        net["ns_per_synop_above_idle"] = (ev - idle) * 1e9 / net["synops"] if net["synops"] else None
+    names = {"float": FLOAT, **{k: f"{v} (gcc -O2, 1 thread)" for k, v in FORMS.items()}}
+
+    def cell(s, f):
+        return f"{f.format(s[0])} ({f.format(s[1])}..{f.format(s[2])})"
+    lines = ["| weight bits | case | ms per sample, median (min..max) | / float model, median "
+             "(min..max) |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['weight_bits']} | {names[r['case']]} | {cell(r['ms_per_sample'], '{:.3f}')} "
+                     f"| {cell(r['relative_to_float'], '{:.2f}')} |")
+    lines += ["", "| target | median | target | pass |", "|---|---|---|---|"]
+    for name, t in targets.items():
+        lines.append(f"| {name} | {t['value']:.2f} | <= {t['target']} | {t['pass_']} |")
+    lines.append("")
+    for bits, net in nets.items():
+        idle = spread([a / b for a, b in zip(times[(bits, "idle")], times[(bits, "float")])])[0]
+        ev = spread([a / b for a, b in zip(times[(bits, "events")], times[(bits, "float")])])[0]
+        ns = net["ns_per_synop_above_idle"]
+        lines.append(
+            f"W{bits}: {net['synops']:,.0f} synaptic operations per sample (T={args.T}); the "
+            f"event-driven C model takes {ev:.2f} of the float model's time, of which {idle:.2f} "
+            f"with no input event (every neuron's step, the pooling, the scans: independent of "
+            f"the activity) and {ev - idle:.2f} above it ("
+            + ("n/a" if ns is None else f"{ns:.2f} ns") + " per synaptic operation); ROM "
+            f"{net['mem'].rom_bytes:,} B, RAM {net['mem'].ram_bytes:,} B. Agreement with "
+            f"IntegerSNN: event-driven {100 * agreement[f'W{bits} events']:.2f}%, dense "
+            f"{100 * agreement[f'W{bits} dense']:.2f}% of {net['n']} samples.")
+        lines.append("")
+    command = " ".join([sys.executable] + sys.argv)
+    cpu = cpu_name()
+    lines.append(f"{args.repeats} repeats, every case of every width alternated in each (a different "
+                 f"one first each time); each ratio within a repeat. {cpu}, "
+                 f"{compiler_version(args.cc)}, `{cmd}`.")
+    lines += ["", f"`{command}`"]
+    markdown = "\n".join(lines) + "\n"
+    print(markdown)
+    result = dict(
+        benchmark="bench_c_runtime widths", command=command,
+        params=dict(T=args.T, N=args.N, channels=args.channels, repeats=args.repeats,
+                    weight_bits=list(args.weight_bits),
+                    density=None if args.epochs else args.density, epochs=args.epochs,
+                    quick=args.quick),
+        machine=dict(platform=platform.platform(), cpu=cpu, cores=os.cpu_count(),
+                     python=platform.python_version(), torch=torch.__version__,
+                     snnquant=snnquant.__version__, compiler=compiler_version(args.cc),
+                     compile_command=cmd),
+        results=[dict(r, case=names[r["case"]]) for r in rows],
+        targets={k: dict(value=t["value"], target=t["target"], **{"pass": t["pass_"]})
+                 for k, t in targets.items()},
+        per_width={str(b): dict(synaptic_ops_per_sample=net["synops"],
+                                ns_per_synaptic_op_above_no_input=net["ns_per_synop_above_idle"],
+                                rom_bytes=net["mem"].rom_bytes, ram_bytes=net["mem"].ram_bytes)
+                   for b, net in nets.items()},
+        agreement=agreement, times_s={f"W{b} {names[f]}": v for (b, f), v in times.items()})
+    stem = "bench_c_runtime_bits" + ("_quick" if args.quick else "")
+    write_files(args.out, {f"{stem}.json": json.dumps(result, indent=2) + "\n",
+                           f"{stem}.md": markdown})
+    return result
+
+
 def compiler_version(cc):
     try:
         return subprocess.run([cc, "--version"], capture_output=True, text=True).stdout.splitlines()[0]
@@ -277,8 +438,10 @@ def main(argv=None):
     ap.add_argument("--epochs", type=int, default=0,
                     help="train the example this many epochs on the built-in data and time it on "
                          "test samples (its real activity); 0: untrained, random events")
-    ap.add_argument("--weight-bits", type=int, default=4, choices=FOOTPRINT_BITS,
-                    help="weight bits of the timed network (8-bit membranes)")
+    ap.add_argument("--weight-bits", type=int, nargs="+", default=[4], choices=FOOTPRINT_BITS,
+                    help="weight bits of the timed network (8-bit membranes); several (e.g. 8 4 "
+                         "2): the C models of each width against the float model, interleaved "
+                         "(bench_c_runtime_bits.json/.md)")
     ap.add_argument("--footprint-only", action="store_true",
                     help="write the footprint table alone (no timing; deterministic)")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"))
@@ -290,6 +453,8 @@ def main(argv=None):
     if shutil.which(args.cc) is None:
         sys.exit(f"--cc={args.cc!r}: no such C compiler")
     torch.set_num_threads(1)
+    if len(args.weight_bits) > 1:
+        return compare_widths(args)
     rows = footprint(args.channels if not args.quick else 4)
     foot_md = footprint_markdown(rows)
     if args.footprint_only:
@@ -300,6 +465,7 @@ def main(argv=None):
             benchmark="bench_c_runtime footprint", command=command, footprint=rows), indent=2)
             + "\n", f"{stem}.md": foot_md + f"\n`{command}`\n"})
         return rows
+    args.weight_bits = args.weight_bits[0]
     desc, folded, x = example_network(args.channels, args.epochs, args.T, args.N, args.density,
                                       args.weight_bits)
     args.N = x.shape[1]
