@@ -24,13 +24,21 @@ Footprint (deterministic, measured whatever the load): ROM and RAM of the C mode
 as ``benchmarks/transformer_nmnist.py``) at 1-, 2-, 4- and 8-bit weights (8-bit membranes), in the
 event-driven form (the default) and the dense one; ``to_c`` packs 1-, 2- and 4-bit weights eight,
 four and two to a byte. Each row gives the weights' bit-true footprint (weights x bits / 8), the
-other constants (biases, rescale factors) and the ROM relative to the same network's at 8 bits.
+other constants (biases, rescale factors), the ROM relative to the same network's at 8 bits and,
+where ``arm-none-eabi-gcc`` is installed, the Cortex-M4 flash of both forms (the object's text:
+code and constants, ``arm-none-eabi-size``).
+
+Widths compared (``--weight-bits 8 4 2``): the C models, event-driven and dense, of the example's
+CSNN at each width against its float model, every case alternated in each repeat, each ratio
+taken within a repeat (median and range), with the event-driven model on an input without events
+(the cost that does not follow the activity); ``bench_c_runtime_bits.json`` (and ``.md``).
 
 Prints a table and writes ``benchmarks/results/bench_c_runtime.json`` (and ``.md``).
 
     python benchmarks/bench_c_runtime.py --epochs 5 --repeats 21   # the real numbers (quiet machine)
     python benchmarks/bench_c_runtime.py --quick       # smoke test
     python benchmarks/bench_c_runtime.py --footprint-only   # the footprint table alone
+    python benchmarks/bench_c_runtime.py --weight-bits 8 4 2 --epochs 5 --repeats 11  # widths
 """
 from __future__ import annotations
 
@@ -117,6 +125,35 @@ int main(int argc, char **argv)
 
 FOOTPRINT_BITS = (1, 2, 4, 8)
 
+#: a Cortex-M4 with its single-precision FPU (hard-float calling convention, Thumb-2), under the
+#: host tests' strict flags; tests/test_export_c_cortex_m4.py compiles every zoo network with them
+CORTEX_M4_CFLAGS = ("-mcpu=cortex-m4", "-mthumb", "-mfloat-abi=hard", "-mfpu=fpv4-sp-d16",
+                    "-std=c99", "-Wall", "-Wextra", "-Werror", "-pedantic", "-O2")
+CROSS_CC, CROSS_SIZE = "arm-none-eabi-gcc", "arm-none-eabi-size"
+
+
+def cortex_m4_tools():
+    """The paths of ``arm-none-eabi-gcc`` and ``arm-none-eabi-size``, or ``None`` where either
+    is missing (Debian: ``apt-get install gcc-arm-none-eabi libnewlib-arm-none-eabi``)."""
+    cc, size = shutil.which(CROSS_CC), shutil.which(CROSS_SIZE)
+    return None if cc is None or size is None else (cc, size)
+
+
+def cortex_m4_sizes(source, obj, tools=None) -> dict:
+    """Compile the C file ``source`` for a Cortex-M4 (:data:`CORTEX_M4_CFLAGS`) into ``obj``;
+    return ``{"text", "data", "bss"}`` in bytes as ``arm-none-eabi-size`` reports them. A
+    warning or error raises ``RuntimeError`` with the compiler's message."""
+    cc, size = tools or cortex_m4_tools()
+    res = subprocess.run([cc, *CORTEX_M4_CFLAGS, "-c", str(source), "-o", str(obj)],
+                         capture_output=True, text=True)
+    if res.returncode != 0 or res.stderr:
+        raise RuntimeError(f"{CROSS_CC} on {source}: {res.stderr}")
+    out = subprocess.run([size, str(obj)], capture_output=True, text=True, check=True).stdout
+    head, row = out.splitlines()[:2]
+    if head.split()[:3] != ["text", "data", "bss"]:
+        raise RuntimeError(f"{CROSS_SIZE}: unexpected output {out!r}")
+    return dict(zip(("text", "data", "bss"), (int(v) for v in row.split()[:3])))
+
 
 def _footprint_networks(channels: int):
     """``{name: (float network builder, per-sample input shape, T, capture example or None)}``
@@ -165,6 +202,13 @@ def footprint(channels: int, bits_list=FOOTPRINT_BITS) -> list:
             desc = to_integer(folded, example_input=example,
                               input_shape=None if capture else shape)
             mem = {form: c_memory(desc, shape, synapses=form) for form in ("events", "dense")}
+            m4 = {}
+            if cortex_m4_tools():   # flash (code and constants) of the object, both forms
+                with tempfile.TemporaryDirectory() as tmp:
+                    for form in ("events", "dense"):
+                        _, source = to_c(desc, Path(tmp) / form, "snn", input_shape=shape,
+                                         synapses=form)
+                        m4[form] = cortex_m4_sizes(source, Path(tmp) / form / "snn.o")
             synapses = [op for op in desc.ops if isinstance(op, SynapseOp)]
             weights = sum(op.weight.numel() for op in synapses)
             stored = sum(math.ceil(op.weight.numel() * (packed_weight_bits(op) or 8) / 8)
@@ -178,7 +222,8 @@ def footprint(channels: int, bits_list=FOOTPRINT_BITS) -> list:
                              ram_bytes=mem["events"].ram_bytes,
                              ram_bytes_dense=mem["dense"].ram_bytes,
                              rom_over_bit_true=rom / (weights * bits / 8 + rom - stored),
-                             rom_over_w8=None if w8_rom is None else rom / w8_rom))
+                             rom_over_w8=None if w8_rom is None else rom / w8_rom,
+                             cortex_m4=m4 or None))
     order = {b: i for i, b in enumerate(bits_list)}
     rows.sort(key=lambda r: (r["network"], order[r["weight_bits"]]))
     return rows
@@ -187,14 +232,27 @@ def footprint(channels: int, bits_list=FOOTPRINT_BITS) -> list:
 def footprint_markdown(rows) -> str:
     """The footprint rows as a Markdown table."""
     lines = ["| network | weight bits | ROM (B) | / ROM at 8 bits | weights, bit-true (B) | other "
-             "constants (B) | ROM / (bit-true + other) | RAM event-driven (B) | RAM dense (B) |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "constants (B) | ROM / (bit-true + other) | RAM event-driven (B) | RAM dense (B) | "
+             "Cortex-M4 flash event-driven (B) | Cortex-M4 flash dense (B) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         w8 = "n/a" if r["rom_over_w8"] is None else f"{r['rom_over_w8']:.2f}"
+        m4 = r.get("cortex_m4") or {}
+        flash = [f"{m4[f]['text']:,}" if f in m4 else "n/a" for f in ("events", "dense")]
         lines.append(f"| {r['network']} | {r['weight_bits']} | {r['rom_bytes']:,} | {w8} | "
                      f"{r['bit_true_weight_bytes']:,.0f} | {r['other_constant_bytes']:,} | "
                      f"{r['rom_over_bit_true']:.3f} | {r['ram_bytes']:,} | "
-                     f"{r['ram_bytes_dense']:,} |")
+                     f"{r['ram_bytes_dense']:,} | {flash[0]} | {flash[1]} |")
+    tools = cortex_m4_tools()
+    if tools:
+        version = compiler_version(tools[0])
+        lines += ["", f"Cortex-M4 flash: the text section (code and constants) of the model's "
+                      f"object as `arm-none-eabi-size` reports it, compiled with "
+                      f"`{' '.join(CORTEX_M4_CFLAGS)}` ({version}); the model has no data or "
+                      f"bss section of its own (its RAM is the caller's state, the RAM "
+                      f"columns; stack not included)."]
+    else:
+        lines += ["", f"Cortex-M4 flash: n/a ({CROSS_CC} not installed where this ran)."]
     return "\n".join(lines) + "\n"
 
 
@@ -286,6 +344,49 @@ FORMS = {"events": "C model, event-driven", "dense": "C model, dense",
          "idle": "C model, event-driven, no input event"}
 
 
+def instruction_profile(cc, desc, folder: Path, inputs: dict, steps: int) -> dict:
+    """Instructions per time step of the event-driven C model of ``desc``, per C function, counted
+    by valgrind's callgrind (deterministic, whatever the load): the model compiled at ``-O2``
+    with each layer's function kept apart (GCC's ``noinline`` on each, helpers still inlined) and
+    run on each of ``inputs`` (``{label: input file}``); ``steps`` time steps in a file.
+    ``{label: {function: instructions per step}}`` (the functions: ``<layer>`` for a synaptic
+    layer's events and the spikes it emits, ``<layer> neurons`` for a neuron layer's step fed by
+    it, ``<layer> pooling``, ``other``), or ``{}`` without valgrind."""
+    if shutil.which("valgrind") is None or shutil.which("callgrind_annotate") is None:
+        return {}
+    import re
+
+    _, source = to_c(desc, folder, "snn", input_shape=(2, 34, 34), synapses="events")
+    (folder / "driver.c").write_text(DRIVER)
+    text = re.sub(r"^static void (snn_(?:op|fire)\d+)", r"__attribute__((noinline)) static void \1",
+                  source.read_text(), flags=re.M)
+    source.write_text(text)
+    subprocess.run([cc, "-std=c99", "-O2", str(source), str(folder / "driver.c"), "-o",
+                    str(folder / "driver")], check=True)
+    names = {}
+    for i, op in enumerate(desc.ops):
+        kind = type(op).__name__.replace("Op", "").lower()
+        names[f"snn_op{i}"] = f"{op.name} ({kind}{'' if kind != 'synapse' else ' ' + op.kind}"
+        names[f"snn_op{i}"] += ", events and spikes out)" if kind == "synapse" else ")"
+        names[f"snn_fire{i}"] = f"{op.name} (neuron step)"
+    out = {}
+    for label, path in inputs.items():
+        cg = folder / f"callgrind.{label}"
+        subprocess.run(["valgrind", "--tool=callgrind", f"--callgrind-out-file={cg}",
+                        str(folder / "driver"), str(path), str(folder / "p.bin")],
+                       check=True, capture_output=True)
+        text = subprocess.run(["callgrind_annotate", "--threshold=100", str(cg)],
+                              capture_output=True, text=True, check=True).stdout
+        parts = {}
+        body = text.split("file:function", 1)[-1]
+        for count, where in re.findall(r"^\s*([\d,]+) \([^)]*\)\s+(\S+)", body, re.M):
+            func = where.rsplit(":", 1)[-1].split(".")[0]
+            key = names.get(func, "other (step, reset, memset, driver)")
+            parts[key] = parts.get(key, 0) + int(count.replace(",", "")) / steps
+        out[label] = parts
+    return out
+
+
 def compare_widths(args):
     """The C models (event-driven and dense) of the example's CSNN at each of
     ``args.weight_bits`` against its fake-quantized float model (batch of N, one thread), all
@@ -340,6 +441,14 @@ def compare_widths(args):
         for r in range(args.repeats):
             for k in keys[r % len(keys):] + keys[:r % len(keys)]:   # a different first case
                 times[k].append(runs[k]())
+        profiles = {}
+        if not args.no_profile:
+            for bits, net in nets.items():
+                (net["folder"] / "profile").mkdir()
+                profiles[bits] = instruction_profile(
+                    args.cc, net["desc"], net["folder"] / "profile",
+                    {"input": net["folder"] / "in.bin", "none": net["folder"] / "zero.bin"},
+                    args.T * net["n"])
         agreement = {}
         for bits, net in nets.items():
             ref = IntegerSNN(net["desc"])(net["x"]).to(torch.int64).reshape(
@@ -389,6 +498,21 @@ def compare_widths(args):
             f"IntegerSNN: event-driven {100 * agreement[f'W{bits} events']:.2f}%, dense "
             f"{100 * agreement[f'W{bits} dense']:.2f}% of {net['n']} samples.")
         lines.append("")
+    if any(profiles.values()):
+        lines += ["Instructions per time step of the event-driven C model, per layer function "
+                  "(valgrind's callgrind: deterministic, whatever the load; the input above, and "
+                  "the input without any event):", "",
+                  "| weight bits | function | instructions per step | no input event |",
+                  "|---|---|---|---|"]
+        for bits, prof in profiles.items():
+            if not prof:
+                continue
+            for part in sorted(prof["input"], key=lambda k: -prof["input"][k]):
+                lines.append(f"| {bits} | {part} | {prof['input'][part]:,.0f} | "
+                             f"{prof['none'].get(part, 0):,.0f} |")
+            lines.append(f"| {bits} | total | {sum(prof['input'].values()):,.0f} | "
+                         f"{sum(prof['none'].values()):,.0f} |")
+        lines.append("")
     command = " ".join([sys.executable] + sys.argv)
     cpu = cpu_name()
     lines.append(f"{args.repeats} repeats, every case of every width alternated in each (a different "
@@ -414,6 +538,7 @@ def compare_widths(args):
                                 ns_per_synaptic_op_above_no_input=net["ns_per_synop_above_idle"],
                                 rom_bytes=net["mem"].rom_bytes, ram_bytes=net["mem"].ram_bytes)
                    for b, net in nets.items()},
+        instructions_per_step={str(b): p for b, p in profiles.items()},
         agreement=agreement, times_s={f"W{b} {names[f]}": v for (b, f), v in times.items()})
     stem = "bench_c_runtime_bits" + ("_quick" if args.quick else "")
     write_files(args.out, {f"{stem}.json": json.dumps(result, indent=2) + "\n",
@@ -442,6 +567,9 @@ def main(argv=None):
                     help="weight bits of the timed network (8-bit membranes); several (e.g. 8 4 "
                          "2): the C models of each width against the float model, interleaved "
                          "(bench_c_runtime_bits.json/.md)")
+    ap.add_argument("--no-profile", action="store_true",
+                    help="with several --weight-bits: leave out the instruction counts per layer "
+                         "(valgrind's callgrind, about 10 s per width)")
     ap.add_argument("--footprint-only", action="store_true",
                     help="write the footprint table alone (no timing; deterministic)")
     ap.add_argument("--cc", default=os.environ.get("CC", "cc"))

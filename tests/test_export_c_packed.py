@@ -85,6 +85,43 @@ def test_word_loop_reads_word_order(bits, tmp_path):
     assert [int(t) for t in out.stdout.split()] == expected
 
 
+@pytest.mark.parametrize("bits,count", [(1, 10), (1, 57), (2, 10), (2, 7), (2, 30), (4, 5),
+                                        (4, 15)])
+def test_runs_off_a_byte_read_every_weight(bits, count, tmp_path):
+    """Event-driven runs that need not start on a byte (a linear layer's column of 10 two-bit
+    weights): every run of an array packed in C order, compiled (with UBSan) and run, comes out
+    as :func:`unpack_int` reads it; runs of more than 57 bits through the unpacking function."""
+    from snnquant.export.backends.c.weights import Weights
+    g = torch.Generator().manual_seed(count)
+    lo, hi = (-1, 1) if bits == 1 else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+    v = torch.randint(lo, hi + 1, (9 * count,), generator=g)
+    if bits == 1:
+        v = torch.where(v == 0, torch.ones_like(v), v)
+    packed = pack_int(v, bits)
+    used = set()
+    w = Weights("p", "uint8_t", f"t_unpack{bits}", bits, used)
+    body = "\n".join("        " + ln for ln in w.loop("wk", count, lambda wv: f'printf("%d\\n", (int){wv});'))
+    assert ("uint64_t run" in body) == (count * bits <= 57)
+    helper = c_unpack_helper("t", bits) if used else ""
+    # the array ends where the last run ends: a read past it shows under the sanitizer
+    (tmp_path / "s.c").write_text(
+        "#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n"
+        f"{helper}static const uint8_t p_[] = {{{', '.join(map(str, packed.tolist()))}}};\n"
+        "int main(void)\n{\n    int32_t j, oc;\n"
+        f"    uint8_t *p = malloc(sizeof(p_));\n    memcpy(p, p_, sizeof(p_));\n"
+        f"    for (j = 0; j < 9; j++) {{\n        const int32_t wk = j * {count};\n{body}\n    }}\n"
+        "    free(p);\n    return 0;\n}\n")
+    res = subprocess.run([compiler(), *STRICT, "-fsanitize=address", *sanitizer_flags(),
+                          str(tmp_path / "s.c"), "-o", str(tmp_path / "s")],
+                         capture_output=True, text=True)
+    if res.returncode != 0 and "asan" in res.stderr.lower():
+        res = subprocess.run([compiler(), *STRICT, *sanitizer_flags(), str(tmp_path / "s.c"),
+                              "-o", str(tmp_path / "s")], capture_output=True, text=True)
+    assert res.returncode == 0 and not res.stderr, res.stderr
+    out = subprocess.run([str(tmp_path / "s")], capture_output=True, text=True, check=True)
+    assert [int(t) for t in out.stdout.split()] == v.tolist()
+
+
 def test_bits_per_weight_in_rom():
     """1, 2 and 4 bits pack as they are, 3 bits into 4, 8 bits not; codes pack_int cannot hold
     (a 0 among 1-bit weights: ternary; unsigned codes) are not packed into that width."""

@@ -115,13 +115,16 @@ class Weights:
         no byte (``((t | 0x80..) - h..) ^ 0x80..`` is ``t - h`` in every byte for ``0 <= t <
         0x80``, ``h <= t + 0x80``), into a run of ``int8_t``, which a loop without a branch then
         adds (compilers vectorise it). Other packed runs that start on a byte are read a byte at
-        a time, each weight by shifts and masks in line."""
+        a time, each weight by shifts and masks in line; runs that need not start on a byte (a
+        linear layer's column of 10 two-bit weights) are gathered into a 64-bit word first."""
         per_byte = 8 // self.bits if self.bits else 0
         if self.helper is not None and self.words:
             return self._word_loop(var, count, statement)
-        if self.helper is None or count % per_byte:
+        if self.helper is None:
             return [f"for (oc = 0; oc < {count}; oc++) {{",
                     "    " + statement(self.at("oc", var)), "}"]
+        if count % per_byte:
+            return self._stream_loop(var, count, statement)
         shift = {1: 3, 2: 2, 4: 1}[self.bits]
         lines = [f"for (ob = 0; ob < {count // per_byte}; ob++) {{",
                  f"    const int32_t byte = {self.array}[({var} >> {shift}) + ob];"]
@@ -131,6 +134,28 @@ class Weights:
             value = f"({u} * 2 - 1)" if self.bits == 1 else f"(({u} ^ {half}) - {half})"
             lines += [f"    oc = ob * {per_byte} + {i};", "    " + statement(value)]
         return lines + ["}"]
+
+    def _stream_loop(self, var: str, count: int, statement) -> List[str]:
+        """A run that need not start on a byte, of at most 57 bits: the bytes it touches (and
+        no other) gathered into a 64-bit word, shifted to the run's first bit, each weight then
+        taken out by a constant shift and mask into a run of ``int8_t`` that a branch-free loop
+        adds. Longer such runs read each weight through the unpacking function."""
+        bits, mask, half = self.bits, (1 << self.bits) - 1, 1 << (self.bits - 1)
+        if count * bits > 57:
+            return [f"for (oc = 0; oc < {count}; oc++) {{",
+                    "    " + statement(self.at("oc", var)), "}"]
+        lines = ["{", f"    int8_t wv[{count}];", f"    const int32_t bit0 = {var} * {bits};",
+                 f"    const uint8_t *src = {self.array} + (bit0 >> 3);",
+                 f"    const int32_t nb = ((bit0 & 7) + {count * bits + 7}) >> 3;",
+                 "    uint64_t run = 0;", "    int32_t b;",
+                 "    for (b = 0; b < nb; b++) {", "        run |= (uint64_t)src[b] << (8 * b);",
+                 "    }", "    run >>= bit0 & 7;"]
+        for m in range(count):
+            u = f"(uint32_t)((run >> {m * bits}) & {mask}u)" if m else f"(uint32_t)(run & {mask}u)"
+            value = f"(int32_t)({u} << 1) - 1" if bits == 1 else f"(int32_t)({u} ^ {half}u) - {half}"
+            lines.append(f"    wv[{m}] = (int8_t)({value});")
+        return lines + [f"    for (oc = 0; oc < {count}; oc++) {{",
+                        "        " + statement("wv[oc]"), "    }", "}"]
 
     def _word_loop(self, var: str, count: int, statement) -> List[str]:
         bits = self.bits
