@@ -387,6 +387,19 @@ def instruction_profile(cc, desc, folder: Path, inputs: dict, steps: int) -> dic
     return out
 
 
+def dense_macs(desc, shape=(2, 34, 34)) -> int:
+    """Multiply-accumulates of one time step of the dense form: every weight of a synaptic layer
+    times the output positions it is applied at."""
+    from snnquant.export import SynapseOp
+    from snnquant.export.backends.simulator import op_shapes
+
+    total = 0
+    for op, (_, out_shape) in zip(desc.ops, op_shapes(desc, shape)):
+        if isinstance(op, SynapseOp):
+            total += op.weight.numel() * (int(np.prod(out_shape)) // op.out_channels)
+    return total
+
+
 def compare_widths(args):
     """The C models (event-driven and dense) of the example's CSNN at each of
     ``args.weight_bits`` against its fake-quantized float model (batch of N, one thread), all
@@ -415,6 +428,7 @@ def compare_widths(args):
                 exes[form], cmd = compile_c(args.cc, desc, folder / form, form)
             nets[bits] = dict(desc=desc, x=x, n=n, folder=folder, exes=exes,
                               synops=synaptic_ops(desc, x) * args.T,
+                              macs=dense_macs(desc) * args.T,
                               mem=c_memory(desc, (2, 34, 34), synapses="events"))
 
             def run_c(exe, inp, out, n=n):
@@ -494,7 +508,13 @@ def compare_widths(args):
             f"with no input event (every neuron's step, the pooling, the scans: independent of "
             f"the activity) and {ev - idle:.2f} above it ("
             + ("n/a" if ns is None else f"{ns:.2f} ns") + " per synaptic operation); ROM "
-            f"{net['mem'].rom_bytes:,} B, RAM {net['mem'].ram_bytes:,} B. Agreement with "
+            f"{net['mem'].rom_bytes:,} B, RAM {net['mem'].ram_bytes:,} B. The dense form "
+            f"computes every one of {net['macs']:,} multiply-accumulates per sample: "
+            f"{net['macs'] / spread(times[(bits, 'dense')])[0] * 1e-9:.1f} GMAC/s, where "
+            f"{TARGET_VS_FLOAT} times the float model's time needs "
+            f"{net['macs'] / (TARGET_VS_FLOAT * spread(times[(bits, 'float')])[0]) * 1e-9:.1f} "
+            f"GMAC/s (the float model, batched convolutions and every elementwise step, runs "
+            f"{net['macs'] / spread(times[(bits, 'float')])[0] * 1e-9:.1f} GMAC/s). Agreement with "
             f"IntegerSNN: event-driven {100 * agreement[f'W{bits} events']:.2f}%, dense "
             f"{100 * agreement[f'W{bits} dense']:.2f}% of {net['n']} samples.")
         lines.append("")
@@ -512,6 +532,19 @@ def compare_widths(args):
                              f"{prof['none'].get(part, 0):,.0f} |")
             lines.append(f"| {bits} | total | {sum(prof['input'].values()):,.0f} | "
                          f"{sum(prof['none'].values()):,.0f} |")
+        lines.append("")
+        for bits, prof in profiles.items():
+            if not prof:
+                continue
+            total = sum(prof["input"].values())
+            share = {kind: sum(v for k, v in prof["input"].items() if kind in k) / total
+                     for kind in ("neuron step", "synapse", "pool")}
+            lines.append(
+                f"W{bits}: of the event-driven model's instructions, {100 * share['neuron step']:.0f}% "
+                f"update every neuron of every layer on every step (the leak and the biases reach "
+                f"them all), {100 * share['pool']:.0f}% pool, {100 * share['synapse']:.0f}% add the "
+                f"events' weights and emit the spikes; with no input event the step still takes "
+                f"{100 * sum(prof['none'].values()) / total:.0f}% of these instructions.")
         lines.append("")
     command = " ".join([sys.executable] + sys.argv)
     cpu = cpu_name()
@@ -535,6 +568,7 @@ def compare_widths(args):
         targets={k: dict(value=t["value"], target=t["target"], **{"pass": t["pass_"]})
                  for k, t in targets.items()},
         per_width={str(b): dict(synaptic_ops_per_sample=net["synops"],
+                                dense_macs_per_sample=net["macs"],
                                 ns_per_synaptic_op_above_no_input=net["ns_per_synop_above_idle"],
                                 rom_bytes=net["mem"].rom_bytes, ram_bytes=net["mem"].ram_bytes)
                    for b, net in nets.items()},

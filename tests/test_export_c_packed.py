@@ -161,9 +161,11 @@ def _check_rom(desc, folder, shape):
                 assert arrays[i][1] == n and arrays[i][0] in ("int8_t", "uint8_t"), arrays[i]
             else:
                 assert arrays[i] == ("uint8_t", math.ceil(n * bits / 8)), (i, arrays[i], bits)
-                # read through the helper, a byte or a 32-bit word at a time (event-driven runs)
+                # read through the helper, a byte or a 32-bit word at a time, or gathered into
+                # a 64-bit word (event-driven runs)
                 assert (f"snn_unpack{bits}(snn_w{i}, " in source or f"= snn_w{i}[(w" in source
-                        or f"memcpy(&word, snn_w{i} + (w" in source), (i, bits)
+                        or f"memcpy(&word, snn_w{i} + (w" in source
+                        or f"*src = snn_w{i} + (bit0 >> 3);" in source), (i, bits)
         rom[synapses] = c_memory(desc, shape, synapses=synapses).rom_bytes
         assert f"#define SNN_ROM_BYTES {rom[synapses]}\n" in (folder / synapses / "snn.h").read_text()
     assert rom["events"] == rom["dense"]

@@ -46,7 +46,9 @@ class PoolEmitter:
             # every window holds an element (PyTorch's padding is at most half the kernel), so
             # the maximum of values >= 0 starts from 0: no flag, no branch
             out_range = in_range
-            update = "best = in[j] > best ? in[j] : best;"
+            # of spikes (0/1), the maximum is the OR
+            update = ("best |= in[j];" if tuple(in_range) == (0, 1)
+                      else "best = in[j] > best ? in[j] : best;")
             acc_t = in_t
             start = f"{acc_t} best = 0;"
             result = "best"
