@@ -20,16 +20,36 @@ WORD_BYTES = 4
 
 
 def weights_per_word(bits: int) -> int:
-    """Packed weights of ``bits`` bits in one word of :data:`WORD_BYTES` bytes."""
+    r"""Packed weights of ``bits`` bits in one word of :data:`WORD_BYTES` bytes.
+
+    .. math::
+
+        P = \frac{8 B}{b}
+
+    (:math:`B` = :data:`WORD_BYTES`, :math:`b` = ``bits``).
+    """
     return WORD_BYTES * 8 // bits
 
 
 def word_order(values: torch.Tensor, bits: int) -> torch.Tensor:
-    """``values`` (flattened, a whole number of words of :func:`weights_per_word`) reordered so
+    r"""``values`` (flattened, a whole number of words of :func:`weights_per_word`) reordered so
     that :func:`~snnquant.export.pack_int` puts weight ``m`` of each word in byte
     ``m % WORD_BYTES``, field ``m // WORD_BYTES``: shifting the word by ``f * bits`` and masking
     each byte then gives weights ``f * WORD_BYTES`` to ``f * WORD_BYTES + WORD_BYTES - 1`` in
-    the order of the bytes (:meth:`Weights.loop`), whatever the machine's byte order."""
+    the order of the bytes (:meth:`Weights.loop`), whatever the machine's byte order.
+
+    .. math::
+
+        \mathrm{out}_{wP + p(m)} = \mathrm{values}_{wP + m},\qquad
+        p(m) = (m \bmod B)\,\frac{8}{b} + \lfloor m / B \rfloor
+
+    (:math:`P` weights per word, :math:`B` bytes per word, :math:`b` bits per weight, word
+    :math:`w`).
+
+    Args:
+        values: integer tensor of a whole number of words of weights.
+        bits: 1, 2 or 4.
+    """
     per_word, per_byte = weights_per_word(bits), 8 // bits
     flat = values.reshape(-1, per_word)
     m = torch.arange(per_word)
@@ -162,7 +182,9 @@ class Weights:
         per_byte, per_word = 8 // bits, WORD_BYTES * 8 // bits
         shift = {1: 3, 2: 2, 4: 1}[bits]
         ones = int.from_bytes(b"\x01" * WORD_BYTES, "little")
-        hex_ = lambda v: f"0x{v:0{2 * WORD_BYTES}x}u"   # noqa: E731
+
+        def hex_(v):
+            return f"0x{v:0{2 * WORD_BYTES}x}u"
         mask, top = hex_(ones * ((1 << bits) - 1)), hex_(ones * 0x80)
         lines = ["{", f"    int8_t wv[{count}];", "    int32_t ob;",
                  f"    for (ob = 0; ob < {count // per_word}; ob++) {{",
