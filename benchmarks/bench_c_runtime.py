@@ -249,8 +249,9 @@ def footprint_markdown(rows) -> str:
         lines += ["", f"Cortex-M4 flash: the text section (code and constants) of the model's "
                       f"object as `arm-none-eabi-size` reports it, compiled with "
                       f"`{' '.join(CORTEX_M4_CFLAGS)}` ({version}); the model has no data or "
-                      f"bss section of its own (its RAM is the caller's state, the RAM "
-                      f"columns; stack not included)."]
+                      f"bss section of its own: its RAM is the caller's state, whose size the "
+                      f"source checks at compile time against the header's RAM_BYTES, so on the "
+                      f"Cortex-M4 too it is the RAM columns (stack not included)."]
     else:
         lines += ["", f"Cortex-M4 flash: n/a ({CROSS_CC} not installed where this ran)."]
     return "\n".join(lines) + "\n"
