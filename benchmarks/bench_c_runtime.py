@@ -484,8 +484,8 @@ def compare_widths(args):
                 med = spread(ratio)[0]
                 targets[f"W{bits} {FORMS[form]} / float"] = dict(
                     value=med, target=TARGET_VS_FLOAT, pass_=med <= TARGET_VS_FLOAT)
-        ev, idle = (spread(times[(bits, f)])[0] for f in ("events", "idle"))
-        net["ns_per_synop_above_idle"] = (ev - idle) * 1e9 / net["synops"] if net["synops"] else None
+        above = spread([a - b for a, b in zip(times[(bits, "events")], times[(bits, "idle")])])[0]
+        net["ns_per_synop_above_idle"] = above * 1e9 / net["synops"] if net["synops"] else None
     names = {"float": FLOAT, **{k: f"{v} (gcc -O2, 1 thread)" for k, v in FORMS.items()}}
 
     def cell(s, f):

@@ -131,10 +131,9 @@ class Weights:
 
         Packed weights stored a word at a time (``words``: the runs of ``count`` weights fill
         whole 32-bit words, in :func:`word_order`) are unpacked a word per load: each field of
-        the word's four bytes at once, by shifts, masks and a subtraction that borrows within
-        no byte (``((t | 0x80..) - h..) ^ 0x80..`` is ``t - h`` in every byte for ``0 <= t <
-        0x80``, ``h <= t + 0x80``), into a run of ``int8_t``, which a loop without a branch then
-        adds (compilers vectorise it). Other packed runs that start on a byte are read a byte at
+        the word's four bytes at once, by a shift, a mask and (two's complement) an XOR, into a
+        run of ``uint8_t`` codes, which a loop without a branch then adds, each less the
+        code's offset (compilers vectorise it). Other packed runs that start on a byte are read a byte at
         a time, each weight by shifts and masks in line; runs that need not start on a byte (a
         linear layer's column of 10 two-bit weights) are gathered into a 64-bit word first."""
         per_byte = 8 // self.bits if self.bits else 0
@@ -185,22 +184,23 @@ class Weights:
 
         def hex_(v):
             return f"0x{v:0{2 * WORD_BYTES}x}u"
-        mask, top = hex_(ones * ((1 << bits) - 1)), hex_(ones * 0x80)
-        lines = ["{", f"    int8_t wv[{count}];", "    int32_t ob;",
+        mask, half = hex_(ones * ((1 << bits) - 1)), 1 << (bits - 1)
+        lines = ["{", f"    uint8_t wv[{count}];", "    int32_t ob;",
                  f"    for (ob = 0; ob < {count // per_word}; ob++) {{",
                  "        uint32_t word, t;",
                  f"        memcpy(&word, {self.array} + ({var} >> {shift}) + ob * {WORD_BYTES}, "
                  f"sizeof(word));"]
         for i in range(per_byte):
             field = f"(word >> {i * bits})" if i else "word"
-            if bits == 1:    # -1 (bit 0) or +1 (bit 1): 2u - 1
-                t, h = f"(({field} & {mask}) << 1)", hex_(ones)
-            else:            # two's complement in b bits: (u ^ 2^(b-1)) - 2^(b-1)
-                t, h = f"(({field} & {mask}) ^ {hex_(ones << (bits - 1))})", hex_(ones << (bits - 1))
-            lines += [f"        t = (({t} | {top}) - {h}) ^ {top};",
+            # every byte: the code u (1 bit), or u ^ 2^(b-1) (two's complement in b bits)
+            t = (f"{field} & {mask}" if bits == 1
+                 else f"({field} & {mask}) ^ {hex_(ones * half)}")
+            lines += [f"        t = {t};",
                       f"        memcpy(wv + ob * {per_word} + {i * WORD_BYTES}, &t, sizeof(t));"]
+        # -1 (bit 0) or +1 (bit 1): 2u - 1; b bits: (u ^ 2^(b-1)) - 2^(b-1)
+        value = "((int32_t)wv[oc] * 2 - 1)" if bits == 1 else f"((int32_t)wv[oc] - {half})"
         lines += ["    }", f"    for (oc = 0; oc < {count}; oc++) {{",
-                  "        " + statement("wv[oc]"), "    }", "}"]
+                  "        " + statement(value), "    }", "}"]
         return lines
 
     def loop_declarations(self, count: int) -> str:
