@@ -342,7 +342,11 @@ def test_generated_code_is_plain_integer_c99(tmp_path):
     # weights: static const arrays, 4-bit weights packed two to a byte (issue 46)
     assert re.search(r"static const uint8_t net0_w0\[60\]", c)
     assert re.search(r"static const uint8_t net0_w2\[25\]", c)
-    assert "static int32_t net0_unpack4(const uint8_t *w, int32_t k)" in c
+    # the event-driven default reads a column of 5 (off a byte) gathered into a 64-bit word, the
+    # dense form each weight through the unpacking function
+    assert "*src = net0_w2 + (bit0 >> 3);" in c and "net0_unpack4" not in c
+    _, dense = to_c(desc, tmp_path / "dense", "net0", synapses="dense")
+    assert "static int32_t net0_unpack4(const uint8_t *w, int32_t k)" in dense.read_text()
     for api in ("#define NET0_INPUT_SIZE 12", "#define NET0_OUTPUT_SIZE 5", "NET0_ROM_BYTES",
                 "NET0_RAM_BYTES", "} net0_state;", "void net0_reset(net0_state *s);",
                 "void net0_step(net0_state *s, const int32_t *input, int64_t *output);"):

@@ -52,6 +52,77 @@ def test_c_unpack_helper_inverts_pack_int(tmp_path):
     assert [int(v) for v in out.stdout.split()] == torch.cat(list(cases.values())).tolist()
 
 
+@pytest.mark.parametrize("bits", (1, 2, 4))
+def test_word_loop_reads_word_order(bits, tmp_path):
+    """The event-driven runs of packed weights read a 32-bit word at a time: every code at
+    every position of a word, in runs of one and of three words, compiled and run, comes out
+    as the weight :func:`word_order` stored there (and the array is the packed size)."""
+    from snnquant.export.backends.c.weights import Weights, weights_per_word, word_order
+    g = torch.Generator().manual_seed(bits)
+    lo, hi = (-1, 1) if bits == 1 else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+    per_word = weights_per_word(bits)
+    lines = []
+    for run in (per_word, 3 * per_word):
+        v = torch.randint(lo, hi + 1, (5 * run,), generator=g)
+        if bits == 1:
+            v = torch.where(v == 0, torch.ones_like(v), v)
+        packed = pack_int(word_order(v, bits), bits)
+        assert packed.numel() == v.numel() * bits // 8
+        name = f"p{run}"
+        lines.append(f"static const uint8_t {name}[] = {{{', '.join(map(str, packed.tolist()))}}};")
+        w = Weights(name, "uint8_t", "t_unpack", bits, set(), words=True)
+        body = "\n".join("        " + ln for ln in w.loop("wk", run, lambda wv: f'printf("%d\\n", (int){wv});'))
+        lines.append(f"static void run{run}(void)\n{{\n    int32_t j, oc;\n    for (j = 0; j < 5; j++) {{\n"
+                     f"        const int32_t wk = j * {run};\n{body}\n    }}\n}}")
+        lines.append(f"/* expect {' '.join(map(str, v.tolist()))} */")
+    expected = [int(t) for ln in lines if ln.startswith("/* expect") for t in ln[10:-3].split()]
+    calls = "".join(f"    run{r}();\n" for r in (per_word, 3 * per_word))
+    (tmp_path / "w.c").write_text("#include <stdint.h>\n#include <stdio.h>\n#include <string.h>\n"
+                                  + "\n".join(lines) + f"\nint main(void)\n{{\n{calls}    return 0;\n}}\n")
+    res = subprocess.run([compiler(), *STRICT, *sanitizer_flags(), str(tmp_path / "w.c"), "-o",
+                          str(tmp_path / "w")], capture_output=True, text=True)
+    assert res.returncode == 0 and not res.stderr, res.stderr
+    out = subprocess.run([str(tmp_path / "w")], capture_output=True, text=True, check=True)
+    assert [int(t) for t in out.stdout.split()] == expected
+
+
+@pytest.mark.parametrize("bits,count", [(1, 10), (1, 57), (2, 10), (2, 7), (2, 30), (4, 5),
+                                        (4, 15)])
+def test_runs_off_a_byte_read_every_weight(bits, count, tmp_path):
+    """Event-driven runs that need not start on a byte (a linear layer's column of 10 two-bit
+    weights): every run of an array packed in C order, compiled (with UBSan) and run, comes out
+    as :func:`unpack_int` reads it; runs of more than 57 bits through the unpacking function."""
+    from snnquant.export.backends.c.weights import Weights
+    g = torch.Generator().manual_seed(count)
+    lo, hi = (-1, 1) if bits == 1 else (-(1 << (bits - 1)), (1 << (bits - 1)) - 1)
+    v = torch.randint(lo, hi + 1, (9 * count,), generator=g)
+    if bits == 1:
+        v = torch.where(v == 0, torch.ones_like(v), v)
+    packed = pack_int(v, bits)
+    used = set()
+    w = Weights("p", "uint8_t", f"t_unpack{bits}", bits, used)
+    body = "\n".join("        " + ln for ln in w.loop("wk", count, lambda wv: f'printf("%d\\n", (int){wv});'))
+    assert ("uint64_t run" in body) == (count * bits <= 57)
+    helper = c_unpack_helper("t", bits) if used else ""
+    # the array ends where the last run ends: a read past it shows under the sanitizer
+    (tmp_path / "s.c").write_text(
+        "#include <stdint.h>\n#include <stdio.h>\n#include <stdlib.h>\n#include <string.h>\n"
+        f"{helper}static const uint8_t p_[] = {{{', '.join(map(str, packed.tolist()))}}};\n"
+        "int main(void)\n{\n    int32_t j, oc;\n"
+        f"    uint8_t *p = malloc(sizeof(p_));\n    memcpy(p, p_, sizeof(p_));\n"
+        f"    for (j = 0; j < 9; j++) {{\n        const int32_t wk = j * {count};\n{body}\n    }}\n"
+        "    free(p);\n    return 0;\n}\n")
+    res = subprocess.run([compiler(), *STRICT, "-fsanitize=address", *sanitizer_flags(),
+                          str(tmp_path / "s.c"), "-o", str(tmp_path / "s")],
+                         capture_output=True, text=True)
+    if res.returncode != 0 and "asan" in res.stderr.lower():
+        res = subprocess.run([compiler(), *STRICT, *sanitizer_flags(), str(tmp_path / "s.c"),
+                              "-o", str(tmp_path / "s")], capture_output=True, text=True)
+    assert res.returncode == 0 and not res.stderr, res.stderr
+    out = subprocess.run([str(tmp_path / "s")], capture_output=True, text=True, check=True)
+    assert [int(t) for t in out.stdout.split()] == v.tolist()
+
+
 def test_bits_per_weight_in_rom():
     """1, 2 and 4 bits pack as they are, 3 bits into 4, 8 bits not; codes pack_int cannot hold
     (a 0 among 1-bit weights: ternary; unsigned codes) are not packed into that width."""
@@ -91,8 +162,11 @@ def _check_rom(desc, folder, shape):
                 assert arrays[i][1] == n and arrays[i][0] in ("int8_t", "uint8_t"), arrays[i]
             else:
                 assert arrays[i] == ("uint8_t", math.ceil(n * bits / 8)), (i, arrays[i], bits)
-                # read through the helper, or a byte at a time (the event-driven runs)
-                assert f"snn_unpack{bits}(snn_w{i}, " in source or f"= snn_w{i}[(w" in source
+                # read through the helper, a byte or a 32-bit word at a time, or gathered into
+                # a 64-bit word (event-driven runs)
+                assert (f"snn_unpack{bits}(snn_w{i}, " in source or f"= snn_w{i}[(w" in source
+                        or f"memcpy(&word, snn_w{i} + (w" in source
+                        or f"*src = snn_w{i} + (bit0 >> 3);" in source), (i, bits)
         rom[synapses] = c_memory(desc, shape, synapses=synapses).rom_bytes
         assert f"#define SNN_ROM_BYTES {rom[synapses]}\n" in (folder / synapses / "snn.h").read_text()
     assert rom["events"] == rom["dense"]

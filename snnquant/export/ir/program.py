@@ -62,12 +62,14 @@ def c_rhe_helper(prefix: str, c_type: str = "int64_t") -> str:
     u = "u" + c_type
     return f"""/* round(d / 2^k), ties to even (1 <= k <= {b - 1}, |d| < 2^{b}), as torch.round and IntegerSNN:
  * (e + 2^(k-1) - 1 + floor(e / 2^k) mod 2) >> k on e = d + 2^{b} >= 0, in {u} (no shift of a
- * negative number, no overflow); 2^{b} is a multiple of 2^(k+1), so ties go the same way */
+ * negative number, no overflow); 2^{b} is a multiple of 2^(k+1), so ties go the same way;
+ * every step cast back to {u}, so that compilers keep {u} lanes when they vectorise */
 static {c_type} {prefix}{suffix}_rhe({c_type} d, int k)
 {{
-    const {u} e = ({u})d + (({u})1 << {b});
-    const {u} r = (e + ((e >> k) & 1u) + (((({u})1) << (k - 1)) - 1u)) >> k;
-    return ({c_type})r - ((({c_type})1) << ({b} - k));
+    const {u} e = ({u})(({u})d + (({u})1 << {b}));
+    const {u} odd = ({u})((e >> k) & 1u);
+    const {u} r = ({u})(({u})(e + odd + ({u})((({u})1 << (k - 1)) - 1u)) >> k);
+    return ({c_type})(({c_type})r - ({c_type})((({c_type})1) << ({b} - k)));
 }}
 """
 

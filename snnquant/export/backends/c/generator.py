@@ -19,7 +19,8 @@ from .synapse import SynapseEmitter
 from .neuron import NeuronEmitter
 from .pool import PoolEmitter
 from .elementwise import ElementwiseEmitter
-from .weights import Weights, c_unpack_helper, packed_weight_bits
+from .weights import (Weights, c_unpack_helper, packed_weight_bits, weights_per_word,
+                      word_order)
 
 __all__ = ["CGenerator"]
 
@@ -72,16 +73,20 @@ class CGenerator(SynapseEmitter, NeuronEmitter, PoolEmitter, ElementwiseEmitter)
         self.const_types[ident] = ctype
         return ident
 
-    def weights(self, i: int, op: SynapseOp, values: torch.Tensor) -> Weights:
+    def weights(self, i: int, op: SynapseOp, values: torch.Tensor, run=None) -> Weights:
         """Declare layer ``i``'s weights ``values`` (``op.weight`` in the order the C text reads
-        them), packed where :func:`.weights.packed_weight_bits` says so; return how to read them."""
+        them), packed where :func:`.weights.packed_weight_bits` says so; return how to read them.
+        ``run``: the C text reads them only in runs of ``run`` weights (:meth:`Weights.loop`);
+        packed runs that fill whole words are then stored in :func:`.weights.word_order`."""
         bits = packed_weight_bits(op)
         if bits is None:
             array = self.const_array(f"w{i}", values)
             return Weights(array, self.const_types[array])
-        array = self.const_array(f"w{i}", pack_int(values, bits))
+        words = run is not None and run % weights_per_word(bits) == 0
+        array = self.const_array(f"w{i}", pack_int(word_order(values, bits) if words else values,
+                                                   bits))
         return Weights(array, self.const_types[array], f"{self.name}_unpack{bits}", bits,
-                       self.unpack_bits)
+                       self.unpack_bits, words=words)
 
     # -- whole network --------------------------------------------------------------------------
     def _schedule(self):

@@ -46,7 +46,9 @@ class PoolEmitter:
             # every window holds an element (PyTorch's padding is at most half the kernel), so
             # the maximum of values >= 0 starts from 0: no flag, no branch
             out_range = in_range
-            update = "best = in[j] > best ? in[j] : best;"
+            # of spikes (0/1), the maximum is the OR
+            update = ("best |= in[j];" if tuple(in_range) == (0, 1)
+                      else "best = in[j] > best ? in[j] : best;")
             acc_t = in_t
             start = f"{acc_t} best = 0;"
             result = "best"
@@ -65,13 +67,23 @@ class PoolEmitter:
             result = "best"
         out_t = out_t_fixed or c_int_type(*out_range)[0]
 
+        inside = (not op.output_size and ph == 0 and pw == 0 and (ho_ - 1) * sh + (kh - 1) * dh < hi_
+                  and (wo - 1) * sw + (kw - 1) * dw < wi and kh * kw <= 16)
+
         def window(indent, *inner):
+            if inside:   # every window lies inside the input: its elements in line, no test
+                lines = [f"const int32_t j0 = (ch * {hi_} + oy * {sh}) * {wi} + ox * {sw};"]
+                for ky in range(kh):
+                    for kx in range(kw):
+                        lines += [f"j = j0 + {ky * dh * wi + kx * dw};"] + [
+                            ln for ln in inner[1:]]
+                return "\n".join(" " * indent + ln for ln in lines)
             return self.window_loops(indent, kh, kw, y0, x0, dh, dw, hi_, wi, *inner)
         store = "\n".join(" " * 16 + ln for ln in self.spike_store(out_list, out_t, result))
         fired_decl, fired_end = self.spike_list_ends(out_list, out_t)
         body = f"""static void {self.name}_op{i}(const {in_t} *in, {out_t} *out)
 {{
-    int32_t ch, oy, ox, ky, kx, j;{fired_decl}
+    int32_t ch, oy, ox, {"" if inside else "ky, kx, "}j;{fired_decl}
     for (ch = 0; ch < {c}; ch++) {{
         for (oy = 0; oy < {ho_}; oy++) {{
             for (ox = 0; ox < {wo}; ox++) {{

@@ -77,7 +77,7 @@ class SynapseEmitter:
             n_in = int(w.shape[1])
             if events:
                 # a weight column per nonzero input: weights stored [in][out]
-                wts = self.weights(i, op, w.t())
+                wts = self.weights(i, op, w.t(), run=c_out)
                 sums = self.scratch_arrays(i, sum_t, c_out, fuse_with is not None)
                 column = [wts.ref("wj", f"j * {c_out}")] + wts.loop(
                     "wj", c_out, lambda wv: f"sum[oc] = ({sum_t})(sum[oc] + ({acc_t}){wv}{times_x});")
@@ -124,7 +124,7 @@ class SynapseEmitter:
                 # a kernel stamp per nonzero input: weights stored [c_in][ky][kx][out of group],
                 # sums [oy][ox][oc]; the columns the stamp reaches are clipped once per event
                 wt = w.reshape(op.groups, cog, cig, kh, kw).permute(0, 2, 3, 4, 1)
-                wts = self.weights(i, op, wt)
+                wts = self.weights(i, op, wt, run=cog)
                 sums = self.scratch_arrays(i, sum_t, co * ho_ * wo, fuse_with is not None)
 
                 def target(axis, stride, size):
