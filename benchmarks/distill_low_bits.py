@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -302,7 +303,7 @@ def save_seed(args, seed: int, rows: dict) -> None:
                    data_sha256=args.data_sha256, validate=args.validate,
                    freeze_bn_epochs=args.freeze_bn_epochs, options=vars_options(args),
                    rows=rows, command="python benchmarks/distill_low_bits.py "
-                   + " ".join(sys.argv[1:]),
+                   + shlex.join(sys.argv[1:]),
                    finished=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
     write_files(args.out, {f"{args.name}_s{seed}.json": json.dumps(payload, indent=2,
                                                                    default=str)})
@@ -371,8 +372,11 @@ def report(parts: list) -> str:
              f"to_integer + IntegerSNN, 0 fine-tuning epochs; agreement = samples whose integer "
              f"output spikes equal the trained network's. Median (min..max) over the seeds; "
              f"points relative to full precision's median over the same seeds. The seconds per epoch were measured "
-             f"on a shared 2-core machine whose load changed from run to run: the cost of "
-             f"distillation is measured apart (distill_low_bits_cost).", "",
+             f"on a shared 2-core machine whose load changed from run to run: "
+             + ("the cost of distillation is measured apart (distill_low_bits_cost)."
+                if network == "csnn" else
+                "the ratio to the default's is a rough cost of distillation (measured apart, "
+                "epoch by epoch in turn, for the CSNN only: distill_low_bits_cost)."), "",
              "| configuration | method | seeds | trained | deployed (0 ft) | vs full precision | "
              "agreement | s/epoch (training) |", "|---|---|---|---|---|---|---|---|"]
     fp = [p["rows"]["FP"]["full precision"]["trained"] for p in parts]
