@@ -243,8 +243,8 @@ def table(rows, args) -> str:
         "",
     ]
     if "distilled_on_xylosim" in r0:
-        secs = [r["phase_seconds"]["train_chip_distilled"] / max(r["phase_seconds"]["train_chip"], 0.1)
-                for r in rows]
+        secs = [r["phase_seconds"]["train_chip_distilled"]
+                / max(r["phase_seconds"]["train_chip"], 0.1) for r in rows]
         lines[-1:-1] = [
             f"| trained in Xylo's arithmetic with distillation from the float network, snnquant "
             f"model | {col('distilled_model')} | - |",
@@ -262,7 +262,8 @@ def table(rows, args) -> str:
             f"network - 1.5; medians): without distillation {before:+.2f} points, with "
             f"distillation {gap:+.2f} points: {'met' if gap >= -1.5 - 1e-9 else 'missed'}.",
             "",
-            "Per seed (accuracy %, float / trained on xylosim / distilled on xylosim): " + "; ".join(
+            "Per seed (accuracy %, float / trained on xylosim / distilled on xylosim): "
+            + "; ".join(
                 f"seed {r['seed']}: {r['float']:.2f} / {r['trained_on_xylosim']:.2f} / "
                 f"{r['distilled_on_xylosim']:.2f}" for r in rows),
             "",
