@@ -46,7 +46,10 @@ def data(bench, split: str, seed: int, encode_fn, classes: int):
     return out, capped / max(total, 1)
 
 
-def train(model, batches, epochs: int, lr: float, seed: int):
+def train(model, batches, epochs: int, lr: float, seed: int, distiller=None):
+    """Adam with a cosine schedule on the cross-entropy of the output spike counts; through
+    ``distiller`` (a :class:`snnquant.distill.Distiller` of ``model``) when given, its loss
+    mixing that task loss with the distillation terms."""
     torch.manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
@@ -56,7 +59,10 @@ def train(model, batches, epochs: int, lr: float, seed: int):
         for i in order.tolist():
             x, y = batches[i]
             sjf.reset_net(model)
-            loss = nn.functional.cross_entropy(model(x).sum(0), y)
+            out = model(x) if distiller is None else distiller(x)
+            loss = nn.functional.cross_entropy(out.sum(0), y)
+            if distiller is not None:
+                loss = distiller.loss(out, loss)
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -98,25 +104,35 @@ def on_simulator(model, batches, simulate) -> dict:
             "integer_agreement": 100.0 * equal_integer / total, "samples": total}
 
 
-def main(name: str, doc: str, default_T: int, run_seed, table) -> None:
+def main(name: str, doc: str, default_T: int, run_seed, table, add_arguments=None) -> None:
     """The command line of a chip benchmark: seeds, epochs, ``-T``, learning rates; writes
-    ``<name>[_real].{json,md}`` and the ``_table.rst``."""
+    ``<name>[_real].{json,md}`` and the ``_table.rst``. ``add_arguments(ap)`` adds a
+    benchmark's own flags; ``run_seed`` then also gets ``args=`` and ``name`` may be a function of
+    the arguments."""
     ap = common.common_args(doc, default_epochs=20)
     ap.add_argument("-T", type=int, default=default_T)
     ap.add_argument("--lr-float", type=float, default=1e-2)
     ap.add_argument("--lr-chip", type=float, default=1e-3)
+    if add_arguments is not None:
+        add_arguments(ap)
     args = ap.parse_args()
+    if callable(name):
+        name = name(args)
+    extra = {} if add_arguments is None else {"args": args}
     if args.quick:
         args.epochs, args.seeds = 1, args.seeds[:1]
     args.root = common.data_root_of(args)
     bench = common.Bench(args.epochs, args.root, T=args.T, quick=args.quick)
-    rows = [run_seed(bench, s, args.epochs, args.lr_float, args.lr_chip) for s in args.seeds]
-    text = table(rows, args)
-    print(text)
-    if args.quick:
-        return
     name = common.results_name(args, name)
-    common.write_results(name, {"rows": rows, "T": args.T, "epochs": args.epochs,
-                                "seeds": args.seeds, "data_sha256": bench.data_sha256(),
-                                "lr_float": args.lr_float, "lr_chip": args.lr_chip}, text, args.out)
-    write_rst_table(args.out, name)
+    rows = []
+    for seed in args.seeds:   # the results are written after every seed: a kill loses nothing
+        rows.append(run_seed(bench, seed, args.epochs, args.lr_float, args.lr_chip, **extra))
+        text = table(rows, args)
+        print(text)
+        if args.quick:
+            continue
+        common.write_results(name, {"rows": rows, "T": args.T, "epochs": args.epochs,
+                                    "seeds": common.seeds_done(args, seed),
+                                    "data_sha256": bench.data_sha256(), "lr_float": args.lr_float,
+                                    "lr_chip": args.lr_chip}, text, args.out)
+        write_rst_table(args.out, name)

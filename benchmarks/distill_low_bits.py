@@ -1,5 +1,7 @@
 """Distillation from the full-precision network at low bits (issue 48 §1, §3), on the N-MNIST
-example's CSNN.
+example's CSNN or (``--network sdt``) the Spike-driven Transformer of
+``benchmarks/transformer_nmnist.py`` (embed 32, 1 block, T 8, on the central 32 x 32 of the
+frames, learning rate 1e-3; its results go to ``distill_low_bits_sdt[_val]_real``).
 
 Per seed (the outer loop) the full-precision network (the teacher) trains ``--epochs`` epochs from
 scratch; then, per configuration (``--configs``) and method (``--methods``), a quantized student
@@ -28,11 +30,15 @@ several such files together.
     OMP_NUM_THREADS=1 python benchmarks/distill_low_bits.py \\
         --real-split ../shared/data/nmnist-real-1k --seeds 0 1 2 3 4 --configs W2/V4
     python benchmarks/distill_low_bits.py --combine benchmarks/results/distill_low_bits_real_s*.json
+    OMP_NUM_THREADS=1 python benchmarks/distill_low_bits.py --network sdt \\
+        --real-split ../shared/data/nmnist-real-1k --seeds 0 1 --configs W4/V8 W2/V4 \\
+        --align firing_rate --fp-cache runs/fp_cache --resume
 """
 from __future__ import annotations
 
 import json
 import os
+import shlex
 import statistics
 import sys
 import time
@@ -49,6 +55,11 @@ CONFIGS = {"W1/V8": (1, 8), "W2/V4": (2, 4), "W3/V4": (3, 4), "W4/V8": (4, 8)}
 METHODS = ("default", "kd", "kd_output", "align_only")
 #: issue 48's targets: deployed accuracy at least full precision minus this many points
 TARGETS = {"W1/V8": 1.5, "W2/V4": 1.0, "W3/V4": 0.5, "W4/V8": 0.5}
+#: the Spike-driven Transformer's (embed 32, 1 block, T 8)
+TARGETS_SDT = {"W4/V8": 1.0, "W2/V4": 2.0}
+NETWORKS = {"csnn": "the N-MNIST example's CSNN",
+            "sdt": "Spike-driven Transformer (embed 32, 2 heads, 1 block, T 8, on the central "
+                   "32 x 32 of the frames; transformer_nmnist.py's builder, Adam at 1e-3)"}
 
 # the candidates of --validate: name -> Distiller options (None: no distillation)
 CANDIDATES = {
@@ -70,6 +81,10 @@ CANDIDATES = {
     "kd T0.1 a0.9": dict(temperature=0.1, kd_weight=0.9, align=None),
     "kd T0.2 a0.9 + rate b1": dict(temperature=0.2, kd_weight=0.9, align="firing_rate",
                                    align_weight=1.0),
+    # the transformer's spiking self-attention: its attention maps (QSD-Transformer's
+    # fine-grained distillation)
+    "kd T0.2 a0.5 + attention b1": dict(temperature=0.2, kd_weight=0.5, align="attention",
+                                        align_weight=1.0),
 }
 
 
@@ -89,6 +104,7 @@ def method_options(args, method: str):
 def train_step(model, opt, distiller, frames, y) -> None:
     """One training step of the example's loss (mean squared error of the output rates against
     the one-hot label), through ``distiller`` when there is one."""
+    from spikingjelly.activation_based import functional
     x = frames.float().transpose(0, 1)
     out = distiller(x) if distiller is not None else model(x)
     rate = out.float().mean(0)
@@ -101,10 +117,43 @@ def train_step(model, opt, distiller, frames, y) -> None:
     functional.reset_net(model)
 
 
-def train_student(bench, config, seed: int, teacher, options, freeze_bn_epochs: int):
+def build(bench, network: str, config, seed: int):
+    """The network of ``--network`` for ``seed`` (from scratch), quantized with ``config``
+    unless None: the example's CSNN, or the transformer of ``transformer_nmnist.py`` in its
+    ``Cropped`` wrapper (BatchNorm folded in the loop through ``example_input``)."""
+    import snnquant
+    args = bench.args_for(seed)
+    if network == "csnn":
+        model = bench.ex.build_csnn(args.channels, args.tau)
+        return model if config is None else snnquant.quantize_model(model, config)[0]
+    import transformer_nmnist as sdt
+    model = sdt.transformer(args.T)
+    if config is not None:
+        model, _ = snnquant.quantize_model(model, config,
+                                           example_input=sdt.crop(example_input(bench, seed)))
+    return sdt.Cropped(model)
+
+
+def example_input(bench, seed: int):
+    """The first training batch of ``seed``, ``[T, N, 2, 34, 34]`` (what the transformer's
+    BatchNorm folding and export trace)."""
+    return bench.batches(1, seed, with_labels=False)[0]
+
+
+def learning_rate(bench, network: str, config) -> float:
+    if network == "sdt":
+        import transformer_nmnist as sdt
+        return sdt.LR
+    return bench.ex.default_lr(*(0, None) if config is None else
+                               (config.weight_bits, config.weight_quantizer))
+
+
+def train_student(bench, config, seed: int, teacher, options, freeze_bn_epochs: int,
+                  network: str = "csnn"):
     """Train a student from scratch as ``Bench.train`` does (same seed, network, optimizer,
     schedule and batches), with the distiller of ``options`` when given; return ``(model,
-    accuracy on bench.test_set, seconds per training epoch)``."""
+    accuracy on bench.test_set, seconds per training epoch)``. ``config`` None: the
+    full-precision network."""
     import snnquant
     from snnquant.distill import Distiller
     from spikingjelly.activation_based import functional
@@ -116,13 +165,10 @@ def train_student(bench, config, seed: int, teacher, options, freeze_bn_epochs: 
     lower_from, lower_at = options.pop("lower_from", None), options.pop("lower_at", None)
     distil = bool(options)
     torch.manual_seed(seed)
-    model = bench.ex.build_csnn(args.channels, args.tau)
-    if config is not None:
-        start = config if lower_from is None else snnquant.QuantConfig(
-            weight_bits=lower_from, v_bits=config.v_bits)
-        model, _ = snnquant.quantize_model(model, start)
-    lr = bench.ex.default_lr(*(0, None) if config is None else
-                             (config.weight_bits, config.weight_quantizer))
+    start = config if config is None or lower_from is None else snnquant.QuantConfig(
+        weight_bits=lower_from, v_bits=config.v_bits)
+    model = build(bench, network, start, seed)
+    lr = learning_rate(bench, network, config)
     opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=lr)
     epochs = bench.epochs
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, T_max=max(1, epochs))
@@ -153,7 +199,7 @@ def deploy(bench, model, seed: int) -> dict:
     the folded network."""
     from spikingjelly.activation_based import functional
     from snnquant.export import IntegerSNN, fold_batchnorm, to_integer
-    from snnquant.export.fold import FoldWarning
+    from snnquant.export import FoldWarning
     model.eval()
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", FoldWarning)
@@ -180,10 +226,57 @@ def deploy(bench, model, seed: int) -> dict:
     return dict(deployed=correct / count, agreement=equal / count, fold_changed=bool(changed))
 
 
-def teacher_for(bench, seed: int):
+def deploy_sdt(bench, model, seed: int) -> dict:
+    """``deploy`` for the transformer (``Cropped``): fold with its example input (a
+    ``FoldWarning`` is an error), ``to_integer`` exact up to the data's largest count,
+    ``IntegerSNN`` on the cropped test recordings; agreement = ``integer_agreement`` (whole output
+    identical) over every test sample."""
+    from spikingjelly.activation_based import functional
+    from snnquant.cli.zoo import data_input_max
+    from snnquant.export import IntegerSNN, fold_batchnorm, integer_agreement, to_integer
+    from snnquant.export import FoldWarning
+    import transformer_nmnist as sdt
+    x = sdt.crop(example_input(bench, seed))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FoldWarning)
+        folded = fold_batchnorm(model.net.eval(), example_input=x)
+    functional.reset_net(folded)
+    largest = max(data_input_max(bench.train_set), data_input_max(bench.test_set))
+    desc = to_integer(folded, example_input=x, input_max=largest)
+    sim = IntegerSNN(desc, synapse_arithmetic="auto")
+    _, loader = bench.ex.make_loaders(bench.train_set, bench.test_set, bench.args_for(seed), 0,
+                                      1, 0)
+    correct = equal = count = 0
+    with torch.no_grad():
+        for frames, y in loader:
+            xt = sdt.crop(frames.transpose(0, 1)).to(torch.int64)
+            out = sim(xt)
+            score = out if desc.output_time_mean else out.float().mean(0)
+            correct += int((score.float().argmax(-1) == y).sum())
+            functional.reset_net(folded)
+            equal += round(integer_agreement(folded, xt.float(), desc) * y.numel())
+            count += int(y.numel())
+    return dict(deployed=correct / count, agreement=equal / count, fold_changed=False)
+
+
+def teacher_for(bench, seed: int, network: str = "csnn", cache=None):
     """The full-precision network of ``seed`` (``--fp-cache``: trained once) and its accuracy."""
     t0 = time.time()
-    model, acc = bench.train(None, seed)
+    if network == "csnn":
+        model, acc = bench.train(None, seed)
+        return model, acc, time.time() - t0
+    import snnquant
+    path = None if cache is None else os.path.join(
+        cache, f"sdt_fp_{bench.data_sha256()[:12]}_T{bench.args.T}_e{bench.epochs}_s{seed}.pt")
+    if path and os.path.exists(path):
+        model = build(bench, network, None, seed)
+        model.load_state_dict(snnquant.load_checkpoint(path))
+        print(f"full precision seed {seed}: loaded {path}", flush=True)
+        return model, bench.evaluate(model, seed), 0.0
+    model, acc, _ = train_student(bench, None, seed, None, None, 0, network)
+    if path:
+        os.makedirs(cache, exist_ok=True)
+        snnquant.save_checkpoint(model.state_dict(), path)
     return model, acc, time.time() - t0
 
 
@@ -206,10 +299,11 @@ def validation_bench(bench, val_count: int):
 
 def save_seed(args, seed: int, rows: dict) -> None:
     payload = dict(machine=common.machine(), epochs=args.epochs, seed=seed, data=args.data_label,
+                   network=args.network, threads=torch.get_num_threads(),
                    data_sha256=args.data_sha256, validate=args.validate,
                    freeze_bn_epochs=args.freeze_bn_epochs, options=vars_options(args),
                    rows=rows, command="python benchmarks/distill_low_bits.py "
-                   + " ".join(sys.argv[1:]),
+                   + shlex.join(sys.argv[1:]),
                    finished=time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()))
     write_files(args.out, {f"{args.name}_s{seed}.json": json.dumps(payload, indent=2,
                                                                    default=str)})
@@ -220,23 +314,42 @@ def vars_options(args) -> dict:
                 align_weight=args.align_weight)
 
 
+def done_rows(args, seed: int) -> dict:
+    """``--resume``: the rows of ``seed`` already in its results file (same epochs, data, split,
+    network and options), else none."""
+    path = os.path.join(args.out, f"{args.name}_s{seed}.json")
+    if not (args.resume and os.path.exists(path)):
+        return {}
+    with open(path) as f:
+        old = json.load(f)
+    same = (old["epochs"], old["data_sha256"], old["validate"], old.get("network", "csnn"),
+            old["options"]) == (args.epochs, args.data_sha256, args.validate, args.network,
+                                vars_options(args))
+    return old["rows"] if same else {}
+
+
 def run_seed(args, bench, seed: int) -> dict:
     import snnquant
-    rows = {}
-    teacher, acc, sec = teacher_for(bench, seed)
-    rows["FP"] = {"full precision": dict(trained=acc, seconds=sec)}
+    rows = done_rows(args, seed)
+    teacher, acc, sec = teacher_for(bench, seed, args.network, args.fp_cache)
+    if "FP" not in rows:
+        rows["FP"] = {"full precision": dict(trained=acc, seconds=sec)}
     print(f"seed {seed} FP: {acc:.4f} ({sec:.0f} s)", flush=True)
     save_seed(args, seed, rows)
     runs = ([(c, m, method_options(args, m)) for c in args.configs for m in args.methods]
             if not args.validate else
             [(c, m, CANDIDATES[m]) for c in args.configs for m in args.candidates])
     for name, method, options in runs:
+        if method in rows.get(name, {}):
+            print(f"seed {seed} {name} {method}: already in the results file", flush=True)
+            continue
         w, v = CONFIGS[name]
         cfg = snnquant.QuantConfig(weight_bits=w, v_bits=v)
         model, acc, per_epoch = train_student(bench, cfg, seed, teacher, options,
-                                              args.freeze_bn_epochs)
+                                              args.freeze_bn_epochs, args.network)
         row = dict(trained=acc, seconds_per_epoch=per_epoch, options=options)
-        row.update(deploy(bench, model, seed))
+        row.update(deploy(bench, model, seed) if args.network == "csnn" else
+                   deploy_sdt(bench, model, seed))
         rows.setdefault(name, {})[method] = row
         print(f"seed {seed} {name} {method}: trained {acc:.4f} deployed {row['deployed']:.4f} "
               f"agreement {row['agreement']:.4f} ({per_epoch:.2f} s/epoch)", flush=True)
@@ -250,14 +363,20 @@ def report(parts: list) -> str:
     seeds = [p["seed"] for p in parts]
     split = ("validation split (160 of the 800 training recordings, stratified, seed 1; trained "
              "on the other 640)" if first["validate"] else "test split (200 recordings)")
-    lines = [f"Data: {first['data']}; evaluated on the {split}; {first['epochs']} epochs from "
+    network = first.get("network", "csnn")
+    targets = TARGETS_SDT if network == "sdt" else TARGETS
+    lines = [f"Network: {NETWORKS[network]}. "
+             f"Data: {first['data']}; evaluated on the {split}; {first['epochs']} epochs from "
              f"scratch, BatchNorm folded in training (last {first['freeze_bn_epochs']} epochs "
              f"frozen), seeds {seeds}; deployed = fold_batchnorm (FoldWarning an error) + "
              f"to_integer + IntegerSNN, 0 fine-tuning epochs; agreement = samples whose integer "
              f"output spikes equal the trained network's. Median (min..max) over the seeds; "
              f"points relative to full precision's median over the same seeds. The seconds per epoch were measured "
-             f"on a shared 2-core machine whose load changed from run to run: the cost of "
-             f"distillation is measured apart (distill_low_bits_cost).", "",
+             f"on a shared 2-core machine whose load changed from run to run: "
+             + ("the cost of distillation is measured apart (distill_low_bits_cost)."
+                if network == "csnn" else
+                "the ratio to the default's is a rough cost of distillation (measured apart, "
+                "epoch by epoch in turn, for the CSNN only: distill_low_bits_cost)."), "",
              "| configuration | method | seeds | trained | deployed (0 ft) | vs full precision | "
              "agreement | s/epoch (training) |", "|---|---|---|---|---|---|---|---|"]
     fp = [p["rows"]["FP"]["full precision"]["trained"] for p in parts]
@@ -288,7 +407,7 @@ def report(parts: list) -> str:
     if not first["validate"]:
         lines += ["", "Targets of issue 48 (deployed, median, against full precision's median):",
                   ""]
-        for name in names:
+        for name in [n for n in names if n in targets]:
             for method in ("default", "kd"):
                 have = [p for p in parts if method in p["rows"].get(name, {})]
                 if not have:
@@ -296,8 +415,8 @@ def report(parts: list) -> str:
                 dep = [p["rows"][name][method]["deployed"] for p in have]
                 gap = 100 * (statistics.median(dep) - statistics.median(
                     p["rows"]["FP"]["full precision"]["trained"] for p in have))
-                lines.append(f"- {name} {method}: >= full precision - {TARGETS[name]}: "
-                             f"{'met' if gap >= -TARGETS[name] - 1e-9 else 'missed'} "
+                lines.append(f"- {name} {method}: >= full precision - {targets[name]}: "
+                             f"{'met' if gap >= -targets[name] - 1e-9 else 'missed'} "
                              f"({gap:+.2f} points, {len(dep)} seeds)")
     lines += ["", "Options of each method (snnquant.distill.Distiller):", ""]
     options = {}
@@ -322,9 +441,11 @@ def combine(paths: list, out: str, name: str) -> str:
     for path in paths:
         with open(path) as f:
             parts.append(json.load(f))
-    keys = {(p["epochs"], p["data_sha256"], p["validate"]) for p in parts}
+    keys = {(p["epochs"], p["data_sha256"], p["validate"], p.get("network", "csnn"))
+            for p in parts}
     if len(keys) != 1:
-        raise SystemExit(f"--combine: the files differ in epochs, data or split: {sorted(keys)}")
+        raise SystemExit(f"--combine: the files differ in epochs, data, split or network: "
+                         f"{sorted(keys)}")
     # rows of one seed from several files (configurations run separately) are merged
     by_seed = {}
     for p in parts:
@@ -397,7 +518,14 @@ def main():
     ap.add_argument("--methods", nargs="+", default=["default", "kd"], choices=METHODS)
     ap.add_argument("--temperature", type=float, default=0.2)
     ap.add_argument("--kd-weight", type=float, default=0.5)
-    ap.add_argument("--align", default="none", choices=("none", "firing_rate", "membrane"))
+    ap.add_argument("--align", default="none", choices=("none", "firing_rate", "membrane",
+                                                        "attention"))
+    ap.add_argument("--network", default="csnn", choices=("csnn", "sdt"),
+                    help="the example's CSNN, or the Spike-driven Transformer of "
+                         "transformer_nmnist.py (embed 32, 1 block)")
+    ap.add_argument("--resume", action="store_true",
+                    help="keep the rows already in each seed's results file (same options) and "
+                         "run the others")
     ap.add_argument("--align-weight", type=float, default=1.0)
     ap.add_argument("--validate", action="store_true",
                     help="evaluate --candidates on a validation split of the training recordings")
@@ -422,7 +550,8 @@ def main():
         bench = validation_bench(bench, args.val_count)
         args.data_sha256 = bench.data_sha256()
     if args.name is None:
-        args.name = "distill_low_bits" + ("_val" if args.validate else "") + (
+        args.name = "distill_low_bits" + ("_sdt" if args.network == "sdt" else "") + (
+            "_val" if args.validate else "") + (
             "" if args.root is None else "_real")
     if args.quick:
         args.out = os.path.join("/tmp", "distill_quick")
