@@ -292,7 +292,7 @@ def _from_bytes(data: bytes, path_s: str, input_shape=None) -> IntegerNetwork:
         if input_shape is not None:
             if desc.input_shape not in (None, input_shape):
                 raise IntegerNetworkError(f"it holds input_shape={desc.input_shape}, not the "
-                                       f"given input_shape={input_shape}")
+                                          f"given input_shape={input_shape}")
             desc.input_shape = input_shape
         check_network(desc)
         _needs_input_shape(desc, None, "cannot be checked")

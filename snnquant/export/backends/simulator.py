@@ -149,8 +149,9 @@ class IntegerSNN:
 
     A neuron layer with at least ``2**15`` neuron-steps in a call runs its step's C reading
     (the C runtime's, in ``int64_t``) compiled on first use with the cpp backend's compiler into
-    its kernel cache (:func:`~snnquant.export.backends.compiled_neuron.neuron_kernel`); smaller layers, or
-    any layer where no compiler is found, step in integer tensors with the same results.
+    its kernel cache (:func:`~snnquant.export.backends.compiled_neuron.neuron_kernel`); smaller
+    layers, or any layer where no compiler is found, step in integer tensors with the same
+    results.
 
     A chip network (:attr:`~snnquant.export.IntegerNetwork.chip`, exported from a network of
     :mod:`snnquant.targets`) runs each layer with its operation's ``run``
@@ -537,8 +538,9 @@ def _op_shapes(sim: IntegerSNN, input_shape) -> list:
             if detail is None:
                 raise IntegerNetworkError(f"input_shape={tuple(input_shape)}: {err}") from None
             i, name, before, why = detail
-            raise IntegerNetworkError(f"input_shape={tuple(input_shape)} does not fit operation {i} "
-                                   f"({name!r}): its input would be {before}: {why}") from None
+            raise IntegerNetworkError(f"input_shape={tuple(input_shape)} does not fit operation "
+                                      f"{i} ({name!r}): its input would be {before}: "
+                                      f"{why}") from None
     values = {NETWORK_INPUT: torch.zeros((1,) + tuple(input_shape), dtype=torch.int64)}
     out = []
     for i, (op, prm) in enumerate(zip(desc.ops, sim._params)):

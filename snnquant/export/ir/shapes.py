@@ -42,7 +42,7 @@ def _refuse(i: int, op, field: str, before, why: str) -> IntegerNetworkError:
     shown = f"<tensor of shape {tuple(value.shape)}>" if hasattr(value, "shape") else repr(value)
     inputs = " and ".join(str(tuple(s)) for s in before)
     err = IntegerNetworkError(f"operation {i} ({op.name!r}) has {field}={shown}: it does not fit "
-                           f"its input of shape {inputs} (per sample): {why}")
+                              f"its input of shape {inputs} (per sample): {why}")
     # what op_shapes words its own way: (index, name, its input, field=value: why)
     err.shape_detail = (i, op.name, tuple(before[0]), f"{field}={shown}: {why}")
     return err
@@ -196,8 +196,8 @@ def infer_shapes(desc, input_shape) -> List[Tuple[Shape, Shape]]:
     shape = check_input_shape(input_shape)
     if math.prod(shape) > MAX_SAMPLE_ELEMENTS:
         raise IntegerNetworkError(f"the network has input_shape={shape}: {math.prod(shape)} values "
-                               f"per sample, more than MAX_SAMPLE_ELEMENTS = "
-                               f"{MAX_SAMPLE_ELEMENTS}")
+                                  f"per sample, more than MAX_SAMPLE_ELEMENTS = "
+                                  f"{MAX_SAMPLE_ELEMENTS}")
     shapes = {NETWORK_INPUT: shape}
     out = []
     for i, op in enumerate(desc.ops):
@@ -226,7 +226,7 @@ def infer_shapes(desc, input_shape) -> List[Tuple[Shape, Shape]]:
             y = x
         else:
             raise IntegerNetworkError(f"operation {i} is a {type(op).__name__}, not an operation "
-                                   f"of an IntegerNetwork")
+                                      f"of an IntegerNetwork")
         if math.prod(y) > MAX_SAMPLE_ELEMENTS:
             raise _refuse(i, op, _size_field(op), xs,
                           f"its output {y} holds {math.prod(y)} values per sample, more than "

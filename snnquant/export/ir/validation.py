@@ -46,7 +46,7 @@ from ...functional.int_limits import (FRAC_LIMIT, INT64_HEADROOM_BITS, as_int,
                                      weight_range)
 from ...targets import CHIP_OP_TYPES, SpeckLayerOp
 from .network import (JOIN_KINDS, NETWORK_INPUT, OP_TYPES, IntegerNetworkError, FlattenOp,
-                          IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_inputs)
+                      IntegerNetwork, JoinOp, NeuronOp, PoolOp, SynapseOp, check_inputs)
 from .shapes import infer_shapes
 from .transformer_ops import GatherOp, MatMulOp, ReduceOp, ScaleOp
 from .program import (SynapseRescale, join_bound, join_range, matmul_range, neuron_program,
@@ -331,8 +331,9 @@ def check_network(desc: IntegerNetwork) -> None:
     """Check that ``desc`` agrees with itself (see the module documentation). The shapes along
     the edges, which need one sample's input shape, are checked here when the network holds it
     (``desc.input_shape``: :func:`~snnquant.export.ir.shapes.infer_shapes`, without allocating),
-    and for every input shape by :func:`~snnquant.export.backends.simulator.op_shapes` (run by :class:`~snnquant.export.IntegerSNN`
-    once per input shape, :func:`~snnquant.export.to_c` and :func:`~snnquant.export.to_nir`).
+    and for every input shape by :func:`~snnquant.export.backends.simulator.op_shapes` (run by
+    :class:`~snnquant.export.IntegerSNN` once per input shape, :func:`~snnquant.export.to_c` and
+    :func:`~snnquant.export.to_nir`).
 
     Raises:
         IntegerNetworkError: naming the operation's index and name, the field and the value.
