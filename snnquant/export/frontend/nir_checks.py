@@ -18,7 +18,7 @@ from ...functional.int_limits import as_int
 from ..ir.network import NETWORK_INPUT, IntegerNetworkError
 
 __all__ = ["NIRImportError", "MAX_ELEMENTS", "MAX_BYTES", "validate_graph", "prescan_file",
-           "translate"]
+           "translate", "IR_TO_NIR"]
 
 
 SYNAPSE_KEYS = ("weight_bits", "weight_int", "weight_scale", "weight_multiplier", "weight_shift",
