@@ -278,3 +278,16 @@ def test_integer_network_error_names_field_and_operation():
         check_network(desc)
     assert (info.value.index, info.value.field) == (1, "v_init")
     assert info.value.why.startswith("it must be an int in [")
+
+
+@pytest.mark.parametrize("value,piece", [
+    (10 ** 30, "v_threshold disagrees"),             # a number: read, then against the NIR node
+    (10 ** 400, "membrane_unit=" + repr(10 ** 400)[:20]),
+    (-(10 ** 30), "membrane_unit=-1000000000000000000000000000000 must be a finite number > 0"),
+], ids=["1e30", "1e400", "-1e30"])
+def test_huge_python_int_in_a_real_field_is_refused_by_name(value, piece):
+    """A Python int beyond int64 in a real-valued field (membrane_unit) raised numpy's TypeError
+    from np.isfinite; it is a number: read if finite and > 0 as float64, else named."""
+    graph, _, _ = _graph()
+    graph.nodes["1"].metadata["membrane_unit"] = value
+    _refused(graph, "node '1'", piece)

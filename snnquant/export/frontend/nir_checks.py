@@ -9,6 +9,7 @@ network read); :func:`translate` names their errors in the graph's terms. Each e
 
 from __future__ import annotations
 
+import math
 import re
 from typing import List, Optional, Tuple
 
@@ -113,10 +114,14 @@ def int_value(name, field, value) -> int:
 
 def check_real(name, field, value, positive: bool = False) -> float:
     v = value[()] if isinstance(value, np.ndarray) and value.ndim == 0 else value
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(v) or (positive and not v > 0):
+    try:  # a Python int beyond float64 (10**400) overflows; np.isfinite refuses one beyond int64
+        f = None if isinstance(v, (bool, np.bool_)) or not isinstance(
+            v, (int, float, np.integer, np.floating)) else float(v)
+    except OverflowError:
+        f = None
+    if f is None or not math.isfinite(f) or (positive and not f > 0):
         raise bad_field(name, field, value, "must be a finite number" + (" > 0" if positive else ""))
-    return float(v)
+    return f
 
 
 def _flag(name, field, value) -> bool:
