@@ -372,9 +372,9 @@ def _pool(name, node, meta, nir) -> PoolOp:
                                  f"{type(node).__name__} with dims={meta['dims']!r}")
         divisor = int_value(name, "divisor", meta.get("divisor", 1))
         return PoolOp(name=str(meta.get("snnquant_name", name)), kind=kind, dims=1,
-                    kernel_size=ks, stride=stride, padding=padding, dilation=(1,),
-                    ceil_mode=False, frac_bits_added=int(meta["frac_bits_added"]),
-                    divisor=divisor)
+                      kernel_size=ks, stride=stride, padding=padding, dilation=(1,),
+                      ceil_mode=False, frac_bits_added=int(meta["frac_bits_added"]),
+                      divisor=divisor)
     elif kind == "sum":
         if not isinstance(node, nir.AvgPool2d):
             raise NIRImportError(f"node {name!r}: average pooling must be an AvgPool2d, got "
