@@ -236,3 +236,58 @@ def test_links_are_refused_not_followed(tmp_path, link):
     with pytest.raises(NIRImportError, match=rf"'node/nodes/0/weight' is an? {link} link to"):
         from_nir(path)
     assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("field,value,ir_field,pieces", [
+    # threshold in [v_min, v_max + 1] = [-2048, 2048]: the IR's rule, the NIR field's name
+    ("threshold_int", 5000, "threshold", ["threshold_int=5000", "[-2048, 2048]"]),
+    # an exact leak has leak_multiplier 1 and leak_round_shift 0
+    ("leak_multiplier", 2, "exact", ["exact=True", "leak_multiplier 1"]),
+])
+def test_ranges_are_the_ir_checks_named_in_nir_terms(field, value, ir_field, pieces):
+    """Issue 45 §2: from_nir builds the operations and runs check_network; its error comes back
+    naming the NIR node and metadata field (threshold_int, not the IR's threshold)."""
+    from snnquant.export import IntegerNetworkError
+    graph, _, _ = _graph()
+    graph.nodes["1"].metadata[field] = value
+    message = _refused(graph, "node '1'", *pieces, f"(operation 1, field {ir_field})")
+    assert "operation 1 (" not in message          # the NIR wording, not the IR's
+    with pytest.raises(NIRImportError) as info:
+        from_nir(graph)
+    cause = info.value.__cause__
+    assert isinstance(cause, IntegerNetworkError)
+    assert (cause.index, cause.field) == (1, ir_field) and cause.why.startswith(
+        ("it ", "an exact"))
+
+
+def test_bias_outside_bias_bits_is_refused():
+    graph, _, _ = _graph()
+    meta = graph.nodes["0"].metadata
+    meta["bias_bits"] = 4                            # [-8, 7]
+    b = np.array(meta["bias_int"])
+    b[0] = 100
+    meta["bias_int"] = b
+    _refused(graph, "node '0'", "bias_int=", "holds 100", "4-bit range [-8, 7]")
+
+
+def test_integer_network_error_names_field_and_operation():
+    from snnquant.export import IntegerNetworkError, check_network
+    desc, _ = build_network("mlp", "lif", 4, 0)
+    desc.ops[1].v_init = 10 ** 6
+    with pytest.raises(IntegerNetworkError, match=r"operation 1 .* v_init=1000000") as info:
+        check_network(desc)
+    assert (info.value.index, info.value.field) == (1, "v_init")
+    assert info.value.why.startswith("it must be an int in [")
+
+
+@pytest.mark.parametrize("value,piece", [
+    (10 ** 30, "v_threshold disagrees"),             # a number: read, then against the NIR node
+    (10 ** 400, "membrane_unit=" + repr(10 ** 400)[:20]),
+    (-(10 ** 30), "membrane_unit=-1000000000000000000000000000000 must be a finite number > 0"),
+], ids=["1e30", "1e400", "-1e30"])
+def test_huge_python_int_in_a_real_field_is_refused_by_name(value, piece):
+    """A Python int beyond int64 in a real-valued field (membrane_unit) raised numpy's TypeError
+    from np.isfinite; it is a number: read if finite and > 0 as float64, else named."""
+    graph, _, _ = _graph()
+    graph.nodes["1"].metadata["membrane_unit"] = value
+    _refused(graph, "node '1'", piece)

@@ -1,19 +1,25 @@
-"""The checks of a NIR graph that :func:`~snnquant.export.from_nir` reads: every field of the
-graph (types, ranges, shapes along the edges, the file's size), before anything is allocated;
-each error (:class:`NIRImportError`) names the node, the field and the value.
+"""The checks of a NIR graph that :func:`~snnquant.export.from_nir` reads, those that only the
+graph can answer: its structure, the node types, the snnquant metadata's keys and their types
+(an integer, a number, a flag, an array of the right shape), the shapes along the edges and the
+file's size, before anything is allocated. The ranges of the fields and the fractional bits along
+the edges are the IR's rules (:func:`~snnquant.export.ir.validation.check_network`, run on the
+network read); :func:`translate` names their errors in the graph's terms. Each error
+(:class:`NIRImportError`) names the node, the field and the value.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from typing import List, Optional, Tuple
 
 import numpy as np
 
-from ...functional.int_limits import FRAC_LIMIT, INT64_HEADROOM_BITS, as_int, weight_range
-from ..ir.network import NETWORK_INPUT
+from ...functional.int_limits import as_int
+from ..ir.network import NETWORK_INPUT, IntegerNetworkError
 
-__all__ = ["NIRImportError", "MAX_ELEMENTS", "MAX_BYTES", "validate_graph", "prescan_file"]
+__all__ = ["NIRImportError", "MAX_ELEMENTS", "MAX_BYTES", "validate_graph", "prescan_file",
+           "translate", "IR_TO_NIR"]
 
 
 SYNAPSE_KEYS = ("weight_bits", "weight_int", "weight_scale", "weight_multiplier", "weight_shift",
@@ -97,12 +103,25 @@ def check_int_field(name, field, value, low: int, high: int) -> int:
     return v
 
 
+def int_value(name, field, value) -> int:
+    """``value`` as a Python int, or an error naming the field: its range is the IR's
+    (:func:`~snnquant.export.ir.validation.check_network`, see :func:`translate`)."""
+    v = scalar_int(value)
+    if v is None:
+        raise bad_field(name, field, value, "must be an integer")
+    return v
+
+
 def check_real(name, field, value, positive: bool = False) -> float:
     v = value[()] if isinstance(value, np.ndarray) and value.ndim == 0 else value
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(v) or (positive and not v > 0):
+    try:  # a Python int beyond float64 (10**400) overflows; np.isfinite refuses one beyond int64
+        f = None if isinstance(v, (bool, np.bool_)) or not isinstance(
+            v, (int, float, np.integer, np.floating)) else float(v)
+    except OverflowError:
+        f = None
+    if f is None or not math.isfinite(f) or (positive and not f > 0):
         raise bad_field(name, field, value, "must be a finite number" + (" > 0" if positive else ""))
-    return float(v)
+    return f
 
 
 def _flag(name, field, value) -> bool:
@@ -223,9 +242,8 @@ def _check_graph_metadata(gmeta) -> None:
     from ..ir.network import READABLE_FORMAT_VERSIONS
 
     check_real(None, "dt", gmeta["dt"], positive=True)
-    check_int_field(None, "input_max", gmeta["input_max"], 0, 1 << INT64_HEADROOM_BITS)
-    check_text(None, "output_kind", gmeta["output_kind"], ("spikes", "current"))
-    check_int_field(None, "output_frac_bits", gmeta["output_frac_bits"], -FRAC_LIMIT, FRAC_LIMIT)
+    int_value(None, "input_max", gmeta["input_max"])
+    int_value(None, "output_frac_bits", gmeta["output_frac_bits"])
     ref = check_text(None, "reference_dtype", gmeta["reference_dtype"], ("float32", "float64"))
     mantissa = {"float32": 24, "float64": 53}[ref]
     if scalar_int(gmeta["mantissa_bits"]) != mantissa:
@@ -236,17 +254,15 @@ def _check_graph_metadata(gmeta) -> None:
                         f"must be one of {list(READABLE_FORMAT_VERSIONS)}")
 
 
-def _check_synapse(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
-    """Check a synapse node against its input ``shape``; return its output shape and the
-    fractional bits of its output."""
+def _check_synapse(name, node, meta, nir, shape) -> Tuple[int, ...]:
+    """Check a synapse node's NIR fields and metadata types against its input ``shape``; return
+    its output shape."""
     require_keys(name, meta, SYNAPSE_KEYS, "synapse")
-    bits = check_int_field(name, "weight_bits", meta["weight_bits"], 1, 32)
+    int_value(name, "weight_bits", meta["weight_bits"])
     weight_nir = check_array(name, "weight", node.weight, integer=False)
     w = check_array(name, "weight_int", meta["weight_int"], integer=True, shape=weight_nir.shape)
     if w.size == 0:
         raise bad_field(name, "weight_int", w, "is empty")
-    lo, hi = weight_range(bits, bool(w.size) and int(w.min()) < 0)
-    check_array(name, "weight_int", w, integer=True, low=lo, high=hi)  # names the first one outside
     if isinstance(node, (nir.Affine, nir.Linear)):
         if w.ndim != 2 or len(shape) != 1 or w.shape[1] != shape[0]:
             raise bad_field(name, "weight", weight_nir, f"of shape {tuple(w.shape)} does not take the "
@@ -281,28 +297,20 @@ def _check_synapse(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
         raise NIRImportError(f"node {name!r}: a synapse must be Affine, Linear, Conv1d or "
                              f"Conv2d, got {type(node).__name__}")
     channels = (int(w.shape[0]),)
-    check_array(name, "weight_scale", meta["weight_scale"], integer=False, positive=True,
-                shape=channels if np.asarray(meta["weight_scale"]).size != 1 else None)
-    check_array(name, "weight_multiplier", meta["weight_multiplier"], integer=True, low=1,
-                high=1 << 52, shape=channels if np.asarray(meta["weight_multiplier"]).size != 1 else None)
-    check_array(name, "weight_shift", meta["weight_shift"], integer=True, low=0,
-                high=INT64_HEADROOM_BITS,
-                shape=channels if np.asarray(meta["weight_shift"]).size != 1 else None)
+    for field in ("weight_scale", "weight_multiplier", "weight_shift"):
+        check_array(name, field, meta[field], integer=field != "weight_scale",
+                    shape=channels if np.asarray(meta[field]).size != 1 else None)
     check_real(name, "unit_factor", meta["unit_factor"], positive=True)
-    check_int_field(name, "in_frac_bits", meta["in_frac_bits"], -FRAC_LIMIT, FRAC_LIMIT)
-    out_frac = check_int_field(name, "out_frac_bits", meta["out_frac_bits"], -FRAC_LIMIT, FRAC_LIMIT)
+    fields = ("in_frac_bits", "out_frac_bits") + (("bias_bits",) if "bias_bits" in meta else ())
+    for field in fields:
+        int_value(name, field, meta[field])
     if "bias_int" in meta:
-        bias_bits = None
-        if "bias_bits" in meta:
-            bias_bits = check_int_field(name, "bias_bits", meta["bias_bits"], 1, 64)
-        high = (1 << INT64_HEADROOM_BITS) if bias_bits is None else (1 << (bias_bits - 1)) - 1
-        check_array(name, "bias_int", meta["bias_int"], integer=True, shape=channels,
-                    low=-high - 1, high=high)
+        check_array(name, "bias_int", meta["bias_int"], integer=True, shape=channels)
         check_array(name, "bias", node.bias, integer=False, shape=channels)
     if _size(out) > MAX_ELEMENTS:
         raise NIRImportError(f"node {name!r}: its output of shape {out} has more than "
                              f"{MAX_ELEMENTS} elements")
-    return out, out_frac
+    return out
 
 
 def _check_neuron(name, node, meta, nir, shape) -> None:
@@ -316,55 +324,23 @@ def _check_neuron(name, node, meta, nir, shape) -> None:
         if a.ndim and tuple(a.shape) != tuple(shape):
             raise bad_field(name, field, a, f"has shape {tuple(a.shape)}, but the edge into the node "
                                        f"carries {shape}")
-    v_bits = check_int_field(name, "v_bits", meta["v_bits"], 1, 32)
-    v_min = check_int_field(name, "v_min", meta["v_min"], -(1 << (v_bits - 1)), (1 << v_bits) - 1)
-    v_max = check_int_field(name, "v_max", meta["v_max"], -(1 << (v_bits - 1)), (1 << v_bits) - 1)
-    if v_min >= v_max or (v_min < 0 and v_max >= 1 << (v_bits - 1)):
-        raise bad_field(name, "v_max", meta["v_max"], f"with v_min={v_min} is not a range of "
-                                                 f"{v_bits}-bit integers (v_min < v_max)")
-    for field in ("v_reset_int", "v_init_int"):
-        check_int_field(name, field, meta[field], v_min, v_max)
-    theta = check_int_field(name, "threshold_int", meta["threshold_int"], -(1 << 40), 1 << 40)
+    for field in ("v_bits", "v_min", "v_max", "v_reset_int", "v_init_int", "threshold_int",
+                  "leak_shift", "leak_multiplier", "leak_round_shift", "input_shift", "grid_shift",
+                  "in_frac_bits", "grid_frac_bits"):
+        int_value(name, field, meta[field])
     check_real(name, "membrane_scale", meta["membrane_scale"], positive=True)
     check_real(name, "membrane_unit", meta["membrane_unit"], positive=True)
-    k = check_int_field(name, "leak_shift", meta["leak_shift"], 0, INT64_HEADROOM_BITS)
-    m = check_int_field(name, "leak_multiplier", meta["leak_multiplier"], 1, 1 << k)
-    check_int_field(name, "leak_round_shift", meta["leak_round_shift"], 0, k)
     _flag(name, "decay_input", meta["decay_input"])
-    exact = _flag(name, "exact", meta["exact"])
-    if isinstance(node, nir.IF) and (k, m) != (0, 1):
-        raise bad_field(name, "leak_shift", meta["leak_shift"], f"and leak_multiplier={m} must be 0 "
-                                                           f"and 1 for an IF neuron")
-    if exact and (m != 1 or scalar_int(meta["leak_round_shift"]) != 0):
-        raise bad_field(name, "exact", meta["exact"], f"needs leak_multiplier 1 and leak_round_shift "
-                                                 f"0 (got {m} and {meta['leak_round_shift']!r})")
-    input_shift = check_int_field(name, "input_shift", meta["input_shift"], 0, INT64_HEADROOM_BITS)
-    d = check_int_field(name, "grid_shift", meta["grid_shift"], 0, INT64_HEADROOM_BITS)
-    in_frac = check_int_field(name, "in_frac_bits", meta["in_frac_bits"], -FRAC_LIMIT, FRAC_LIMIT)
-    grid_frac = check_int_field(name, "grid_frac_bits", meta["grid_frac_bits"], -FRAC_LIMIT, FRAC_LIMIT)
-    if grid_frac != in_frac + input_shift:
-        raise bad_field(name, "input_shift", meta["input_shift"], f"must be grid_frac_bits - "
-                                                             f"in_frac_bits = {grid_frac - in_frac}")
-    # the simulator's bound (the exporter's): the largest charge term fits int64
-    reach = max(abs(v_min), abs(v_max)) + abs(theta) + 1
-    if math.log2(reach) + d + max(k, math.log2(m)) + 2 > INT64_HEADROOM_BITS:
-        raise bad_field(name, "grid_shift", meta["grid_shift"], f"with leak_shift={k} and the "
-                                                           f"membrane range [{v_min}, {v_max}] "
-                                                           f"overflows int64 in the charge")
+    _flag(name, "exact", meta["exact"])
 
 
-def _check_pool(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
+def _check_pool(name, node, meta, nir, shape) -> Tuple[int, ...]:
     require_keys(name, meta, POOL_KEYS, "pool")
-    kind = check_text(name, "pool_kind", meta["pool_kind"], ("max", "sum"))
+    check_text(name, "pool_kind", meta["pool_kind"], ("max", "sum"))
     ks = _per_dim(name, "kernel_size", meta["kernel_size"], 2, 1)
     stride = _per_dim(name, "stride", meta["stride"], 2, 1)
     padding = _per_dim(name, "padding", meta["padding"], 2, 0)
-    if any(p > k // 2 for p, k in zip(padding, ks)):
-        raise bad_field(name, "padding", meta["padding"], f"must be at most half the kernel {ks}")
-    added = check_int_field(name, "frac_bits_added", meta["frac_bits_added"], 0, INT64_HEADROOM_BITS)
-    if (kind == "max" and added) or (kind == "sum" and 1 << added != ks[0] * ks[1]):
-        raise bad_field(name, "frac_bits_added", meta["frac_bits_added"],
-                        f"does not match {kind} pooling over a {ks} window")
+    int_value(name, "frac_bits_added", meta["frac_bits_added"])
     if len(shape) != 3:
         raise NIRImportError(f"node {name!r}: 2-d pooling needs an input [C, H, W], the edge "
                              f"into it carries {shape}")
@@ -375,7 +351,7 @@ def _check_pool(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
     if "output_size" in meta and int_tuple(meta["output_size"]) != spatial:
         raise bad_field(name, "output_size", meta["output_size"], f"differs from the {spatial} that "
                                                              f"the pooling gives its input {shape}")
-    return (shape[0],) + spatial, added
+    return (shape[0],) + spatial
 
 
 def _check_flatten(name, node, shape) -> Tuple[int, ...]:
@@ -396,10 +372,11 @@ def _edge_shape(graph, node_name: str, key: str, field: str):
 
 
 def validate_graph(graph, nir, entries: list) -> None:
-    """Check every field of the graph against its type, its range and the others (bit widths,
-    shifts, bounds, the dtypes that will hold the values, shapes and fractional bits along the
-    edges, join operands), raising one :class:`NIRImportError` that names the node, the field
-    and the value."""
+    """Check every field of the graph against its type (the dtypes that will hold the values)
+    and its shape, and the shapes along the edges (join operands included), raising one
+    :class:`NIRImportError` that names the node, the field and the value. The fields' ranges and
+    the fractional bits along the edges are left to
+    :func:`~snnquant.export.ir.validation.check_network` on the network read."""
     gmeta = dict(graph.metadata or {})
     _check_graph_metadata(gmeta)
     shape = _edge_shape(graph, "input", "input", "input_type")
@@ -407,32 +384,24 @@ def validate_graph(graph, nir, entries: list) -> None:
         shape = _edge_shape(graph, "input", "output", "output_type")
     if shape is None:
         raise NIRImportError("node 'input': input_type holds no shape")
-    shapes, fracs = {NETWORK_INPUT: shape}, {NETWORK_INPUT: 0}
+    shapes = {NETWORK_INPUT: shape}
     for e in entries:
         name, meta, role = e.name, e.meta, e.role
         node = None if name is None else graph.nodes[name]
-        shape, frac = shapes[e.inputs[0]], fracs[e.inputs[0]]
+        shape = shapes[e.inputs[0]]
         if role == "synapse":
-            if scalar_int(meta.get("in_frac_bits")) != frac and "in_frac_bits" in meta:
-                raise bad_field(name, "in_frac_bits", meta["in_frac_bits"],
-                                f"must be {frac}, the fractional bits of the edge into it")
-            shape, frac = _check_synapse(name, node, meta, nir, shape)
+            shape = _check_synapse(name, node, meta, nir, shape)
         elif role == "neuron":
             _check_neuron(name, node, meta, nir, shape)
-            if scalar_int(meta["in_frac_bits"]) != frac:
-                raise bad_field(name, "in_frac_bits", meta["in_frac_bits"],
-                                f"must be {frac}, the fractional bits of the edge into it")
-            frac = 0
         elif role == "pool":
-            shape, added = (_check_voting(name, node, meta, nir, shape) if "dims" in meta
-                            else _check_pool(name, node, meta, nir, shape))
-            frac += added
+            shape = (_check_voting(name, node, meta, nir, shape) if "dims" in meta
+                     else _check_pool(name, node, meta, nir, shape))
         elif role == "flatten":
             if not isinstance(node, nir.Flatten):
                 raise NIRImportError(f"node {name!r}: flatten must be a Flatten node")
             shape = _check_flatten(name, node, shape)
         else:
-            shape, frac = _check_join(e, shapes, fracs)
+            shape = _check_join(e, shapes)
         for part in e.parts:
             part_node = graph.nodes[part]
             for field in ("threshold", "v_threshold", "v_reset", "r"):
@@ -441,7 +410,7 @@ def validate_graph(graph, nir, entries: list) -> None:
                     if a.ndim and tuple(a.shape) != tuple(shape):
                         raise bad_field(part, field, a, f"has shape {tuple(a.shape)}, but the edge "
                                                    f"into the node carries {shape}")
-        shapes[e.index], fracs[e.index] = shape, frac
+        shapes[e.index] = shape
     if not entries:
         raise NIRImportError("the graph has no operations between 'input' and 'output'")
     out = _edge_shape(graph, "output", "output", "output_type")
@@ -450,38 +419,65 @@ def validate_graph(graph, nir, entries: list) -> None:
                              f"that the last node gives")
 
 
-def _check_join(e, shapes, fracs) -> Tuple[Tuple[int, ...], int]:
-    """A join's operands have one shape, and its shifts put them on its grid."""
+def _check_join(e, shapes) -> Tuple[int, ...]:
+    """A join's operands have one shape; its shifts and out_frac_bits are integers."""
     meta, where = e.meta, e.where
     operand_shapes = [shapes[j] for j in e.inputs]
     if len(set(operand_shapes)) != 1:
         raise NIRImportError(f"{where}: the join's operands {list(e.inputs)} have the shapes "
                              f"{operand_shapes}; a join needs one shape")
-    shifts = check_array(e.name, "shifts", meta.get("shifts"), integer=True, low=0,
-                         high=INT64_HEADROOM_BITS)
-    out_frac = check_int_field(e.name, "out_frac_bits", meta.get("out_frac_bits"), -FRAC_LIMIT,
-                               FRAC_LIMIT)
-    if shifts.shape != (len(e.inputs),) or any(
-            fracs[j] + int(k) != out_frac for j, k in zip(e.inputs, shifts)):
-        raise bad_field(e.name, "shifts", meta.get("shifts"),
-                        f"must put the operands' fractional bits {[fracs[j] for j in e.inputs]} on "
-                        f"out_frac_bits={out_frac} ({where})")
-    return operand_shapes[0], out_frac
+    check_array(e.name, "shifts", meta.get("shifts"), integer=True, shape=(len(e.inputs),))
+    int_value(e.name, "out_frac_bits", meta.get("out_frac_bits"))
+    return operand_shapes[0]
 
 
-def _check_voting(name, node, meta, nir, shape) -> Tuple[Tuple[int, ...], int]:
+def _check_voting(name, node, meta, nir, shape) -> Tuple[int, ...]:
     """A 1-d average over groups of ``kernel_size`` features (SpikingJelly's VotingLayer)."""
     ks = _per_dim(name, "kernel_size", meta["kernel_size"], 1, 1)
-    added = check_int_field(name, "frac_bits_added", meta["frac_bits_added"], 0, INT64_HEADROOM_BITS)
-    divisor = check_int_field(name, "divisor", meta.get("divisor", 1), 1, MAX_ELEMENTS)
-    if (1 << added) * divisor != ks[0]:
-        raise bad_field(name, "divisor", meta.get("divisor", 1), f"times 2^frac_bits_added must be "
-                                                            f"the group size {ks[0]}")
+    int_value(name, "frac_bits_added", meta["frac_bits_added"])
+    int_value(name, "divisor", meta.get("divisor", 1))
     if len(shape) != 1 or shape[0] % ks[0]:
         raise NIRImportError(f"node {name!r}: an average over groups of {ks[0]} features needs "
                              f"an input [F] with F a multiple of {ks[0]}, the edge carries {shape}")
     check_array(name, "weight", node.weight, integer=False, shape=(shape[0] // ks[0], shape[0]))
-    return (shape[0] // ks[0],), added
+    return (shape[0] // ks[0],)
+
+
+#: The NIR metadata key of an IR field, per operation kind, where the names differ (the others
+#: are the same: ``weight_bits``, ``v_bits``, ``leak_shift``, ``in_frac_bits``, ...).
+IR_TO_NIR = {
+    "synapse": {"weight": "weight_int", "multiplier": "weight_multiplier",
+                "shift": "weight_shift", "bias": "bias_int"},
+    "neuron": {"threshold": "threshold_int", "v_reset": "v_reset_int", "v_init": "v_init_int"},
+    "pool": {},
+    "flatten": {},
+    "join": {"kind": "join_kind"},
+}
+
+
+def translate(error: IntegerNetworkError, graph, entries: list) -> NIRImportError:
+    """The IR's :class:`~snnquant.export.IntegerNetworkError` on the network read from
+    ``graph`` (:func:`~snnquant.export.ir.validation.check_network`, which checks the fields'
+    ranges and the fractional bits along the edges) as a :class:`NIRImportError` naming the
+    NIR node and metadata field (:data:`IR_TO_NIR`) and the value as the graph holds it."""
+    if error.field is None:
+        return NIRImportError(f"the network read from the graph is refused: {error}")
+    why = re.sub(r"^(it|they) ", "", error.why)  # "field=value must be ...", as the checks above
+    if error.index is None:
+        gmeta = dict(graph.metadata or {})
+        return bad_field(None, error.field, gmeta.get(error.field, "?"), why)
+    e = entries[error.index]
+    key = IR_TO_NIR[e.role].get(error.field, error.field)
+    node = None if e.name is None else graph.nodes[e.name]
+    if key in e.meta:
+        value = e.meta[key]
+    elif node is not None and hasattr(node, key):
+        value = getattr(node, key)
+    else:
+        return NIRImportError(f"{e.where} ({e.role}): {error}")
+    where = node_where(e.name) if e.name is not None else e.where
+    return NIRImportError(f"{where}: {key}={_show(value)} {why} (operation {error.index}, field "
+                          f"{error.field})")
 
 
 def _node_types(nir) -> set:

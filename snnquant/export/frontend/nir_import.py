@@ -6,8 +6,11 @@ shifts of every layer, checked against the node's NIR parameters, so the returne
 :class:`~snnquant.export.IntegerNetwork` runs in :class:`~snnquant.export.IntegerSNN` with the
 spikes of the network that was exported. A graph without that metadata (written by another tool,
 or stripped) is refused with an error naming what is missing: NIR alone does not say how to round
-or saturate the membrane. Every field is checked first (:mod:`.nir_checks`), before anything is
-allocated.
+or saturate the membrane. Every field's type and shape is checked first (:mod:`.nir_checks`),
+before anything is allocated; the operations built from the nodes then go through the IR's
+:func:`~snnquant.export.ir.validation.check_network` (the fields' ranges, the fractional bits
+along the edges), whose errors name the node and its metadata field, and last the NIR parameters
+are checked against them.
 """
 
 from __future__ import annotations
@@ -18,16 +21,15 @@ from typing import Dict, List, Optional
 import numpy as np
 import torch
 
-from ...functional.int_limits import FRAC_LIMIT, INT64_HEADROOM_BITS
-from ..ir.network import (NETWORK_INPUT, FlattenOp, IntegerNetwork, JoinOp, NeuronOp, PoolOp,
-                          SynapseOp)
+from ..ir.network import (NETWORK_INPUT, FlattenOp, IntegerNetwork, IntegerNetworkError, JoinOp,
+                          NeuronOp, PoolOp, SynapseOp)
 from ..ir.integer_ops import narrowest_int
 from ..backends.nir_schema import SCHEMA_VERSION, import_nir, voting_weight
 from ..ir.validation import check_network
 from .nir_checks import (MAX_BYTES, MAX_ELEMENTS, NEURON_KEYS, OP_ROLES, POOL_KEYS, SYNAPSE_KEYS,
                          NIRImportError, bad_field, check_array, check_int_field, check_real,
-                         check_text, int_tuple, missing_keys, node_meta, node_where, prescan_file,
-                         require_keys, scalar_int, validate_graph)
+                         check_text, int_tuple, int_value, missing_keys, node_meta, node_where,
+                         prescan_file, require_keys, scalar_int, translate, validate_graph)
 
 __all__ = ["from_nir", "NIRImportError", "MAX_ELEMENTS", "MAX_BYTES"]
 
@@ -251,18 +253,13 @@ def _synapse(name, node, meta, nir) -> SynapseOp:
     require_keys(name, meta, SYNAPSE_KEYS, "synapse")
     w_int = torch.as_tensor(np.asarray(meta["weight_int"]).astype(np.int64))
     scale = torch.as_tensor(np.asarray(meta["weight_scale"], dtype=np.float64).reshape(-1))
-    c = float(meta["unit_factor"])
     out_frac = int(meta["out_frac_bits"])
     if tuple(w_int.shape) != tuple(np.asarray(node.weight).shape):
         raise NIRImportError(f"node {name!r}: weight_int has shape {tuple(w_int.shape)}, the NIR "
                              f"weight {tuple(np.asarray(node.weight).shape)}")
-    view = [-1] + [1] * (w_int.dim() - 1)
-    _check_close(name, "weight", node.weight,
-                 (w_int.double() * scale.reshape(view) * c).numpy())
     bias = None
     if "bias_int" in meta:
         bias = torch.as_tensor(np.asarray(meta["bias_int"]).astype(np.int64)).reshape(-1)
-        _check_close(name, "bias", node.bias, bias.double().numpy() * 2.0 ** -out_frac * c)
     elif isinstance(node, nir.Affine) or (hasattr(node, "bias") and np.any(np.asarray(node.bias))):
         raise NIRImportError(f"node {name!r} has a NIR bias but no bias_int in its metadata")
     bits = int(meta["weight_bits"])
@@ -292,7 +289,41 @@ def _synapse(name, node, meta, nir) -> SynapseOp:
                      in_frac_bits=int(meta["in_frac_bits"]), out_frac_bits=out_frac, **conv)
 
 
-def _neuron(name, node, meta, nir, dt: float) -> NeuronOp:
+def _synapse_agrees(name, node, meta, op: SynapseOp) -> None:
+    """The NIR weight and bias are the integer ones times their scales, and the bias fits
+    ``bias_bits`` (read after :func:`check_network` has checked the fields)."""
+    c = float(meta["unit_factor"])
+    w = op.weight.double()
+    view = [-1] + [1] * (w.dim() - 1)
+    _check_close(name, "weight", node.weight, (w * op.weight_scale.reshape(view) * c).numpy())
+    if op.bias is not None:
+        if op.bias_bits is not None:
+            high = (1 << (op.bias_bits - 1)) - 1
+            lo, hi = int(op.bias.min()), int(op.bias.max())
+            if lo < -high - 1 or hi > high:
+                raise bad_field(name, "bias_int", meta["bias_int"],
+                                f"holds {lo if lo < -high - 1 else hi}, outside the "
+                                f"{op.bias_bits}-bit range [{-high - 1}, {high}] of bias_bits")
+        _check_close(name, "bias", node.bias,
+                     op.bias.double().numpy() * 2.0 ** -op.out_frac_bits * c)
+
+
+def _neuron_agrees(name, node, meta, op: NeuronOp, dt: float) -> None:
+    """The NIR threshold, reset, time constant and resistance are those of the integer
+    neuron."""
+    unit = float(meta["membrane_unit"])
+    _check_close(name, "v_threshold", node.v_threshold, (op.threshold - 0.5) * unit)
+    _check_close(name, "v_reset", node.v_reset, op.v_reset * unit)
+    if op.kind == "if":
+        _check_close(name, "r", node.r, 1.0 / dt)
+    else:
+        tau = (1 << op.leak_shift) / op.leak_multiplier
+        _check_close(name, "tau", node.tau, tau * dt)
+        _check_close(name, "r", node.r, 1.0 if op.decay_input else tau)
+        _check_close(name, "v_leak", node.v_leak, op.v_reset * unit)
+
+
+def _neuron(name, node, meta, nir) -> NeuronOp:
     require_keys(name, meta, NEURON_KEYS, "neuron")
     if not isinstance(node, (nir.IF, nir.LIF)):
         raise NIRImportError(f"node {name!r}: a neuron must be IF or LIF, got {type(node).__name__}")
@@ -302,20 +333,10 @@ def _neuron(name, node, meta, nir, dt: float) -> NeuronOp:
     if str(meta["rounding"]) != "half_to_even":
         raise NIRImportError(f"node {name!r}: rounding {meta['rounding']!r} is unknown (snnquant "
                              f"rounds half to even)")
-    unit = float(meta["membrane_unit"])
     theta, v_reset = int(meta["threshold_int"]), int(meta["v_reset_int"])
-    _check_close(name, "v_threshold", node.v_threshold, (theta - 0.5) * unit)
-    _check_close(name, "v_reset", node.v_reset, v_reset * unit)
     kind = "if" if isinstance(node, nir.IF) else "lif"
     k, m = int(meta["leak_shift"]), int(meta["leak_multiplier"])
     decay_input = bool(meta["decay_input"])
-    if kind == "if":
-        _check_close(name, "r", node.r, 1.0 / dt)
-    else:
-        tau = (1 << k) / m
-        _check_close(name, "tau", node.tau, tau * dt)
-        _check_close(name, "r", node.r, 1.0 if decay_input else tau)
-        _check_close(name, "v_leak", node.v_leak, v_reset * unit)
     tau_src = float(meta["source_tau"]) if "source_tau" in meta else None
     try:
         return NeuronOp(name=str(meta.get("snnquant_name", name)), kind=kind,
@@ -328,7 +349,10 @@ def _neuron(name, node, meta, nir, dt: float) -> NeuronOp:
                         grid_frac_bits=int(meta["grid_frac_bits"]), leak_multiplier=m,
                         leak_round_shift=int(meta["leak_round_shift"]),
                         exact=bool(meta["exact"]), tau=tau_src)
-    except ValueError as exc:
+    except ValueError as exc:  # NeuronOp's own checks (leak_multiplier, leak_round_shift)
+        field = str(exc).split(" ", 1)[0]
+        if field in meta:
+            raise bad_field(name, field, meta[field], str(exc)[len(field) + 1:]) from exc
         raise NIRImportError(f"node {name!r}: {exc}") from exc
 
 
@@ -346,15 +370,11 @@ def _pool(name, node, meta, nir) -> PoolOp:
         if not isinstance(node, nir.Linear) or scalar_int(meta["dims"]) != 1:
             raise NIRImportError(f"node {name!r}: a 1-d average (dims 1) must be a Linear, got "
                                  f"{type(node).__name__} with dims={meta['dims']!r}")
-        divisor = check_int_field(name, "divisor", meta.get("divisor", 1), 1, MAX_ELEMENTS)
-        op = PoolOp(name=str(meta.get("snnquant_name", name)), kind=kind, dims=1,
-                    kernel_size=ks, stride=stride, padding=padding, dilation=(1,),
-                    ceil_mode=False, frac_bits_added=int(meta["frac_bits_added"]),
-                    divisor=divisor)
-        features = int(np.asarray(node.weight).shape[1])
-        _check_close(name, "weight", node.weight,
-                     voting_weight(op, features, float(meta["unit_factor"])))
-        return op
+        divisor = int_value(name, "divisor", meta.get("divisor", 1))
+        return PoolOp(name=str(meta.get("snnquant_name", name)), kind=kind, dims=1,
+                      kernel_size=ks, stride=stride, padding=padding, dilation=(1,),
+                      ceil_mode=False, frac_bits_added=int(meta["frac_bits_added"]),
+                      divisor=divisor)
     elif kind == "sum":
         if not isinstance(node, nir.AvgPool2d):
             raise NIRImportError(f"node {name!r}: average pooling must be an AvgPool2d, got "
@@ -414,12 +434,13 @@ def from_nir(graph_or_path, *, max_bytes: Optional[int] = None) -> IntegerNetwor
             those its metadata implies (an edge to a node that does not exist, a cycle, an
             operation reading a later one, a missing or extra edge or ``Scale`` factor: checked
             against :func:`~snnquant.export.backends.nir_schema.nir_wiring`), or its NIR parameters
-            disagree with its metadata; or a field fails its check. Every
-            field is checked, before anything is allocated, against its type, its range and the
-            others: bit widths (each integer weight fits ``weight_bits``, the membrane range
-            ``v_bits``), shifts (``0 <= shift <= 62``, the charge fits int64), bounds
-            (``v_min < v_max``, reset and initial value inside), the fractional bits along the
-            edges, ``dt > 0``, and every shape against the shapes the graph's edges carry, with
+            disagree with its metadata; or a field fails its check. Every field is checked
+            against its type and shape before anything is allocated, then the network read
+            against the IR's rules (:func:`~snnquant.export.ir.validation.check_network`): bit
+            widths (each integer weight fits ``weight_bits``, the membrane range ``v_bits``),
+            shifts (``0 <= shift <= 62``, the charge fits int64), bounds (``v_min < v_max``,
+            reset and initial value inside), the fractional bits along the edges; and, in the
+            graph, ``dt > 0`` and every shape against the shapes the graph's edges carry, with
             at most ``nir_import.MAX_ELEMENTS`` (2**26) elements per array and ``max_bytes``
             in all (in a file, checked on the declared shapes before ``nir.read`` reads
             anything; a file with an external or soft HDF5 link is refused). The message names
@@ -455,7 +476,7 @@ def from_nir(graph_or_path, *, max_bytes: Optional[int] = None) -> IntegerNetwor
         if e.role == "synapse":
             op = _synapse(e.name, node, e.meta, nir)
         elif e.role == "neuron":
-            op = _neuron(e.name, node, e.meta, nir, dt)
+            op = _neuron(e.name, node, e.meta, nir)
         elif e.role == "pool":
             op = _pool(e.name, node, e.meta, nir)
         elif e.role == "join":
@@ -476,8 +497,21 @@ def from_nir(graph_or_path, *, max_bytes: Optional[int] = None) -> IntegerNetwor
                           reference_dtype=str(gmeta["reference_dtype"]),
                           mantissa_bits=int(gmeta["mantissa_bits"]),
                           format_version=int(gmeta["format_version"]), notes=notes)
+    try:
+        check_network(desc)  # the fields' ranges and the fractional bits along the edges
+    except IntegerNetworkError as exc:
+        raise translate(exc, graph, entries) from exc
+    for e, op in zip(entries, ops):
+        node = None if e.name is None else graph.nodes[e.name]
+        if isinstance(op, SynapseOp):
+            _synapse_agrees(e.name, node, e.meta, op)
+        elif isinstance(op, NeuronOp):
+            _neuron_agrees(e.name, node, e.meta, op, dt)
+        elif isinstance(op, PoolOp) and op.dims == 1:
+            _check_close(e.name, "weight", node.weight,
+                         voting_weight(op, int(np.asarray(node.weight).shape[1]),
+                                       float(e.meta["unit_factor"])))
     _check_wiring(graph, entries, desc, units)
-    check_network(desc)
     return desc
 
 
@@ -493,13 +527,11 @@ def _join(e: "_Entry", node) -> JoinOp:
                       else ("and", "iand"))
     if node is not None:
         _check_close(e.name, "threshold", node.threshold, 1.5 if kind == "and" else 0.5)
-    shifts = check_array(e.name, "shifts", meta["shifts"], integer=True, low=0,
-                         high=INT64_HEADROOM_BITS)
+    shifts = check_array(e.name, "shifts", meta["shifts"], integer=True)
     try:
         return JoinOp(name=str(meta.get("snnquant_name", e.name)), kind=kind,
                       shifts=tuple(int(v) for v in shifts.reshape(-1)),
-                      out_frac_bits=check_int_field(e.name, "out_frac_bits", meta["out_frac_bits"],
-                                                    -FRAC_LIMIT, FRAC_LIMIT),
+                      out_frac_bits=int_value(e.name, "out_frac_bits", meta["out_frac_bits"]),
                       inputs=e.inputs)
     except ValueError as exc:
         raise NIRImportError(f"{e.where}: {exc}") from exc

@@ -86,7 +86,14 @@ def check_input_shape(input_shape, name: str = "input_shape") -> Tuple[int, ...]
 class IntegerNetworkError(ExportError):
     """An :class:`IntegerNetwork` disagrees with itself (see
     :func:`~snnquant.export.check_network`); the message names the operation's index and name,
-    the field and the value."""
+    the field and the value. Raised by a field's check, it also holds them apart: ``index`` (the
+    operation's, ``None`` for a field of the network), ``field`` and ``why`` (what the value must
+    be), so that a reader of another format (:func:`~snnquant.export.from_nir`) can name its own
+    field; ``None`` where the error is not one field's."""
+
+    index: Optional[int] = None
+    field: Optional[str] = None
+    why: Optional[str] = None
 
 
 def check_inputs(ops) -> None:

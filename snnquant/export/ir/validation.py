@@ -74,7 +74,9 @@ def _fail(i: int, op, field: str, value, why: str) -> IntegerNetworkError:
     else:
         shown = repr(value)
     where = "the network" if i is None else f"operation {i} ({op.name!r})"
-    return IntegerNetworkError(f"{where} has {field}={shown}: {why}")
+    error = IntegerNetworkError(f"{where} has {field}={shown}: {why}")
+    error.index, error.field, error.why = i, field, why
+    return error
 
 
 def _is_int(v) -> bool:
